@@ -1,0 +1,1 @@
+"""Pipeline families written with the modular framework, one subpackage per family."""
