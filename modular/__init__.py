@@ -1,0 +1,48 @@
+"""The block framework: declare blocks, compose them, bind them to components, run them.
+
+The public names of the project live here; each also lives in the package that owns it.
+"""
+
+from components import ComponentsManager, ComponentSpec, ConfigSpec
+
+from .block import ModularPipelineBlocks
+from .conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
+from .errors import (
+    BlockCompositionError,
+    ComponentNotLoadedError,
+    InputTypeError,
+    MissingInputError,
+    UnknownInputError,
+    UnknownOutputError,
+)
+from .families import BlockFamily, available_families, register_family
+from .loop import LoopSequentialPipelineBlocks
+from .params import InputParam, OutputParam
+from .pipeline import ModularPipeline
+from .sequential import SequentialPipelineBlocks
+from .state import BlockState, PipelineState
+
+__all__ = [
+    "AutoPipelineBlocks",
+    "BlockCompositionError",
+    "BlockFamily",
+    "BlockState",
+    "ComponentNotLoadedError",
+    "ComponentSpec",
+    "ComponentsManager",
+    "ConditionalPipelineBlocks",
+    "ConfigSpec",
+    "InputParam",
+    "InputTypeError",
+    "LoopSequentialPipelineBlocks",
+    "MissingInputError",
+    "ModularPipeline",
+    "ModularPipelineBlocks",
+    "OutputParam",
+    "PipelineState",
+    "SequentialPipelineBlocks",
+    "UnknownInputError",
+    "UnknownOutputError",
+    "available_families",
+    "register_family",
+]

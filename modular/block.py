@@ -1,0 +1,184 @@
+"""The leaf block: the unit that declares components, configs, inputs and outputs, and runs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from components import ComponentSpec, ConfigSpec
+
+from .errors import MissingInputError
+from .params import InputParam, OutputParam
+from .state import BlockState, PipelineState
+
+if TYPE_CHECKING:
+    from components import ComponentsManager
+
+    from .pipeline import ModularPipeline
+
+__all__ = ["ModularPipelineBlocks"]
+
+
+class ModularPipelineBlocks:
+    """Base of every block. A leaf block overrides the declarations and ``__call__``.
+
+    Declarations are properties so that a block can compute them (e.g. from its sub-blocks).
+    ``__call__(components, state)`` reads its inputs with :meth:`get_block_state`, works with the
+    models in ``components`` (the pipeline), writes its outputs with :meth:`set_block_state` and
+    returns ``(components, state)``.
+    """
+
+    model_name: str | None = None
+    _workflow_map: dict[str, dict[str, Any]] | None = None
+
+    # ----- declarations (leaf defaults) -----
+    @property
+    def description(self) -> str:
+        return ""
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return []
+
+    @property
+    def expected_configs(self) -> list[ConfigSpec]:
+        return []
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return []
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return []
+
+    @property
+    def outputs(self) -> list[OutputParam]:
+        return self.intermediate_outputs
+
+    @property
+    def sub_blocks(self) -> dict[str, ModularPipelineBlocks]:
+        return {}
+
+    # ----- derived names -----
+    @property
+    def required_inputs(self) -> list[str]:
+        return [p.name for p in self.inputs if p.required and p.name]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [p.name for p in self.inputs if p.name]
+
+    @property
+    def intermediate_output_names(self) -> list[str]:
+        return [p.name for p in self.intermediate_outputs if p.name]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [p.name for p in self.outputs if p.name]
+
+    @property
+    def component_names(self) -> list[str]:
+        return [spec.name for spec in self.expected_components]
+
+    # ----- selection -----
+    def get_execution_blocks(self, **inputs: Any) -> ModularPipelineBlocks:
+        """The blocks that would run for these inputs; a leaf always runs."""
+        return self
+
+    def _leaf_blocks(self, active: dict[str, Any], prefix: str, into: list) -> None:
+        """Append ``(name, block)`` for each block that runs given ``active`` inputs, in order."""
+        into.append((prefix, self))
+        for name in self.intermediate_output_names:
+            active.setdefault(name, True)
+
+    @property
+    def available_workflows(self) -> list[str]:
+        if not self._workflow_map:
+            msg = f"{type(self).__name__} defines no named workflows (its _workflow_map is empty)"
+            raise NotImplementedError(msg)
+        return list(self._workflow_map)
+
+    def get_workflow(self, workflow_name: str) -> ModularPipelineBlocks:
+        """The blocks of one named workflow, pruned to what runs for it."""
+        workflows = self.available_workflows
+        if workflow_name not in workflows:
+            msg = f"{type(self).__name__} has no workflow {workflow_name!r}; available workflows: {workflows}"
+            raise KeyError(msg)
+        return self.get_execution_blocks(**self._workflow_map[workflow_name])
+
+    # ----- state access -----
+    def get_block_state(self, state: PipelineState) -> BlockState:
+        """This block's inputs, read from ``state``; a missing or ``None`` value takes the input's default."""
+        data: dict[str, Any] = {}
+        for param in self.inputs:
+            if param.name:
+                value = state.values.get(param.name)
+                if value is None:
+                    value = param.default
+                if value is None and param.required:
+                    msg = f"{type(self).__name__} needs input {param.name!r}, which is missing; pass {param.name}=..."
+                    raise MissingInputError(msg)
+                if value is not None or param.name not in data:
+                    data[param.name] = value
+            elif param.kwargs_type:
+                group = data.setdefault(param.kwargs_type, {})
+                for key, value in state.get_by_kwargs(param.kwargs_type).items():
+                    if value is not None:
+                        data[key] = value
+                        group[key] = value
+        return BlockState(**data)
+
+    def set_block_state(self, state: PipelineState, block_state: BlockState) -> None:
+        """Write this block's outputs, and any inputs it replaced, back into ``state``."""
+        values = block_state.__dict__
+        for param in self.intermediate_outputs:
+            if param.name not in values:
+                msg = (
+                    f"{type(self).__name__} declares output {param.name!r} but did not set it; "
+                    f"set block_state.{param.name} before set_block_state"
+                )
+                raise ValueError(msg)
+            state.set(param.name, values[param.name], param.kwargs_type)
+        for param in self.inputs:
+            if param.name:
+                if param.name in values and state.values.get(param.name) is not values[param.name]:
+                    state.set(param.name, values[param.name], param.kwargs_type)
+            elif param.kwargs_type:
+                for key, current in state.get_by_kwargs(param.kwargs_type).items():
+                    if key in values and values[key] is not current:
+                        state.set(key, values[key], param.kwargs_type)
+
+    # ----- running -----
+    def __call__(self, components: ModularPipeline, state: PipelineState) -> tuple[Any, PipelineState]:
+        msg = f"{type(self).__name__} must implement __call__(self, components, state)"
+        raise NotImplementedError(msg)
+
+    def init_pipeline(
+        self,
+        pretrained_model_name_or_path: str | None = None,
+        components_manager: ComponentsManager | None = None,
+        collection: str | None = None,
+        **index_kwargs: Any,
+    ) -> ModularPipeline:
+        """Make a pipeline of these blocks; with a repo, its index file overrides the blocks' specs."""
+        from .pipeline import ModularPipeline
+
+        return ModularPipeline(
+            self,
+            pretrained_model_name_or_path,
+            components_manager=components_manager,
+            collection=collection,
+            **index_kwargs,
+        )
+
+    # ----- presentation -----
+    @property
+    def doc(self) -> str:
+        from .doc import make_doc
+
+        return make_doc(self)
+
+    def __repr__(self) -> str:
+        from .doc import make_tree
+
+        return make_tree(self)

@@ -1,0 +1,82 @@
+"""Human-readable descriptions of blocks: the ``doc`` text and the tree shown by ``repr``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .typecheck import type_name
+
+if TYPE_CHECKING:
+    from .block import ModularPipelineBlocks
+
+__all__ = ["make_doc", "make_tree"]
+
+
+def _first_line(text: str) -> str:
+    return text.strip().split("\n")[0] if text else ""
+
+
+def make_doc(block: ModularPipelineBlocks) -> str:
+    """Components, configs, inputs (type, default, required), outputs and workflows of ``block``."""
+    lines = [f"class {type(block).__name__}", ""]
+    if block.description:
+        lines += [f"  {line}" for line in block.description.strip().split("\n")] + [""]
+    workflows = block._workflow_map or {}
+    if workflows:
+        lines.append("  Workflows:")
+        for name, triggers in workflows.items():
+            lines.append(f"    {name}: {', '.join(triggers)}")
+        lines.append("")
+    if block.expected_components:
+        lines.append("  Components:")
+        for spec in block.expected_components:
+            kind = type_name(spec.type_hint) if spec.type_hint else "Any"
+            how = "" if spec.default_creation_method == "from_pretrained" else " [from config]"
+            desc = f": {spec.description}" if spec.description else ""
+            lines.append(f"    {spec.name} ({kind}){how}{desc}")
+        lines.append("")
+    if block.expected_configs:
+        lines.append("  Configs:")
+        for spec in block.expected_configs:
+            desc = f": {spec.description}" if spec.description else ""
+            lines.append(f"    {spec.name} (default: {spec.default!r}){desc}")
+        lines.append("")
+    lines.append("  Inputs:")
+    for param in block.inputs:
+        name = param.name or f"**{param.kwargs_type}"
+        facts = [type_name(param.type_hint)]
+        if param.required:
+            facts.append("required")
+        elif param.default is not None:
+            facts.append(f"default: {param.default!r}")
+        desc = f": {param.description}" if param.description else ""
+        lines.append(f"    {name} ({', '.join(facts)}){desc}")
+    lines.append("")
+    lines.append("  Outputs:")
+    for param in block.intermediate_outputs:
+        desc = f": {param.description}" if param.description else ""
+        lines.append(f"    {param.name} ({type_name(param.type_hint)}){desc}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def make_tree(block: ModularPipelineBlocks, name: str | None = None, indent: int = 0) -> str:
+    """The block and its children as an indented tree, with each block's kind and first description line."""
+    kind = type(block).__name__
+    bases = [b.__name__ for b in type(block).__mro__[1:] if b.__module__.startswith("modular.")]
+    base = f" [{bases[0]}]" if bases and bases[0] != "ModularPipelineBlocks" else ""
+    label = f"{name}: " if name else ""
+    desc = _first_line(block.description)
+    pad = "  " * indent
+    lines = [f"{pad}{label}{kind}{base}" + (f"  # {desc}" if desc else "")]
+    triggers = getattr(block, "block_trigger_inputs", None)
+    for index, (child_name, child) in enumerate(block.sub_blocks.items()):
+        child_label = child_name
+        if (
+            triggers is not None
+            and index < len(triggers)
+            and type(block).__name__ != "ConditionalPipelineBlocks"
+        ):
+            trigger = triggers[index]
+            child_label = f"{child_name} (when {trigger} given)" if trigger else f"{child_name} (default)"
+        lines.append(make_tree(child, child_label, indent + 1))
+    return "\n".join(lines)

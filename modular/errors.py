@@ -1,0 +1,45 @@
+"""Errors of the block framework. Each subclasses a built-in so callers can catch the usual kinds."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlockCompositionError",
+    "MissingInputError",
+    "InputTypeError",
+    "UnknownInputError",
+    "UnknownOutputError",
+    "ComponentNotLoadedError",
+]
+
+
+class BlockCompositionError(ValueError):
+    """Blocks that cannot work together; the message lists every problem found, each naming both blocks."""
+
+    def __init__(self, owner: str, problems: list[str]) -> None:
+        self.owner = owner
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{owner}: the blocks do not fit together:\n{lines}")
+
+
+class MissingInputError(ValueError):
+    """A required input was not given and no earlier block produces it."""
+
+
+class InputTypeError(TypeError):
+    """A value given to the pipeline does not fit the type its input declares."""
+
+
+class UnknownInputError(TypeError):
+    """A keyword given to the pipeline is not an input of any of its blocks."""
+
+
+class UnknownOutputError(KeyError):
+    """``output=`` names a value that the pipeline call does not produce."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class ComponentNotLoadedError(ValueError):
+    """A block needs a component that has not been loaded yet."""

@@ -1,0 +1,81 @@
+"""Block families: how a repo's pipeline class maps to blocks, found through entry points."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+import attrs
+
+__all__ = ["BlockFamily", "register_family", "available_families", "family_for_index"]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "modular.blocks"
+
+
+@attrs.frozen
+class BlockFamily:
+    """One pipeline family written with the framework.
+
+    Attributes:
+        name: The family's model name, e.g. ``"stable-diffusion"``.
+        blocks_class: The blocks that ``from_pretrained`` builds for this family's repos.
+        classic_pipelines: The ``_class_name`` values of classic ``model_index.json`` files it serves.
+        make_tiny_repo: ``make_tiny_repo(folder)`` writes a tiny random repo (for tests and the demo).
+    """
+
+    name: str
+    blocks_class: type
+    classic_pipelines: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    make_tiny_repo: Callable | None = None
+
+
+_registered: dict[str, BlockFamily] = {}
+_discovered: dict[str, BlockFamily] | None = None
+
+
+def register_family(family: BlockFamily) -> None:
+    """Make a family known without an entry point (e.g. in a script or a test)."""
+    if not isinstance(family, BlockFamily):
+        msg = f"register_family expects a BlockFamily (got {type(family).__name__})"
+        raise TypeError(msg)
+    _registered[family.name] = family
+
+
+def available_families() -> dict[str, BlockFamily]:
+    """Every known family by name: the ``modular.blocks`` entry points plus registered ones."""
+    global _discovered
+    if _discovered is None:
+        found = {}
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            family = point.load()
+            if not isinstance(family, BlockFamily):
+                msg = f"entry point {point.name!r} in group {ENTRY_POINT_GROUP!r} must name a BlockFamily (got {type(family).__name__})"
+                raise TypeError(msg)
+            found[family.name] = family
+        _discovered = found
+    return {**_discovered, **_registered}
+
+
+def family_for_index(index: dict, source: str) -> BlockFamily:
+    """The family for an index file: by ``_blocks_class_name``, else by the classic ``_class_name``."""
+    families = available_families().values()
+    blocks_name = index.get("_blocks_class_name")
+    class_name = index.get("_class_name")
+    for family in families:
+        if blocks_name and family.blocks_class.__name__ == blocks_name:
+            return family
+    for family in families:
+        if class_name in family.classic_pipelines:
+            return family
+    known = sorted(
+        {f.blocks_class.__name__ for f in families} | {c for f in families for c in f.classic_pipelines}
+    )
+    wanted = blocks_name or class_name
+    msg = (
+        f"{source}: no block family serves {wanted!r}; known: {known}. Install or register a family "
+        "(entry point group 'modular.blocks'), or build the blocks yourself and call blocks.init_pipeline(repo)"
+    )
+    raise ValueError(msg)

@@ -1,0 +1,88 @@
+"""``load_components``: per-component options, reuse through the manager, all or nothing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from components import ComponentSpec
+
+    from .pipeline import ModularPipeline
+
+__all__ = ["load_all", "options_for"]
+
+_LOADING_FIELDS = ("pretrained_model_name_or_path", "subfolder", "variant", "revision")
+
+
+def options_for(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options for one component: a plain value applies to all, a dict is looked up by name then ``"default"``."""
+    options = {}
+    for key, value in kwargs.items():
+        if isinstance(value, dict):
+            if name in value:
+                options[key] = value[name]
+            elif "default" in value:
+                options[key] = value["default"]
+        else:
+            options[key] = value
+    if "repo" in options:
+        options["pretrained_model_name_or_path"] = options.pop("repo")
+    return options
+
+
+def _names(pipe: ModularPipeline, names: list[str] | str | None) -> list[str]:
+    specs = pipe._specs
+    if names is None:
+        return [
+            n
+            for n, s in specs.items()
+            if s.default_creation_method == "from_pretrained" and s.pretrained_model_name_or_path
+        ]
+    names = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in names if n not in specs]
+    if unknown:
+        msg = f"load_components: unknown component(s) {unknown}; this pipeline's components are {list(specs)}"
+        raise KeyError(msg)
+    return names
+
+
+def load_all(
+    pipe: ModularPipeline, names: list[str] | str | None, kwargs: dict[str, Any]
+) -> dict[str, tuple]:
+    """Load the named components; on any failure, unregister what this call added and re-raise."""
+    cm = pipe._components_manager
+    plans: dict[str, tuple[ComponentSpec, dict[str, Any]]] = {}
+    for name in _names(pipe, names):
+        options = options_for(name, kwargs)
+        overrides = {key: options.pop(key) for key in _LOADING_FIELDS if key in options}
+        spec = attrs.evolve(pipe._specs[name], **overrides) if overrides else pipe._specs[name]
+        if not spec.pretrained_model_name_or_path:
+            msg = (
+                f"load_components: component {name!r} has no repo to load from; pass "
+                f"pretrained_model_name_or_path={{'{name}': 'org/name'}} or make the pipeline from a repo"
+            )
+            raise ValueError(msg)
+        plans[name] = (spec, options)
+    loaded: dict[str, tuple] = {}
+    added: list[str] = []
+    try:
+        for name, (spec, options) in plans.items():
+            if cm is None:
+                obj = spec.load(**options)
+            else:
+                before = (
+                    cm.get_id_if_registered(spec, **options) if hasattr(cm, "get_id_if_registered") else None
+                )
+                obj = cm.get_or_load(spec, collection=pipe._collection, **options)
+                if before is None:
+                    component_id = cm.get_id(obj)
+                    if component_id is not None:
+                        added.append(component_id)
+            loaded[name] = (spec, obj)
+    except BaseException:
+        for component_id in added:
+            cm.remove(component_id)
+        raise
+    return loaded

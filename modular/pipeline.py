@@ -1,0 +1,345 @@
+"""ModularPipeline: blocks bound to components (through an optional shared manager), and the call."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+import attrs
+import torch
+
+from components import ComponentsManager, ComponentSpec
+
+from .block import ModularPipelineBlocks
+from .call_checks import CallPlan, check_inputs, check_output, known_inputs, plan_call
+from .index import read_index, specs_from_index
+from .state import PipelineState
+
+__all__ = ["ModularPipeline"]
+
+_LOADING_FIELDS = ("pretrained_model_name_or_path", "subfolder", "variant", "revision")
+
+
+class ModularPipeline:
+    """Blocks plus one spec and (once loaded) one object per component.
+
+    Make one with ``blocks.init_pipeline(repo, components_manager=cm)`` or
+    ``ModularPipeline.from_pretrained(repo, components_manager=cm)``; neither loads weights. Then
+    ``load_components()`` loads (or, through the manager, reuses) them and ``pipe(**inputs)`` runs.
+    Blocks see the pipeline as ``components``: ``components.unet``, ``components.<config name>``.
+    """
+
+    def __init__(
+        self,
+        blocks: ModularPipelineBlocks,
+        pretrained_model_name_or_path: str | os.PathLike | None = None,
+        components_manager: ComponentsManager | None = None,
+        collection: str | None = None,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        trust_remote_code: bool = False,
+        _index: tuple[str, dict[str, Any]] | None = None,
+    ) -> None:
+        if not isinstance(blocks, ModularPipelineBlocks):
+            msg = f"ModularPipeline needs blocks (a ModularPipelineBlocks), got {type(blocks).__name__}"
+            raise TypeError(msg)
+        if components_manager is not None and not isinstance(components_manager, ComponentsManager):
+            msg = f"components_manager must be a ComponentsManager (got {type(components_manager).__name__})"
+            raise TypeError(msg)
+        self._blocks = blocks
+        self._components_manager = components_manager
+        self._collection = collection
+        self._specs: dict[str, ComponentSpec] = {spec.name: spec for spec in blocks.expected_components}
+        self._config: dict[str, Any] = {spec.name: spec.default for spec in blocks.expected_configs}
+        self._components: dict[str, Any] = dict.fromkeys(self._specs)
+        self._blocks_class_name = getattr(blocks, "_family_blocks_class_name", type(blocks).__name__)
+        self._workflow = getattr(blocks, "_family_workflow", None)
+        self.pretrained_model_name_or_path = None
+        if pretrained_model_name_or_path is not None:
+            repo = str(pretrained_model_name_or_path)
+            self.pretrained_model_name_or_path = repo
+            kind, index = _index or read_index(repo, revision=revision, token=token)
+            specs, config = specs_from_index(kind, index, repo, revision, trust_remote_code=trust_remote_code)
+            for name, spec in specs.items():
+                if name in self._specs:
+                    self._specs[name] = _merge_spec(self._specs[name], spec)
+            for name, value in config.items():
+                if name in self._config:
+                    self._config[name] = value
+        for name, spec in self._specs.items():
+            if spec.default_creation_method == "from_config":
+                self._set_component(name, spec.create())
+
+    # ----- construction from a repo -----
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        components_manager: ComponentsManager | None = None,
+        collection: str | None = None,
+        workflow: str | None = None,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        trust_remote_code: bool = False,
+    ) -> ModularPipeline:
+        """A pipeline for a repo's index (no weights loaded). The family comes from the index's class
+        name through the ``modular.blocks`` entry points; ``workflow=`` prunes to one named workflow."""
+        from .families import family_for_index
+
+        repo = str(pretrained_model_name_or_path)
+        kind, index = read_index(repo, revision=revision, token=token)
+        family = family_for_index(index, repo)
+        blocks = family.blocks_class()
+        workflow = workflow or index.get("_workflow")
+        if workflow is not None:
+            pruned = blocks.get_workflow(workflow)
+            pruned._family_blocks_class_name = type(blocks).__name__
+            pruned._family_workflow = workflow
+            blocks = pruned
+        return cls(
+            blocks,
+            repo,
+            components_manager=components_manager,
+            collection=collection,
+            revision=revision,
+            token=token,
+            trust_remote_code=trust_remote_code,
+            _index=(kind, index),
+        )
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write every loaded component and a ``modular_model_index.json``; all or nothing."""
+        from .saving import save_pipeline
+
+        save_pipeline(self, save_directory)
+
+    # ----- components -----
+    def __getattr__(self, name: str) -> Any:
+        state = self.__dict__
+        if "_components" in state and name in state["_components"]:
+            return state["_components"][name]
+        if "_config" in state and name in state["_config"]:
+            return state["_config"][name]
+        msg = f"{type(self).__name__} has no attribute, component or config named {name!r}"
+        raise AttributeError(msg)
+
+    @property
+    def blocks(self) -> ModularPipelineBlocks:
+        return self._blocks
+
+    @property
+    def components_manager(self) -> ComponentsManager | None:
+        return self._components_manager
+
+    @property
+    def components(self) -> dict[str, Any]:
+        return dict(self._components)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._config)
+
+    @property
+    def component_names(self) -> list[str]:
+        return list(self._specs)
+
+    @property
+    def null_component_names(self) -> list[str]:
+        return [name for name, obj in self._components.items() if obj is None]
+
+    @property
+    def pretrained_component_names(self) -> list[str]:
+        return [n for n, s in self._specs.items() if s.default_creation_method == "from_pretrained"]
+
+    @property
+    def config_component_names(self) -> list[str]:
+        return [n for n, s in self._specs.items() if s.default_creation_method == "from_config"]
+
+    def get_component_spec(self, name: str) -> ComponentSpec:
+        if name not in self._specs:
+            raise KeyError(_unknown("component", name, self._specs))
+        return self._specs[name]
+
+    def _set_component(self, name: str, obj: Any) -> None:
+        self._components[name] = obj
+        if self._components_manager is not None and obj is not None:
+            self._components_manager.add(name, obj, collection=self._collection)
+
+    def load_components(self, names: list[str] | str | None = None, **kwargs: Any) -> None:
+        """Load components (all with a repo when ``names`` is None).
+
+        Each keyword is a value for every component or a dict per component name with an optional
+        ``"default"`` key, e.g. ``torch_dtype={"unet": torch.float16, "default": torch.float32}``.
+        Through a manager, a component already loaded with the same load ID and options is reused.
+        All or nothing: if one fails, none is kept.
+        """
+        from .loading import load_all
+
+        loaded = load_all(self, names, kwargs)
+        for name, (spec, obj) in loaded.items():
+            self._specs[name] = spec
+            self._components[name] = obj
+
+    def update_components(self, **kwargs: Any) -> None:
+        """Replace components (``unet=obj``) or config values (``name=value``)."""
+        for name in kwargs:
+            if name not in self._specs and name not in self._config:
+                raise KeyError(_unknown("component or config", name, {**self._specs, **self._config}))
+        for name, value in kwargs.items():
+            if name in self._config:
+                self._config[name] = value
+                continue
+            spec = self._specs[name]
+            if value is not None and spec.type_hint is not None and not isinstance(value, spec.type_hint):
+                msg = (
+                    f"update_components: {name!r} must be a {spec.type_hint.__name__} "
+                    f"(got a {type(value).__name__})"
+                )
+                raise TypeError(msg)
+        for name, value in kwargs.items():
+            if name in self._config:
+                continue
+            if value is not None:
+                self._specs[name] = _spec_for(self._specs[name], value)
+            self._set_component(name, value)
+
+    def unload_components(self, names: list[str] | str) -> None:
+        """Drop components from the pipeline and from the manager, so their memory can be freed."""
+        names = [names] if isinstance(names, str) else list(names)
+        for name in names:
+            if name not in self._specs:
+                raise KeyError(_unknown("component", name, self._specs))
+        for name in names:
+            obj = self._components[name]
+            self._components[name] = None
+            cm = self._components_manager
+            if cm is not None and obj is not None:
+                component_id = cm.get_id(obj)
+                if component_id is not None:
+                    cm.remove(component_id)
+
+    def to(self, *args: Any, **kwargs: Any) -> ModularPipeline:
+        """Move every model (``torch.nn.Module`` component) like ``module.to(...)``."""
+        for obj in self._components.values():
+            if isinstance(obj, torch.nn.Module):
+                obj.to(*args, **kwargs)
+        return self
+
+    def _modules(self) -> list[torch.nn.Module]:
+        return [obj for obj in self._components.values() if isinstance(obj, torch.nn.Module)]
+
+    @property
+    def device(self) -> torch.device:
+        for module in self._modules():
+            for tensor in module.parameters():
+                return tensor.device
+        return torch.device("cpu")
+
+    @property
+    def _execution_device(self) -> torch.device:
+        """Where models run: the offload hook's execution device when there is one, else their device."""
+        for module in self._modules():
+            hook = getattr(module, "_hf_hook", None)
+            device = getattr(hook, "execution_device", None)
+            if device is not None:
+                return torch.device(device)
+        return self.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        for module in self._modules():
+            for tensor in module.parameters():
+                return tensor.dtype
+        return torch.float32
+
+    @property
+    def doc(self) -> str:
+        return self._blocks.doc
+
+    def set_progress_bar_config(self, **kwargs: Any) -> None:
+        """Configure the progress bars of every loop in the blocks (``disable=True`` hides them)."""
+        if hasattr(self._blocks, "set_progress_bar_config"):
+            self._blocks.set_progress_bar_config(**kwargs)
+
+    # ----- running -----
+    def __call__(
+        self, state: PipelineState | None = None, output: str | list[str] | None = None, **kwargs: Any
+    ):
+        """Run the blocks on these inputs under ``torch.inference_mode()``.
+
+        Returns the final PipelineState, one value (``output="images"``) or a dict (``output=[...]``).
+        Everything is checked before anything runs: unknown inputs, wrong types, missing inputs,
+        unloaded components and unknown outputs are errors that change nothing.
+        """
+        plan, params = self._plan(kwargs, state)
+        check_output(output, plan)
+        state = _copy_state(state)
+        for name, param in params.items():
+            if name in kwargs:
+                state.set(name, kwargs[name], param.kwargs_type)
+            elif name not in state.values and param.default is not None:
+                state.set(name, param.default, param.kwargs_type)
+        cm = self._components_manager
+        if cm is not None:
+            cm.set_execution_plan([self._components[name] for name in plan.component_uses])
+        with torch.inference_mode():
+            _, state = self._blocks(self, state)
+        if output is None:
+            return state
+        if isinstance(output, str):
+            return state.get(output)
+        return {name: state.get(name) for name in output}
+
+    def _plan(self, kwargs: dict[str, Any], state: PipelineState | None) -> tuple[CallPlan, dict]:
+        params = known_inputs(self._blocks)
+        check_inputs(type(self).__name__, params, kwargs)
+        given = {**state.values, **kwargs} if state is not None else kwargs
+        plan = plan_call(self._blocks, given, self._components)
+        return plan, params
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}(blocks={type(self._blocks).__name__}"]
+        for name, spec in self._specs.items():
+            obj = self._components[name]
+            state = "not loaded" if obj is None else type(obj).__name__
+            lines.append(f"  {name}: {state}  [{spec.load_id}]")
+        return "\n".join(lines) + "\n)"
+
+
+def _copy_state(state: PipelineState | None) -> PipelineState:
+    fresh = PipelineState()
+    if state is not None:
+        fresh.values = dict(state.values)
+        fresh.kwargs_mapping = {kind: list(keys) for kind, keys in state.kwargs_mapping.items()}
+    return fresh
+
+
+def _unknown(kind: str, name: str, known: Any) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"no {kind} named {name!r}{hint} (known: {sorted(known)})"
+
+
+def _merge_spec(declared: ComponentSpec, from_index: ComponentSpec) -> ComponentSpec:
+    """The blocks' spec with the loading fields (and a more precise type) the index gives."""
+    changes: dict[str, Any] = {key: getattr(from_index, key) for key in _LOADING_FIELDS}
+    if from_index.type_hint is not None:
+        changes["type_hint"] = from_index.type_hint
+    return attrs.evolve(declared, **changes)
+
+
+def _spec_for(declared: ComponentSpec, obj: Any) -> ComponentSpec:
+    """The spec of an object given to update_components: its load ID when it has one."""
+    from components import get_load_id
+
+    load_id = get_load_id(obj)
+    changes: dict[str, Any] = {"type_hint": type(obj)}
+    if load_id and load_id != "null":
+        changes.update(ComponentSpec.decode_load_id(load_id))
+    elif declared.default_creation_method == "from_pretrained":
+        changes.update(dict.fromkeys(_LOADING_FIELDS))
+        changes["subfolder"] = ""
+    return attrs.evolve(declared, **changes)
