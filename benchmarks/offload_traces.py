@@ -1,0 +1,335 @@
+"""Replay component-use traces through the real offload engine on a simulated device.
+
+Counts, per trace and strategy: host-to-device bytes, device-to-host bytes, moves (models made
+resident), peak resident bytes, decision time, and the ratio of host-to-device bytes to the exact
+offline optimum for the trace and budget. Models are modules with one ``meta`` parameter of the
+component's exact byte size, so nothing is allocated; the engine, ledger and strategies are the
+real ones. The peer's own strategy (diffusers' ``AutoOffloadStrategy``) runs in the same engine with
+its free-memory query answered from the simulated device; it copies every victim back to the host
+(``module.to("cpu")``), so its device-to-host bytes are the bytes it evicts.
+
+Run: ``python benchmarks/offload_traces.py`` (CPU only, well under a minute).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from offload import (  # noqa: E402
+    LRUStrategy,
+    NextUseStrategy,
+    OffloadEngine,
+    OffloadRequest,
+    OffloadStrategy,
+    SimulatedDevice,
+    SmallestSufficientSet,
+)
+
+GB = 10**9
+Use = str | tuple[str, int]  # a component, or (component, loop steps)
+
+
+# -- models and workflows --------------------------------------------------------------------
+def meta_module(nbytes: int) -> torch.nn.Module:
+    """A module whose weights are exactly ``nbytes`` bytes, on the meta device (nothing allocated)."""
+    module = torch.nn.Module()
+    module.weight = torch.nn.Parameter(
+        torch.empty(nbytes, dtype=torch.uint8, device="meta"), requires_grad=False
+    )
+    return module
+
+
+class Workflow:
+    """A pipeline's component uses in order; ``(name, steps)`` is a loop body run ``steps`` times."""
+
+    def __init__(self, name: str, uses: Sequence[Use]):
+        self.name = name
+        self.uses = list(uses)
+
+    @property
+    def plan(self) -> list[str]:
+        """What the pipeline tells the engine: uses in order, loop bodies once."""
+        return [u if isinstance(u, str) else u[0] for u in self.uses]
+
+    def unrolled(self) -> list[str]:
+        """Every use, loops unrolled."""
+        out: list[str] = []
+        for use in self.uses:
+            out += [use] if isinstance(use, str) else [use[0]] * use[1]
+        return out
+
+
+class Trace:
+    """Workflow runs over one set of component sizes, at one budget and margin."""
+
+    def __init__(self, name: str, sizes: dict[str, int], runs: list[Workflow], budget: int, margin: int):
+        self.name, self.sizes, self.runs, self.budget, self.margin = name, sizes, runs, budget, margin
+
+    def requests(self) -> list[str]:
+        return [model for run in self.runs for model in run.unrolled()]
+
+
+# -- the peer's strategy inside our engine ---------------------------------------------------
+class PeerAutoOffload(OffloadStrategy):
+    """diffusers' AutoOffloadStrategy, called as the peer's hook calls it, memory query patched."""
+
+    copies_back = True
+
+    def __init__(self, device: SimulatedDevice, margin: int, sizes: dict[str, int]):
+        from diffusers.modular_pipelines import components_manager as peer
+
+        self._peer_module = peer
+        self._peer = peer.AutoOffloadStrategy(memory_reserve_margin=margin)
+        self._device = device
+        self._sizes = sizes
+
+    @property
+    def name(self) -> str:
+        return "peer AutoOffloadStrategy"
+
+    def select_victims(self, request: OffloadRequest) -> list[str]:
+        device, sizes = self._device, self._sizes
+
+        class _Model:
+            def __init__(self, model_id):
+                self.model_id = model_id
+
+            def get_memory_footprint(self):
+                return sizes[self.model_id]
+
+        class _Hook:
+            def __init__(self, model_id):
+                self.model_id = model_id
+                self.model = _Model(model_id)
+
+        class _Backend:
+            def __init__(self, *_):
+                pass
+
+            def mem_get_info(self):
+                return device.free_bytes(), device.budget
+
+        hooks = [_Hook(m) for m in request.residents]
+        with mock.patch.object(self._peer_module, "TorchDeviceBackend", _Backend):
+            chosen = self._peer(
+                hooks=hooks,
+                model_id=request.model_id,
+                model=_Model(request.model_id),
+                execution_device="cuda",
+            )
+        return [hook.model_id for hook in chosen]
+
+
+# -- replay ----------------------------------------------------------------------------------
+STRATEGIES = ("NextUse (ours)", "LRU", "SmallestSufficientSet", "peer AutoOffloadStrategy")
+
+
+def make_strategy(name: str, device: SimulatedDevice, trace: Trace) -> OffloadStrategy:
+    if name == "NextUse (ours)":
+        return NextUseStrategy()
+    if name == "LRU":
+        return LRUStrategy()
+    if name == "SmallestSufficientSet":
+        return SmallestSufficientSet()
+    return PeerAutoOffload(device, trace.margin, trace.sizes)
+
+
+def replay(trace: Trace, strategy_name: str) -> dict:
+    device = SimulatedDevice(trace.budget)
+    engine = OffloadEngine(device, memory_reserve_margin=trace.margin)
+    engine.set_strategy(make_strategy(strategy_name, device, trace))
+    for model_id, nbytes in trace.sizes.items():
+        engine.attach(model_id, meta_module(nbytes))
+    times = []
+    for run in trace.runs:
+        engine.set_plan(run.plan)
+        for model_id in run.unrolled():
+            if engine.is_resident(model_id):
+                engine.ensure_resident(model_id)
+                continue
+            start = time.perf_counter()
+            engine.ensure_resident(model_id)
+            times.append(time.perf_counter() - start)
+            assert device.used_bytes() <= trace.budget - trace.margin, "budget violated"
+    log = engine.log
+    evicted = sum(trace.sizes[m] for d in log for m in d.evicted)
+    copies_back = getattr(engine.strategy, "copies_back", False)
+    return {
+        "h2d": log.total_bytes_to_device,
+        "d2h": evicted if copies_back else log.total_bytes_to_host,
+        "moves": sum(1 for d in log if d.bytes_to_device),
+        "peak": engine.peak_resident_bytes,
+        "decision_ms": 1000 * max(times) if times else 0.0,
+    }
+
+
+# -- exact offline optimum -------------------------------------------------------------------
+def optimum(trace: Trace) -> int:
+    """Fewest host-to-device bytes for the trace: exact search over resident sets.
+
+    Evicting is free (host copies are kept), so at each miss only maximal resident sets that still
+    fit are worth keeping, and a state that holds a superset of another at no higher cost dominates it.
+    """
+    names = list(trace.sizes)
+    size = [trace.sizes[n] for n in names]
+    capacity = trace.budget - trace.margin
+    requests = [names.index(m) for m in trace.requests()]
+    requests = [r for i, r in enumerate(requests) if i == 0 or r != requests[i - 1]]
+
+    def mask_size(mask: int) -> int:
+        return sum(size[i] for i in range(len(size)) if mask >> i & 1)
+
+    def maximal_subsets(mask: int, room: int) -> list[int]:
+        members = [i for i in range(len(size)) if mask >> i & 1]
+        fits = []
+        for pick in range(1 << len(members)):
+            sub = 0
+            for k, i in enumerate(members):
+                if pick >> k & 1:
+                    sub |= 1 << i
+            if mask_size(sub) <= room:
+                fits.append(sub)
+        return [s for s in fits if not any(o != s and o & s == s for o in fits)]
+
+    states = {0: 0}
+    for r in requests:
+        nxt: dict[int, int] = {}
+        for mask, cost in states.items():
+            if mask >> r & 1:
+                options = [(mask, cost)]
+            else:
+                options = [
+                    (sub | 1 << r, cost + size[r]) for sub in maximal_subsets(mask, capacity - size[r])
+                ]
+            for new, c in options:
+                if c < nxt.get(new, float("inf")):
+                    nxt[new] = c
+        states = {m: c for m, c in nxt.items() if not any(o != m and o & m == m and nxt[o] <= c for o in nxt)}
+    return min(states.values())
+
+
+# -- traces ----------------------------------------------------------------------------------
+def flux_traces() -> list[Trace]:
+    sizes = {
+        "clip": int(0.23 * GB),
+        "t5": int(8.87 * GB),
+        "transformer": int(22.17 * GB),
+        "canny": int(22.17 * GB),
+        "depth": int(22.17 * GB),
+        "vae": int(0.16 * GB),
+    }
+    t2i = Workflow("flux text2img", ["clip", "t5", ("transformer", 28), "vae"])
+    canny = Workflow("flux canny", ["clip", "t5", "vae", ("canny", 50), "vae"])
+    depth = Workflow("flux depth", ["clip", "t5", "vae", ("depth", 30), "vae"])
+    runs = [t2i, canny, depth] * 2
+    return [Trace(f"flux 3 workflows x2 @ {b} GB", sizes, runs, b * GB, 3 * GB) for b in (40, 32)]
+
+
+SDXL_SIZES = {
+    "text_encoder": int(0.246 * GB),
+    "text_encoder_2": int(1.39 * GB),
+    "unet": int(5.14 * GB),
+    "refiner_unet": int(4.52 * GB),
+    "vae": int(0.167 * GB),
+}
+SDXL_BASE = Workflow("sdxl base", ["text_encoder", "text_encoder_2", ("unet", 30), "vae"])
+SDXL_REFINER = Workflow("sdxl refiner", ["text_encoder_2", "vae", ("refiner_unet", 20), "vae"])
+
+
+def sdxl_traces() -> list[Trace]:
+    alternating = [SDXL_BASE, SDXL_REFINER] * 4
+    out = [
+        Trace(f"sdxl base+refiner x4 @ {b} GB", SDXL_SIZES, alternating, int(b * GB), GB) for b in (9, 7.5)
+    ]
+    base_only = {k: v for k, v in SDXL_SIZES.items() if k != "refiner_unet"}
+    for b in (9, 7.5, 7, 6.5):
+        out.append(Trace(f"sdxl text2img x5 @ {b} GB", base_only, [SDXL_BASE] * 5, int(b * GB), GB))
+    return out
+
+
+def random_mix_trace(seed: int = 0) -> Trace:
+    rng = random.Random(seed)
+    names = [f"c{i}" for i in range(8)]
+    sizes = {n: int(rng.uniform(0.2, 12.0) * GB) for n in names}
+    workflows = []
+    for w in range(5):
+        members = rng.sample(names, rng.randint(3, 5))
+        loop = max(members, key=sizes.get)
+        uses: list[Use] = [(m, 20) if m == loop else m for m in members]
+        workflows.append(Workflow(f"w{w}", uses))
+    runs = [rng.choice(workflows) for _ in range(30)]
+    budget = max(int(0.5 * sum(sizes.values())), max(sizes.values())) + 2 * GB
+    return Trace(
+        f"random 5 workflows / 8 comps (seed {seed}) @ {budget / GB:.1f} GB", sizes, runs, budget, 2 * GB
+    )
+
+
+# -- decision time with 20 components --------------------------------------------------------
+def decision_time(strategy: OffloadStrategy, components: int = 20, rounds: int = 200) -> float:
+    """Mean milliseconds of one ensure_resident that must evict, with ``components`` models resident."""
+    sizes = {f"m{i}": (i + 1) * GB // 10 for i in range(components + 1)}
+    budget = sum(sizes.values()) - sizes["m0"]
+    engine = OffloadEngine(SimulatedDevice(budget), memory_reserve_margin=0, strategy=strategy)
+    for model_id, nbytes in sizes.items():
+        engine.attach(model_id, meta_module(nbytes))
+    engine.set_plan(list(sizes))
+    order = list(sizes)
+    for model_id in order[1:]:
+        engine.ensure_resident(model_id)
+    total, count = 0.0, 0
+    for k in range(rounds):
+        wanted = next(m for m in order[k % len(order) :] + order if not engine.is_resident(m))
+        start = time.perf_counter()
+        engine.ensure_resident(wanted)
+        total += time.perf_counter() - start
+        count += 1
+    return 1000 * total / count
+
+
+def main() -> int:
+    traces = flux_traces() + sdxl_traces() + [random_mix_trace()]
+    header = f"{'trace':<44} {'strategy':<26} {'h2d GB':>8} {'d2h GB':>8} {'moves':>5} {'peak GB':>7} {'max ms':>7} {'x opt':>6}"
+    print(header)
+    print("-" * len(header))
+    failures = []
+    for trace in traces:
+        best = optimum(trace)
+        results = {name: replay(trace, name) for name in STRATEGIES}
+        for name, r in results.items():
+            ratio = r["h2d"] / best
+            print(
+                f"{trace.name:<44} {name:<26} {r['h2d'] / GB:8.2f} {r['d2h'] / GB:8.2f} {r['moves']:5d} "
+                f"{r['peak'] / GB:7.2f} {r['decision_ms']:7.3f} {ratio:6.3f}"
+            )
+        print(f"{'':<44} {'offline optimum':<26} {best / GB:8.2f}")
+        ours, peer = results["NextUse (ours)"], results["peer AutoOffloadStrategy"]
+        if ours["d2h"]:
+            failures.append(f"{trace.name}: device-to-host {ours['d2h']} bytes")
+        if ours["h2d"] > 1.05 * best:
+            failures.append(f"{trace.name}: {ours['h2d'] / best:.3f}x the optimum")
+        if ours["h2d"] > peer["h2d"]:
+            failures.append(f"{trace.name}: more host-to-device bytes than the peer")
+    print()
+    ours_ms = decision_time(NextUseStrategy())
+    print(f"decision time, 20 resident components, NextUse (ours): {ours_ms:.3f} ms per eviction decision")
+    for n in (12, 16):
+        ms = decision_time(SmallestSufficientSet(), components=n, rounds=5)
+        print(f"decision time, {n} resident components, SmallestSufficientSet (2^n search): {ms:.1f} ms")
+    if ours_ms >= 1.0:
+        failures.append(f"decision time {ours_ms:.3f} ms >= 1 ms")
+    print()
+    print("targets: " + ("all met" if not failures else "MISSED: " + "; ".join(failures)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

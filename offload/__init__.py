@@ -1,0 +1,41 @@
+"""Weights on devices: memory probes, the forward hook, the residency ledger and eviction strategies.
+
+This package knows modules, ids and byte sizes only; it imports nothing from the rest of the project.
+"""
+
+from offload.engine import OffloadEngine
+from offload.errors import ModelTooLargeError, OffloadOutOfMemoryError, StrategyError
+from offload.ledger import ResidencyLedger
+from offload.log import OffloadDecision, OffloadLog
+from offload.lru import LRUStrategy
+from offload.next_use import NextUseStrategy
+from offload.plan import ExecutionPlan
+from offload.probes import DeviceProbe, HostProbe, MemoryProbe
+from offload.simulated import SimulatedDevice
+from offload.smallest_set import SmallestSufficientSet
+from offload.storage import module_nbytes
+from offload.strategy import OffloadRequest, OffloadStrategy
+from offload.units import format_bytes, parse_bytes
+
+__all__ = [
+    "DeviceProbe",
+    "ExecutionPlan",
+    "HostProbe",
+    "LRUStrategy",
+    "MemoryProbe",
+    "ModelTooLargeError",
+    "NextUseStrategy",
+    "OffloadDecision",
+    "OffloadEngine",
+    "OffloadLog",
+    "OffloadOutOfMemoryError",
+    "OffloadRequest",
+    "OffloadStrategy",
+    "ResidencyLedger",
+    "SimulatedDevice",
+    "SmallestSufficientSet",
+    "StrategyError",
+    "format_bytes",
+    "module_nbytes",
+    "parse_bytes",
+]

@@ -1,0 +1,17 @@
+"""Errors raised by the offload engine. Each subclasses a built-in so callers can catch the usual kind."""
+
+from __future__ import annotations
+
+__all__ = ["ModelTooLargeError", "OffloadOutOfMemoryError", "StrategyError"]
+
+
+class ModelTooLargeError(ValueError):
+    """A model cannot fit on the device even with every other model evicted. Raised before anything moves."""
+
+
+class OffloadOutOfMemoryError(MemoryError):
+    """A forward ran out of device memory, and did again after every other model was evicted."""
+
+
+class StrategyError(ValueError):
+    """A strategy returned victims that are not resident, include the requested model, or free too little."""

@@ -1,0 +1,214 @@
+"""The residency ledger: which models are on the device, their sizes, and the host copy of each.
+
+Every attached model keeps its weights on the host; that host copy is retained while the model is
+resident, so eviction only points the parameters back at it and drops the device copy: zero bytes
+move device-to-host. On CUDA the host copy is pinned once, at attach, so uploads are fast and
+asynchronous. With a bookkeeping probe (simulated device, CPU) nothing moves; only bytes are counted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import torch
+
+from offload.probes import MemoryProbe
+from offload.storage import module_nbytes
+
+__all__ = ["ResidencyLedger"]
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.define
+class _Entry:
+    module: torch.nn.Module
+    nbytes: int
+    resident: bool = False
+    # Host tensors of a resident model, keyed by id(parameter) or (id(owner module), buffer name).
+    host: dict[object, torch.Tensor] = attrs.field(factory=dict)
+
+
+def _buffer_slots(module: torch.nn.Module):
+    for owner in module.modules():
+        for name, buffer in owner._buffers.items():
+            if buffer is not None:
+                yield owner, name, buffer
+
+
+class ResidencyLedger:
+    """What is resident on one probe's device, with byte sizes from the real storage.
+
+    Args:
+        probe: The device the ledger places weights on.
+    """
+
+    def __init__(self, probe: MemoryProbe):
+        self.probe = probe
+        self._entries: dict[str, _Entry] = {}
+        self._resident_bytes = 0
+        self.peak_resident_bytes = 0
+        self._pin = probe.moves_weights and probe.execution_device.type == "cuda"
+
+    # -- queries -------------------------------------------------------------------------------
+    def __contains__(self, model_id: str) -> bool:
+        return model_id in self._entries
+
+    def ids(self) -> list[str]:
+        """Every model id in the ledger, in the order they were added."""
+        return list(self._entries)
+
+    def module(self, model_id: str) -> torch.nn.Module:
+        """The module registered under ``model_id``."""
+        return self._entries[model_id].module
+
+    def nbytes(self, model_id: str) -> int:
+        """Bytes of ``model_id``'s weights (unique storages of parameters and buffers)."""
+        return self._entries[model_id].nbytes
+
+    def is_resident(self, model_id: str) -> bool:
+        """True if ``model_id`` is on the device now."""
+        entry = self._entries.get(model_id)
+        return entry is not None and entry.resident
+
+    def residents(self) -> dict[str, int]:
+        """Resident model ids and their sizes in bytes."""
+        return {mid: e.nbytes for mid, e in self._entries.items() if e.resident}
+
+    def resident_bytes(self) -> int:
+        """Bytes of all resident models."""
+        return self._resident_bytes
+
+    # -- changes -------------------------------------------------------------------------------
+    def add(self, model_id: str, module: torch.nn.Module) -> int:
+        """Register ``module`` with its weights on the host (pinned on CUDA). Returns device-to-host bytes.
+
+        A module whose weights sit on an accelerator is copied to the host once, here.
+        """
+        entry = _Entry(module=module, nbytes=module_nbytes(module))
+        moved_back = self._to_host(module) if self.probe.moves_weights else 0
+        self._entries[model_id] = entry
+        if self.probe.always_resident:
+            self._set_resident(model_id, entry, True)
+        return moved_back
+
+    def remove(self, model_id: str) -> None:
+        """Evict ``model_id`` if resident and forget it; its weights stay on the host copy."""
+        if self._entries[model_id].resident:
+            self.evict(model_id)
+        del self._entries[model_id]
+
+    def make_resident(self, model_id: str) -> int:
+        """Put ``model_id`` on the device. Returns host-to-device bytes (0 if already resident)."""
+        entry = self._entries[model_id]
+        if entry.resident:
+            return 0
+        if self.probe.moves_weights:
+            self._upload(entry)
+        self._set_resident(model_id, entry, True)
+        return entry.nbytes
+
+    def evict(self, model_id: str) -> int:
+        """Take ``model_id`` off the device. Returns device-to-host bytes: 0 unless weights changed on the
+        device without ``refresh`` (then they are copied back so nothing is lost)."""
+        entry = self._entries[model_id]
+        if not entry.resident or self.probe.always_resident:
+            return 0
+        copied = self._drop(entry) if self.probe.moves_weights else 0
+        self._set_resident(model_id, entry, False)
+        return copied
+
+    def refresh(self, model_id: str) -> int:
+        """Re-read ``model_id``'s size and bring its host copy up to date. Returns device-to-host bytes."""
+        entry = self._entries[model_id]
+        copied = 0
+        if self.probe.moves_weights:
+            copied = self._sync_host(entry) if entry.resident else self._to_host(entry.module)
+        nbytes = module_nbytes(entry.module)
+        if entry.resident:
+            self._resident_bytes += nbytes - entry.nbytes
+            self.probe.on_resident(model_id, nbytes)
+            self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
+        entry.nbytes = nbytes
+        return copied
+
+    # -- internals -----------------------------------------------------------------------------
+    def _set_resident(self, model_id: str, entry: _Entry, resident: bool) -> None:
+        entry.resident = resident
+        if resident:
+            self._resident_bytes += entry.nbytes
+            self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
+            self.probe.on_resident(model_id, entry.nbytes)
+        else:
+            self._resident_bytes -= entry.nbytes
+            self.probe.on_evicted(model_id)
+
+    def _host_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+        if self._pin and not host.is_pinned():
+            host = host.pin_memory()
+        return host
+
+    def _to_host(self, module: torch.nn.Module) -> int:
+        """Point every weight at a host tensor (pinned on CUDA); returns bytes copied off a device."""
+        copied = 0
+        for param in module.parameters():
+            if param.device.type != "cpu":
+                copied += param.nbytes
+            param.data = self._host_tensor(param.data)
+        for owner, name, buffer in _buffer_slots(module):
+            if buffer.device.type != "cpu":
+                copied += buffer.nbytes
+            owner._buffers[name] = self._host_tensor(buffer)
+        return copied
+
+    def _upload(self, entry: _Entry) -> None:
+        device = self.probe.execution_device
+        done: dict[int, torch.Tensor] = {}  # one device copy per host tensor, even if shared
+        for param in entry.module.parameters():
+            if param.device == device:
+                continue
+            host = param.data
+            entry.host[id(param)] = host
+            param.data = done.setdefault(id(host), host.to(device, non_blocking=self._pin))
+        for owner, name, buffer in _buffer_slots(entry.module):
+            if buffer.device == device:
+                continue
+            entry.host[(id(owner), name)] = buffer
+            owner._buffers[name] = done.setdefault(id(buffer), buffer.to(device, non_blocking=self._pin))
+
+    def _drop(self, entry: _Entry) -> int:
+        copied = 0
+        for param in entry.module.parameters():
+            if param.device.type == "cpu":
+                continue
+            host = entry.host.get(id(param))
+            if host is None:  # a weight replaced on the device behind our back: keep its value
+                host = self._host_tensor(param.data)
+                copied += param.nbytes
+            param.data = host
+        for owner, name, buffer in _buffer_slots(entry.module):
+            if buffer.device.type == "cpu":
+                continue
+            host = entry.host.get((id(owner), name))
+            if host is None:
+                host = self._host_tensor(buffer)
+                copied += buffer.nbytes
+            owner._buffers[name] = host
+        entry.host.clear()
+        return copied
+
+    def _sync_host(self, entry: _Entry) -> int:
+        """Copy device weights of a resident model into fresh host tensors (after an in-place change)."""
+        copied = 0
+        entry.host.clear()
+        for param in entry.module.parameters():
+            if param.device.type != "cpu":
+                entry.host[id(param)] = self._host_tensor(param.data)
+                copied += param.nbytes
+        for owner, name, buffer in _buffer_slots(entry.module):
+            if buffer.device.type != "cpu":
+                entry.host[(id(owner), name)] = self._host_tensor(buffer)
+                copied += buffer.nbytes
+        return copied
