@@ -1,0 +1,55 @@
+"""Exceptions raised by components/: each subclasses the built-in a caller would catch."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ComponentLoadError",
+    "ComponentNotFoundError",
+    "CorruptWeightsError",
+    "PickleWeightsError",
+    "RemoteCodeError",
+    "RepoNotFoundError",
+    "RevisionNotFoundError",
+    "SubfolderNotFoundError",
+    "VariantNotFoundError",
+]
+
+
+class ComponentLoadError(ValueError):
+    """A component could not be loaded from its repo; nothing was registered."""
+
+
+class RepoNotFoundError(ComponentLoadError, FileNotFoundError):
+    """The repo is neither a local folder nor reachable (or cached) on the hub."""
+
+
+class SubfolderNotFoundError(ComponentLoadError, FileNotFoundError):
+    """The repo exists but has no such subfolder."""
+
+
+class VariantNotFoundError(ComponentLoadError, FileNotFoundError):
+    """The component folder has weights, but none for the requested variant."""
+
+
+class RevisionNotFoundError(ComponentLoadError):
+    """The repo exists but the requested revision (branch, tag or commit) does not."""
+
+
+class CorruptWeightsError(ComponentLoadError):
+    """A safetensors file is truncated or its header is unreadable."""
+
+
+class PickleWeightsError(ComponentLoadError):
+    """Only pickle weights (.bin/.pt/.ckpt) exist and the caller did not opt in with use_pickle=True."""
+
+
+class RemoteCodeError(ComponentLoadError):
+    """A class outside diffusers/transformers was requested without trust_remote_code=True."""
+
+
+class ComponentNotFoundError(KeyError, ValueError):
+    """No registered component matches an id, name or pattern (a ValueError too, as the peer raises)."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; ours is a sentence meant to be read as is.
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,100 @@
+"""Facts about one registered object: size from real storage, device, dtype, adapters, quantization."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+__all__ = [
+    "adapter_names",
+    "ip_adapter_info",
+    "module_devices",
+    "module_dtype",
+    "quantization_info",
+    "storage_bytes",
+]
+
+
+def _tensors(module: torch.nn.Module):
+    return itertools.chain(module.parameters(), module.buffers())
+
+
+def storage_bytes(module: torch.nn.Module) -> int:
+    """Bytes held by the module's tensors, each underlying storage counted once.
+
+    Counting storages (not ``numel * element_size``) is right for tied weights, views, and quantized
+    weights whose packed storage is smaller than their logical shape. Meta tensors hold no bytes.
+    """
+    sizes: dict[tuple[Any, ...], int] = {}
+    for tensor in _tensors(module):
+        if tensor.device.type == "meta":
+            continue
+        try:
+            storage = tensor.untyped_storage()
+            key: tuple[Any, ...] = (str(storage.device), storage.data_ptr())
+            nbytes = storage.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):
+            # Tensor subclasses without a plain storage: fall back to their logical size.
+            key, nbytes = ("tensor", id(tensor)), tensor.numel() * tensor.element_size()
+        if key[1] == 0:
+            key = ("tensor", id(tensor))
+        sizes[key] = max(sizes.get(key, 0), nbytes)
+    return sum(sizes.values())
+
+
+def module_devices(module: torch.nn.Module) -> list[str]:
+    """The distinct devices the module's tensors are on, sorted (empty for a module without tensors)."""
+    return sorted({str(tensor.device) for tensor in _tensors(module)})
+
+
+def module_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of the first floating-point parameter (else of the first tensor), or ``None``."""
+    first = None
+    for tensor in _tensors(module):
+        if tensor.is_floating_point():
+            return tensor.dtype
+        first = first or tensor.dtype
+    return first
+
+
+def adapter_names(module: torch.nn.Module) -> list[str] | None:
+    """Names of the peft (LoRA) adapters loaded into the module, or ``None`` when it has none."""
+    config = getattr(module, "peft_config", None)
+    if isinstance(config, dict) and config:
+        return list(config)
+    return None
+
+
+def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
+    """IP-Adapter state of an attention model: how many processors carry image projections, and their scales.
+
+    Recognised structurally: a processor with ``to_k_ip`` layers (diffusers' IP-Adapter processors).
+    """
+    processors = getattr(module, "attn_processors", None)
+    if not isinstance(processors, dict):
+        return None
+    ip = [proc for proc in processors.values() if hasattr(proc, "to_k_ip")]
+    if not ip:
+        return None
+    scales: list[Any] = []
+    for proc in ip:
+        scale = getattr(proc, "scale", None)
+        for value in scale if isinstance(scale, (list, tuple)) else [scale]:
+            if value not in scales:
+                scales.append(value)
+    return {"processors": len(ip), "scales": scales}
+
+
+def quantization_info(module: Any) -> dict[str, Any] | None:
+    """The quantization config of a model quantized at load time (diffusers or transformers), or ``None``."""
+    quantizer = getattr(module, "hf_quantizer", None)
+    config = getattr(quantizer, "quantization_config", None)
+    if config is None:
+        return None
+    if hasattr(config, "to_diff_dict"):
+        return config.to_diff_dict()
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    return dict(config)

@@ -1,0 +1,333 @@
+"""ComponentSpec and ConfigSpec: what a block needs, and how to make it."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from typing import Any
+
+import attrs
+import torch
+
+from .importing import resolve_type_from_folder
+from .load_id import LOAD_ID_FIELDS, NULL_LOAD_ID, decode_load_id, format_load_id, get_load_id, tag_load_id
+from .repo import describe, resolve_location
+from .weights import check_weights
+
+__all__ = ["LOAD_OPTIONS", "ComponentSpec", "ConfigSpec", "normalize_dtype"]
+
+logger = logging.getLogger(__name__)
+
+CREATION_METHODS = ("from_pretrained", "from_config")
+#: Keyword arguments ``ComponentSpec.load`` accepts besides the loading fields (and ``repo``).
+LOAD_OPTIONS = (
+    "torch_dtype",
+    "dtype",
+    "quantization_config",
+    "token",
+    "local_files_only",
+    "use_pickle",
+    "trust_remote_code",
+    "cache_dir",
+    "device_map",
+    "low_cpu_mem_usage",
+)
+
+
+def normalize_dtype(dtype: Any = None, torch_dtype: Any = None) -> torch.dtype | None:
+    """Merges the ``dtype``/``torch_dtype`` spellings into one ``torch.dtype`` (or ``None``).
+
+    Accepts a ``torch.dtype`` or its name (``"float16"``, ``"torch.float16"``).
+    """
+    if (
+        dtype is not None
+        and torch_dtype is not None
+        and normalize_dtype(dtype) != normalize_dtype(torch_dtype)
+    ):
+        msg = f"dtype ({dtype!r}) and torch_dtype ({torch_dtype!r}) disagree; pass only one of them."
+        raise ValueError(msg)
+    value = dtype if dtype is not None else torch_dtype
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        resolved = getattr(torch, value.removeprefix("torch."), None)
+        if isinstance(resolved, torch.dtype):
+            return resolved
+    msg = f"dtype must be a torch.dtype or its name such as 'float16' (got {value!r})."
+    raise TypeError(msg)
+
+
+def _check_part(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        msg = f"ComponentSpec.{attribute.name} must be a str or None (got {value!r} that is a {type(value)})."
+        raise TypeError(msg)
+    if "|" in value:
+        msg = f"ComponentSpec.{attribute.name} must not contain '|', the load-ID separator (got {value!r})."
+        raise ValueError(msg)
+    if value == NULL_LOAD_ID:
+        msg = f"ComponentSpec.{attribute.name} must not be 'null', which load IDs use for a missing part."
+        raise ValueError(msg)
+
+
+def _check_name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not value.isidentifier():
+        msg = f"ComponentSpec.name must be a Python identifier such as 'unet' (got {value!r})."
+        raise ValueError(msg)
+
+
+def _check_type_hint(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, type):
+        msg = f"ComponentSpec.type_hint must be a class or None (got {value!r} that is a {type(value)})."
+        raise TypeError(msg)
+
+
+def _to_path_str(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+@attrs.frozen(init=False, eq=False)
+class ComponentSpec:
+    """What a block needs under one name, and how to make it.
+
+    ``repo=`` is accepted as an alias of ``pretrained_model_name_or_path``. Specs are frozen: change one with
+    ``attrs.evolve``. Two specs are equal when name, load ID and creation method are.
+
+    Attributes:
+        name: The component's name in a pipeline, e.g. ``"unet"``.
+        type_hint: Its class; ``None`` lets ``load`` read the class from the repo's config files.
+        description: One line for docs.
+        config: Config for ``create`` (components made with ``from_config``).
+        pretrained_model_name_or_path: Local folder or hub repo id.
+        subfolder: Folder inside the repo (``""`` for the root).
+        variant: Weight variant, e.g. ``"fp16"``.
+        revision: Hub branch, tag or commit.
+        default_creation_method: ``"from_pretrained"`` (load weights) or ``"from_config"`` (build).
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    type_hint: type | None = attrs.field(default=None, validator=_check_type_hint)
+    description: str | None = attrs.field(default=None)
+    config: dict[str, Any] | None = attrs.field(default=None, converter=attrs.converters.optional(dict))
+    pretrained_model_name_or_path: str | None = attrs.field(
+        default=None, converter=_to_path_str, validator=_check_part
+    )
+    subfolder: str = attrs.field(
+        default="", converter=attrs.converters.default_if_none(""), validator=_check_part
+    )
+    variant: str | None = attrs.field(default=None, validator=_check_part)
+    revision: str | None = attrs.field(default=None, validator=_check_part)
+    default_creation_method: str = attrs.field(
+        default="from_pretrained", validator=attrs.validators.in_(CREATION_METHODS)
+    )
+
+    def __init__(
+        self,
+        name: str,
+        type_hint: type | None = None,
+        description: str | None = None,
+        config: dict[str, Any] | None = None,
+        pretrained_model_name_or_path: str | os.PathLike | None = None,
+        subfolder: str | None = "",
+        variant: str | None = None,
+        revision: str | None = None,
+        default_creation_method: str = "from_pretrained",
+        *,
+        repo: str | os.PathLike | None = None,
+    ) -> None:
+        if repo is not None:
+            if pretrained_model_name_or_path is not None and _to_path_str(
+                pretrained_model_name_or_path
+            ) != _to_path_str(repo):
+                msg = (
+                    f"ComponentSpec {name!r}: repo ({repo!r}) and pretrained_model_name_or_path "
+                    f"({pretrained_model_name_or_path!r}) disagree; repo is an alias, pass one of them."
+                )
+                raise ValueError(msg)
+            pretrained_model_name_or_path = repo
+        self.__attrs_init__(
+            name,
+            type_hint,
+            description,
+            config,
+            pretrained_model_name_or_path,
+            subfolder,
+            variant,
+            revision,
+            default_creation_method,
+        )
+
+    @property
+    def repo(self) -> str | None:
+        """Alias of ``pretrained_model_name_or_path``."""
+        return self.pretrained_model_name_or_path
+
+    @property
+    def load_id(self) -> str:
+        """``"<repo>|<subfolder>|<variant>|<revision>"``, or ``"null"`` for a ``from_config`` spec."""
+        if self.default_creation_method == "from_config":
+            return NULL_LOAD_ID
+        return format_load_id(self.pretrained_model_name_or_path, self.subfolder, self.variant, self.revision)
+
+    @staticmethod
+    def decode_load_id(load_id: str) -> dict[str, str | None]:
+        """Splits a load ID into ``pretrained_model_name_or_path``, ``subfolder``, ``variant``, ``revision``."""
+        return decode_load_id(load_id)
+
+    @classmethod
+    def loading_fields(cls) -> list[str]:
+        """The fields that make up a load ID, in order."""
+        return list(LOAD_ID_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ComponentSpec):
+            return NotImplemented
+        return (self.name, self.load_id, self.default_creation_method) == (
+            other.name,
+            other.load_id,
+            other.default_creation_method,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.load_id, self.default_creation_method))
+
+    @classmethod
+    def from_component(cls, name: str, component: Any) -> ComponentSpec:
+        """Describes an existing object: a loaded one by its load ID, a config object by its config.
+
+        Raises:
+            ValueError: ``component`` is a module (or other object) without a load ID and without a config
+                to rebuild it from.
+        """
+        load_id = get_load_id(component)
+        if load_id is not None and load_id != NULL_LOAD_ID:
+            return cls(
+                name, type(component), default_creation_method="from_pretrained", **decode_load_id(load_id)
+            )
+        from diffusers.configuration_utils import ConfigMixin
+
+        if isinstance(component, ConfigMixin) and not isinstance(component, torch.nn.Module):
+            return cls(
+                name, type(component), config=dict(component.config), default_creation_method="from_config"
+            )
+        msg = (
+            f"Cannot describe component {name!r} ({type(component).__name__}): it carries no load ID and is not a "
+            f"config object (such as a scheduler) that can be rebuilt from its config. Load it with "
+            f"ComponentSpec.load(), or tag it with components.tag_load_id(obj, '<repo>|<subfolder>|<variant>|<revision>')."
+        )
+        raise ValueError(msg)
+
+    def create(self, config: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """Builds the component from a config (``from_config``), tagged with load ID ``"null"``.
+
+        Args:
+            config: Values that override the spec's own ``config``.
+            **kwargs: Passed to ``from_config`` (or to the constructor of a class without it).
+        """
+        if self.type_hint is None:
+            msg = f"ComponentSpec {self.name!r} has no type_hint, which create() needs to build the object; set one."
+            raise ValueError(msg)
+        from diffusers.configuration_utils import ConfigMixin
+
+        merged = {**(self.config or {}), **(config or {})}
+        if issubclass(self.type_hint, ConfigMixin):
+            component = self.type_hint.from_config(merged, **kwargs)
+        else:
+            component = self.type_hint(**merged, **kwargs)
+        tag_load_id(component, NULL_LOAD_ID)
+        return component
+
+    def load(self, **kwargs: Any) -> Any:
+        """Loads the component with ``from_pretrained`` from a local folder or a hub repo id.
+
+        Args:
+            **kwargs: Loading-field overrides (``pretrained_model_name_or_path``/``repo``, ``subfolder``,
+                ``variant``, ``revision``) and load options: ``torch_dtype``/``dtype``,
+                ``quantization_config``, ``token``, ``local_files_only``, ``cache_dir``, ``use_pickle``
+                (opt in to .bin/.pt/.ckpt weights), ``trust_remote_code``, ``device_map``,
+                ``low_cpu_mem_usage``.
+
+        Returns:
+            The object, tagged with its load ID. The spec itself is not changed.
+
+        Raises:
+            TypeError: an unknown keyword.
+            ComponentLoadError: (and its subclasses) the repo, subfolder, variant, revision or weights are
+                missing, corrupt, or refused.
+        """
+        overrides = {key: kwargs.pop(key) for key in LOAD_ID_FIELDS if key in kwargs}
+        if "repo" in kwargs:
+            overrides["pretrained_model_name_or_path"] = kwargs.pop("repo")
+        unknown = sorted(set(kwargs) - set(LOAD_OPTIONS))
+        if unknown:
+            valid = [*LOAD_ID_FIELDS, "repo", *LOAD_OPTIONS]
+            hints = {key: difflib.get_close_matches(key, valid, n=1) for key in unknown}
+            detail = ", ".join(
+                f"{key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") for key, hint in hints.items()
+            )
+            msg = (
+                f"ComponentSpec.load() for {self.name!r} got unknown keyword(s) {detail}. Accepted: {valid}."
+            )
+            raise TypeError(msg)
+        spec = attrs.evolve(self, **overrides) if overrides else self
+        repo = spec.pretrained_model_name_or_path
+        if repo is None:
+            msg = (
+                f"ComponentSpec {spec.name!r} has no repo to load from. Set pretrained_model_name_or_path (or "
+                f"repo=) on the spec, or pass it to load()."
+            )
+            raise ValueError(msg)
+        dtype = normalize_dtype(kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None))
+        use_pickle = bool(kwargs.pop("use_pickle", False))
+        trust_remote_code = bool(kwargs.pop("trust_remote_code", False))
+        where = describe(repo, spec.subfolder, spec.variant, spec.revision)
+        location = resolve_location(
+            repo,
+            spec.subfolder,
+            spec.variant,
+            spec.revision,
+            token=kwargs.pop("token", None),
+            local_files_only=bool(kwargs.pop("local_files_only", False)),
+            cache_dir=kwargs.pop("cache_dir", None),
+            use_pickle=use_pickle,
+        )
+        type_hint, remote = spec.type_hint, False
+        if type_hint is None:
+            type_hint, remote = resolve_type_from_folder(location.folder, where, trust_remote_code)
+        check_weights(location.folder, where, spec.variant, use_pickle)
+
+        options: dict[str, Any] = {}
+        if spec.subfolder:
+            options["subfolder"] = spec.subfolder
+        # Models take weights options; tokenizers and schedulers would store unknown ones in their config.
+        if issubclass(type_hint, torch.nn.Module) or (remote and type_hint.__name__ == "AutoModel"):
+            if spec.variant is not None:
+                options["variant"] = spec.variant
+            if dtype is not None:
+                options["dtype"] = dtype
+            if not use_pickle:
+                options["use_safetensors"] = True
+            options.update({key: value for key, value in kwargs.items() if value is not None})
+        if trust_remote_code:
+            options["trust_remote_code"] = True
+        logger.debug("Loading %s from %s as %s", spec.name, where, type_hint.__name__)
+        component = type_hint.from_pretrained(location.root, **options)
+        tag_load_id(component, spec.load_id)
+        return component
+
+
+@attrs.frozen
+class ConfigSpec:
+    """A pipeline-level value, stored in the pipeline config and in the saved index.
+
+    Attributes:
+        name: The value's name, e.g. ``"requires_safety_checker"``.
+        default: Its value when the repo does not set one.
+        description: One line for docs.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    default: Any
+    description: str | None = None

@@ -1,0 +1,78 @@
+"""The text table ``print(ComponentsManager)`` shows: models, other components, additional info."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["EMPTY_TABLE", "MODEL_HEADER", "OTHER_HEADER", "render_table"]
+
+MODEL_HEADER = ("Name_ID", "Class", "Device: act(exec)", "Dtype", "Size (GB)", "Load ID", "Collection")
+OTHER_HEADER = ("ID", "Class", "Collection")
+EMPTY_TABLE = "Components: none registered."
+
+
+def _expand(rows: Sequence[tuple[Sequence[str], Sequence[str]]], width: int) -> list[list[str]]:
+    """One line per collection: the first beside the row's cells, the others under it with blank cells."""
+    lines = []
+    for cells, collections in rows:
+        names = list(collections) or ["N/A"]
+        lines.append([*cells, names[0]])
+        lines.extend([*([""] * (width - 1)), extra] for extra in names[1:])
+    return lines
+
+
+def _widths(header: Sequence[str], lines: list[list[str]]) -> list[int]:
+    return [max(len(str(cell)) for cell in column) for column in zip(header, *lines)]
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return " | ".join(f"{cell:<{width}}" for cell, width in zip(cells, widths)).rstrip()
+
+
+def render_table(
+    models: Sequence[tuple[Sequence[str], Sequence[str]]],
+    others: Sequence[tuple[Sequence[str], Sequence[str]]],
+    extras: Sequence[tuple[str, dict[str, Any]]],
+) -> str:
+    """Renders the manager's table, every column as wide as its widest cell.
+
+    Args:
+        models: ``(cells, collections)`` per model; cells are Name_ID, Class, Device, Dtype, Size, Load ID.
+        others: ``(cells, collections)`` per other component; cells are ID and Class.
+        extras: ``(component id, {"Adapters": ..., "IP-Adapter": ..., "Quantization": ...})`` for the
+            components that have any of these; empty values are left out.
+    """
+    if not models and not others:
+        return EMPTY_TABLE
+    model_lines = _expand(models, len(MODEL_HEADER))
+    other_lines = _expand(others, len(OTHER_HEADER))
+    model_widths = _widths(MODEL_HEADER, model_lines)
+    other_widths = _widths(OTHER_HEADER, other_lines)
+    # The id column lines up across both tables, as in the seed.
+    id_width = max(model_widths[0] if models else 0, other_widths[0] if others else 0)
+    model_widths[0] = other_widths[0] = id_width
+    total = max(
+        sum(model_widths) + 3 * (len(model_widths) - 1) if models else 0,
+        sum(other_widths) + 3 * (len(other_widths) - 1) if others else 0,
+    )
+    dash, rule = "-" * total, "=" * total
+    out = ["Components:", rule]
+    if models:
+        out += ["Models:", dash, _line(MODEL_HEADER, model_widths), dash]
+        out += [_line(line, model_widths) for line in model_lines]
+        out.append(dash)
+    if others:
+        if models:
+            out.append("")
+        out += ["Other Components:", dash, _line(OTHER_HEADER, other_widths), dash]
+        out += [_line(line, other_widths) for line in other_lines]
+        out.append(dash)
+    shown = [(component_id, {k: v for k, v in info.items() if v}) for component_id, info in extras]
+    shown = [(component_id, info) for component_id, info in shown if info]
+    if shown:
+        out += ["", "Additional Component Info:", rule]
+        for component_id, info in shown:
+            out.append(f"{component_id}:")
+            out += [f"  {key}: {value}" for key, value in info.items()]
+    return "\n".join(out)
