@@ -103,8 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries() -> None:
+    """Keep the libraries' own progress bars and advice out of the command's output."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    diffusers_logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "inspect" or args.quiet:
+        _quiet_libraries()
     return {"run": run, "inspect": inspect}[args.command](args)
 
 
