@@ -66,23 +66,20 @@ def load_all(
             raise ValueError(msg)
         plans[name] = (spec, options)
     loaded: dict[str, tuple] = {}
-    added: list[str] = []
+    registered_before = set(cm.components) if cm is not None else set()
     try:
         for name, (spec, options) in plans.items():
-            if cm is None:
-                obj = spec.load(**options)
-            else:
-                before = (
-                    cm.get_id_if_registered(spec, **options) if hasattr(cm, "get_id_if_registered") else None
-                )
-                obj = cm.get_or_load(spec, collection=pipe._collection, **options)
-                if before is None:
-                    component_id = cm.get_id(obj)
-                    if component_id is not None:
-                        added.append(component_id)
+            obj = (
+                spec.load(**options)
+                if cm is None
+                else cm.get_or_load(spec, collection=pipe._collection, **options)
+            )
             loaded[name] = (spec, obj)
     except BaseException:
-        for component_id in added:
-            cm.remove(component_id)
+        # Undo this call's registrations only: objects that were in the manager before stay.
+        for _, obj in loaded.values():
+            component_id = cm.get_id(obj) if cm is not None else None
+            if component_id is not None and component_id not in registered_before:
+                cm.remove(component_id)
         raise
     return loaded

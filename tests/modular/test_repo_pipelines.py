@@ -220,3 +220,15 @@ def test_unknown_hub_repo_offline_is_a_clear_error():
     """An uncached hub id with HF_HUB_OFFLINE=1 names the repo and the offline mode."""
     with pytest.raises(FileNotFoundError, match=r"org/not-there: cannot read .* offline"):
         ModularPipeline.from_pretrained("org/not-there")
+
+
+def test_a_failed_load_keeps_components_that_were_registered_before(repo):
+    """A failing load_components removes only what it added; shared components stay registered."""
+    cm = ComponentsManager()
+    first = ModularPipeline.from_pretrained(repo, components_manager=cm)
+    first.load_components(["unet"], torch_dtype=torch.float32)
+    second = ModularPipeline.from_pretrained(repo, components_manager=cm)
+    with pytest.raises(Exception, match="subfolder"):
+        second.load_components(["unet", "text_encoder", "vae"], subfolder={"vae": "no_such_folder"})
+    assert cm.get_id(first.unet) is not None
+    assert not any(cid.startswith("text_encoder_") for cid in cm.components)
