@@ -1,0 +1,143 @@
+"""The manager's thin offload switch: what it asks of the engine (a recording stand-in, and one real run)."""
+
+import pytest
+import torch
+from diffusers import PNDMScheduler
+
+import offload
+from components import ComponentsManager
+
+
+class RecordingEngine:
+    """Stands in for offload.OffloadEngine and records the manager's calls."""
+
+    instances = []
+
+    def __init__(self, device=None, memory_reserve_margin="3GB", strategy=None):
+        self.args = (device, memory_reserve_margin, strategy)
+        self.calls = []
+        self.log = "the log"
+        self.execution_device = torch.device("cuda:0")
+        RecordingEngine.instances.append(self)
+
+    def attach(self, model_id, module):
+        self.calls.append(("attach", model_id))
+
+    def detach(self, model_id):
+        self.calls.append(("detach", model_id))
+
+    def close(self):
+        self.calls.append(("close",))
+
+    def set_strategy(self, strategy):
+        self.calls.append(("set_strategy", strategy))
+
+    def set_plan(self, ids):
+        self.calls.append(("set_plan", list(ids)))
+
+    def has_hook(self, model_id):
+        return True
+
+    def device_cell(self, model_id):
+        return "cpu(cuda:0)"
+
+    def refresh_host_copy(self, model_id):
+        self.calls.append(("refresh", model_id))
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    RecordingEngine.instances = []
+    monkeypatch.setattr(offload, "OffloadEngine", RecordingEngine)
+    return RecordingEngine
+
+
+def test_enable_attaches_models_only(fake_engine):
+    """enable_auto_cpu_offload builds the engine with the arguments and attaches every nn.Module."""
+    cm = ComponentsManager()
+    unet_id = cm.add("unet", torch.nn.Linear(2, 2))
+    cm.add("scheduler", PNDMScheduler())
+    cm.enable_auto_cpu_offload(device="cuda:0", memory_reserve_margin="1GB", offload_strategy="s")
+    engine = fake_engine.instances[0]
+    assert engine.args == ("cuda:0", "1GB", "s")
+    assert engine.calls == [("attach", unet_id)]
+    assert cm.auto_offload_enabled and cm.offload_engine is engine
+
+
+def test_add_and_remove_attach_and_detach(fake_engine):
+    """Under offload, add() attaches a new model and remove() detaches it; nothing else is touched."""
+    cm = ComponentsManager()
+    cm.enable_auto_cpu_offload()
+    engine = fake_engine.instances[0]
+    vae_id = cm.add("vae", torch.nn.Linear(2, 2))
+    cm.add("vae", cm.get_one(vae_id))
+    tokenizer_id = cm.add("tokenizer", object())
+    cm.remove(tokenizer_id)
+    cm.remove(vae_id)
+    assert engine.calls == [("attach", vae_id), ("detach", vae_id)]
+
+
+def test_table_and_info_use_the_engine(fake_engine):
+    """The device cell and hook fields come from the engine when offload is on."""
+    cm = ComponentsManager()
+    unet_id = cm.add("unet", torch.nn.Linear(2, 2))
+    cm.enable_auto_cpu_offload()
+    assert f"{unet_id} | Linear | cpu(cuda:0)" in str(cm)
+    assert cm.get_model_info(unet_id, ["has_hook", "execution_device"]) == {
+        "has_hook": True,
+        "execution_device": torch.device("cuda:0"),
+    }
+
+
+def test_plan_strategy_log_refresh_and_disable(fake_engine):
+    """set_execution_plan maps objects to ids (registered models only); the rest delegates; disable closes."""
+    cm = ComponentsManager()
+    unet, vae = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    unet_id, vae_id = cm.add("unet", unet), cm.add("vae", vae)
+    cm.set_execution_plan([unet, vae])  # off: a no-op
+    cm.enable_auto_cpu_offload()
+    engine = fake_engine.instances[0]
+    cm.set_execution_plan([unet, PNDMScheduler(), unet, torch.nn.Linear(1, 1), vae])
+    cm.set_offload_strategy("lru")
+    cm.refresh_host_copy(unet_id)
+    assert cm.offload_log == "the log"
+    cm.disable_auto_cpu_offload()
+    assert engine.calls[2:] == [
+        ("set_plan", [unet_id, unet_id, vae_id]),
+        ("set_strategy", "lru"),
+        ("refresh", unet_id),
+        ("close",),
+    ]
+    assert not cm.auto_offload_enabled and cm.offload_log is None
+
+
+def test_enable_again_replaces_the_engine(fake_engine):
+    """A second enable closes the first engine and attaches to the new one."""
+    cm = ComponentsManager()
+    unet_id = cm.add("unet", torch.nn.Linear(2, 2))
+    cm.enable_auto_cpu_offload(memory_reserve_margin="1GB")
+    cm.enable_auto_cpu_offload(memory_reserve_margin="2GB")
+    first, second = fake_engine.instances
+    assert first.calls[-1] == ("close",)
+    assert second.calls == [("attach", unet_id)]
+    assert cm.offload_engine is second
+
+
+def test_strategy_needs_offload_on():
+    """set_offload_strategy with offload off says to enable it first."""
+    with pytest.raises(ValueError, match="set_offload_strategy\\(\\) needs auto offload, which is off"):
+        ComponentsManager().set_offload_strategy(object())
+
+
+def test_real_engine_on_a_simulated_device():
+    """With the real engine on a simulated device, a model runs and the table shows the engine's cell."""
+    cm = ComponentsManager()
+    model = torch.nn.Linear(4, 4)
+    model_id = cm.add("unet", model)
+    cm.enable_auto_cpu_offload(device=offload.SimulatedDevice("1MB"), memory_reserve_margin=0)
+    model(torch.ones(1, 4))
+    assert cm.offload_engine.device_cell(model_id) in str(cm)
+    assert cm.get_model_info(model_id, "has_hook") == {"has_hook": True}
+    cm.remove(model_id)
+    assert not cm.offload_engine.has_hook(model_id)
+    cm.disable_auto_cpu_offload()

@@ -1,0 +1,92 @@
+"""The printed manager table."""
+
+import torch
+from diffusers import PNDMScheduler
+
+from components import ComponentsManager, tag_load_id
+from components.table import render_table
+
+
+def test_render_exact_layout():
+    """Columns are as wide as their widest cell; extra collections go on their own lines; info follows."""
+    models = [
+        (
+            ("unet_1", "UNet2DConditionModel", "cpu", "torch.float16", "1.50", "org/sd|unet|fp16|v2"),
+            ["sd", "xl"],
+        ),
+        (("vae_22", "AutoencoderKL", "cuda:0", "torch.float32", "0.16", "org/sd|vae|null|null"), []),
+    ]
+    others = [(("scheduler_333", "PNDMScheduler"), ["sd"])]
+    extras = [
+        ("unet_1", {"Adapters": ["style"], "IP-Adapter": None, "Quantization": None}),
+        ("vae_22", {"Adapters": None}),
+    ]
+    expected = "\n".join(
+        [
+            "Components:",
+            "=" * 120,
+            "Models:",
+            "-" * 120,
+            "Name_ID       | Class                | Device: act(exec) | Dtype         | Size (GB) | Load ID              | Collection",
+            "-" * 120,
+            "unet_1        | UNet2DConditionModel | cpu               | torch.float16 | 1.50      | org/sd|unet|fp16|v2  | sd",
+            "              |                      |                   |               |           |                      | xl",
+            "vae_22        | AutoencoderKL        | cuda:0            | torch.float32 | 0.16      | org/sd|vae|null|null | N/A",
+            "-" * 120,
+            "",
+            "Other Components:",
+            "-" * 120,
+            "ID            | Class         | Collection",
+            "-" * 120,
+            "scheduler_333 | PNDMScheduler | sd",
+            "-" * 120,
+            "",
+            "Additional Component Info:",
+            "=" * 120,
+            "unet_1:",
+            "  Adapters: ['style']",
+        ]
+    )
+    assert render_table(models, others, extras) == expected
+
+
+def test_empty_manager_prints_one_line():
+    """An empty manager prints a short line saying so."""
+    assert str(ComponentsManager()) == "Components: none registered."
+
+
+def test_only_other_components():
+    """Without models the table has only the Other Components section and no info section."""
+    cm = ComponentsManager()
+    scheduler = PNDMScheduler()
+    component_id = cm.add("scheduler", scheduler)
+    width = len(component_id) + len(" | PNDMScheduler | Collection")
+    assert str(cm).splitlines() == [
+        "Components:",
+        "=" * width,
+        "Other Components:",
+        "-" * width,
+        f"{'ID':<{len(component_id)}} | Class         | Collection",
+        "-" * width,
+        f"{component_id} | PNDMScheduler | N/A",
+        "-" * width,
+    ]
+
+
+def test_manager_rows_show_real_device_dtype_size_and_load_id():
+    """A model row shows the module's class, device, dtype, size and load ID; repr equals str."""
+    cm = ComponentsManager()
+    model = torch.nn.Linear(1024, 256).to(torch.bfloat16)
+    tag_load_id(model, "org/name|unet|fp16|abc123")
+    component_id = cm.add("unet", model, collection="sd")
+    row = next(line for line in str(cm).splitlines() if line.startswith(component_id))
+    assert [cell.strip() for cell in row.split(" | ")] == [
+        component_id,
+        "Linear",
+        "cpu",
+        "torch.bfloat16",
+        "0.00",
+        "org/name|unet|fp16|abc123",
+        "sd",
+    ]
+    assert repr(cm) == str(cm)
