@@ -28,6 +28,8 @@ class _Entry:
     resident: bool = False
     # Host tensors of a resident model, keyed by id(parameter) or (id(owner module), buffer name).
     host: dict[object, torch.Tensor] = attrs.field(factory=dict)
+    # Slots given a new device Parameter where the tensor type cannot change in place: (owner, name, original).
+    swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = attrs.field(factory=list)
 
 
 def _buffer_slots(module: torch.nn.Module):
@@ -165,20 +167,37 @@ class ResidencyLedger:
 
     def _upload(self, entry: _Entry) -> None:
         device = self.probe.execution_device
-        done: dict[int, torch.Tensor] = {}  # one device copy per host tensor, even if shared
-        for param in entry.module.parameters():
-            if param.device == device:
-                continue
-            host = param.data
-            entry.host[id(param)] = host
-            param.data = done.setdefault(id(host), host.to(device, non_blocking=self._pin))
-        for owner, name, buffer in _buffer_slots(entry.module):
-            if buffer.device == device:
-                continue
-            entry.host[(id(owner), name)] = buffer
-            owner._buffers[name] = done.setdefault(id(buffer), buffer.to(device, non_blocking=self._pin))
+        done: dict[int, torch.Tensor] = {}  # one device copy per host tensor, even if shared (tied weights)
+        for owner in entry.module.modules():
+            for name, param in owner._parameters.items():
+                if param is None or param.device == device:
+                    continue
+                if id(param) in done:  # a tied parameter already swapped in another slot
+                    owner._parameters[name] = done[id(param)]
+                    entry.swapped.append((owner, name, param))
+                    continue
+                on_device = param.data.to(device, non_blocking=self._pin)
+                if torch._has_compatible_shallow_copy_type(param.data, on_device):
+                    # Keep the Parameter object (references to it stay valid); remember its host tensor.
+                    entry.host[id(param)] = param.data
+                    param.data = on_device
+                    done[id(param)] = param
+                else:  # e.g. the meta device: a new Parameter in the slot, the original kept as the host copy
+                    swapped = torch.nn.Parameter(on_device, requires_grad=param.requires_grad)
+                    owner._parameters[name] = swapped
+                    entry.swapped.append((owner, name, param))
+                    done[id(param)] = swapped
+            for name, buffer in owner._buffers.items():
+                if buffer is None or buffer.device == device:
+                    continue
+                entry.host[(id(owner), name)] = buffer
+                if id(buffer) not in done:
+                    done[id(buffer)] = buffer.to(device, non_blocking=self._pin)
+                owner._buffers[name] = done[id(buffer)]
 
     def _drop(self, entry: _Entry) -> int:
+        for owner, name, original in reversed(entry.swapped):
+            owner._parameters[name] = original
         copied = 0
         for param in entry.module.parameters():
             if param.device.type == "cpu":
@@ -197,14 +216,22 @@ class ResidencyLedger:
                 copied += buffer.nbytes
             owner._buffers[name] = host
         entry.host.clear()
+        entry.swapped.clear()
         return copied
 
     def _sync_host(self, entry: _Entry) -> int:
         """Copy device weights of a resident model into fresh host tensors (after an in-place change)."""
         copied = 0
-        entry.host.clear()
+        swapped_in = set()
+        for owner, name, original in entry.swapped:
+            on_device = owner._parameters[name]
+            swapped_in.add(id(on_device))
+            if on_device.device.type != "meta":  # meta holds no values to copy
+                original.data = self._host_tensor(on_device.data)
+                copied += on_device.nbytes
+        entry.host = {k: v for k, v in entry.host.items() if isinstance(k, tuple)}
         for param in entry.module.parameters():
-            if param.device.type != "cpu":
+            if param.device.type != "cpu" and id(param) not in swapped_in:
                 entry.host[id(param)] = self._host_tensor(param.data)
                 copied += param.nbytes
         for owner, name, buffer in _buffer_slots(entry.module):

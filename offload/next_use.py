@@ -12,14 +12,16 @@ __all__ = ["NextUseStrategy"]
 class NextUseStrategy(OffloadStrategy):
     """Evict by next use, weighted by size.
 
-    Models the running pipeline call still needs (``request.upcoming``) are evicted last, the one
-    needed furthest ahead first. Every other resident is ranked by how likely the next call is to
+    Models the running pipeline call still needs (``request.upcoming``) are evicted last, ranked by
+    distance to their next use divided by their size: far and small first, since bringing a small
+    model back costs few bytes while a big one needed soon (the denoiser) costs many. Every other resident is ranked by how likely the next call is to
     need it: the share of recent plans that used it (the running pipeline usually runs again, so its
-    own models rank high), then by how early the running plan uses it next time, then by recency.
-    Victims are taken in that order until enough bytes are free; then each victim whose eviction was
-    unnecessary (the bigger ones after it already free enough) is kept, soonest needed first. So a
-    text encoder used once per image is evicted before the denoiser that runs every step, and a small
-    model is not evicted alongside a big one for nothing. Without a plan this is size-aware recency.
+    own models rank high). Among equally likely ones, which will all be reloaded, the smaller goes
+    first, then the one the running plan uses later, then the least recently used. Victims are taken
+    in that order until enough bytes are free; then each victim whose eviction turned out unnecessary
+    (the ones after it already free enough) is kept, most valuable first. So a text encoder used once
+    per image is evicted before the denoiser, and no model is evicted alongside a big one for nothing.
+    Without a plan this is size-aware recency.
     """
 
     def select_victims(self, request: OffloadRequest) -> list[str]:
@@ -35,13 +37,14 @@ class NextUseStrategy(OffloadStrategy):
             # The highest rank is evicted first.
             size = request.residents[model_id]
             if model_id in next_use:
-                return (0, next_use[model_id], 0, 0, size)
+                # Needed again in this call: far and small goes first (it costs few bytes to bring back).
+                return (0, (next_use[model_id] + 1) / max(size, 1), 0, 0, 0)
             return (
                 1,
                 -share[model_id],
+                -size,
                 -first_in_current.get(model_id, 0),
                 -request.last_used.get(model_id, -1),
-                size,
             )
 
         order = sorted(request.residents, key=eviction_rank, reverse=True)

@@ -1,0 +1,40 @@
+"""Tiny modules of exact byte sizes for offload tests."""
+
+from __future__ import annotations
+
+import torch
+
+from offload import MemoryProbe
+
+
+def sized(nbytes: int) -> torch.nn.Linear:
+    """A bias-free Linear whose weight is ``nbytes`` bytes of float32 (``nbytes`` divisible by 4)."""
+    module = torch.nn.Linear(nbytes // 4, 1, bias=False)
+    torch.nn.init.normal_(module.weight, generator=torch.Generator().manual_seed(nbytes))
+    return module
+
+
+def call(module: torch.nn.Module) -> torch.Tensor:
+    """Run ``module`` on a fixed input of the right width."""
+    return module(torch.ones(1, module.in_features))
+
+
+class MetaProbe(MemoryProbe):
+    """A probe whose execution device is ``meta``: the ledger really moves tensors, nothing is allocated."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used: dict[str, int] = {}
+
+    @property
+    def execution_device(self) -> torch.device:
+        return torch.device("meta")
+
+    def free_bytes(self) -> int:
+        return self.budget - sum(self.used.values())
+
+    def on_resident(self, model_id: str, nbytes: int) -> None:
+        self.used[model_id] = nbytes
+
+    def on_evicted(self, model_id: str) -> None:
+        self.used.pop(model_id, None)
