@@ -21,10 +21,11 @@ from .model_info import (
     quantization_info,
     storage_bytes,
 )
+from .offload_switch import OffloadSwitch
 from .reuse import LoadOptions
 from .search import compile_pattern
 from .spec import ComponentSpec
-from .table import render_table
+from .table import manager_table
 
 __all__ = ["INFO_FIELDS", "ComponentsManager"]
 
@@ -56,7 +57,7 @@ class _Entry:
     options: LoadOptions
 
 
-class ComponentsManager:
+class ComponentsManager(OffloadSwitch):
     """A registry of components (models, tokenizers, schedulers) shared by pipelines.
 
     Components are registered under ids ``"<name>_<id(obj)>"``, optionally in named collections (each holds at
@@ -418,122 +419,8 @@ class ComponentsManager:
             )
         return {field: info[field] for field in wanted}
 
-    def _device_cell(self, component_id: str, info: dict[str, Any]) -> str:
-        if self._engine is not None:
-            return self._engine.device_cell(component_id)
-        device = info["device"] or "N/A"
-        return f"{device}({info['execution_device']})" if info["execution_device"] is not None else device
-
     def __repr__(self) -> str:
         with self._lock:
-            models, others, extras = [], [], []
-            for component_id, entry in self._entries.items():
-                info = self.get_model_info(component_id)
-                collections = info["collection"].split(", ") if info["collection"] else []
-                if not isinstance(entry.component, torch.nn.Module):
-                    others.append(((component_id, info["class_name"]), collections))
-                    continue
-                cells = (
-                    component_id,
-                    info["class_name"],
-                    self._device_cell(component_id, info),
-                    info["dtype"] or "N/A",
-                    f"{info['size_gb']:.2f}",
-                    info["load_id"] or "N/A",
-                )
-                models.append((cells, collections))
-                extra = {"Adapters": info["adapters"], "IP-Adapter": info["ip_adapter"]}
-                extras.append((component_id, {**extra, "Quantization": info["quantization"]}))
-            return render_table(models, others, extras)
+            return manager_table(self)
 
     __str__ = __repr__
-
-    # ---- auto offload (the engine lives in offload/) --------------------------------------------------------
-
-    @property
-    def auto_offload_enabled(self) -> bool:
-        """Whether auto offload is on."""
-        return self._engine is not None
-
-    @property
-    def offload_engine(self) -> Any:
-        """The ``offload.OffloadEngine`` placing this manager's models, or ``None`` when offload is off."""
-        return self._engine
-
-    def enable_auto_cpu_offload(
-        self, device: Any = None, memory_reserve_margin: str | int = "3GB", offload_strategy: Any = None
-    ) -> None:
-        """Turns auto offload on: every model (now and later) is placed by an ``offload.OffloadEngine``.
-
-        Calling it again replaces the engine with one built from the new arguments.
-
-        Args:
-            device: Execution device: ``None`` (the default accelerator), ``"cuda:0"``, a ``torch.device`` or
-                an ``offload.SimulatedDevice``.
-            memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
-            offload_strategy: An ``offload.OffloadStrategy``; ``None`` for the engine's default.
-        """
-        from offload import OffloadEngine  # lazily: offload/ is optional until auto offload is used
-
-        engine = OffloadEngine(
-            device=device, memory_reserve_margin=memory_reserve_margin, strategy=offload_strategy
-        )
-        with self._lock:
-            self.disable_auto_cpu_offload()
-            try:
-                for component_id, entry in self._entries.items():
-                    if isinstance(entry.component, torch.nn.Module):
-                        engine.attach(component_id, entry.component)
-            except BaseException:
-                engine.close()
-                raise
-            self._engine = engine
-
-    def disable_auto_cpu_offload(self) -> None:
-        """Turns auto offload off: hooks removed, weights back on their host copies. A no-op when off."""
-        with self._lock:
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
-
-    def _require_engine(self, what: str) -> Any:
-        if self._engine is None:
-            msg = f"{what} needs auto offload, which is off. Call enable_auto_cpu_offload(...) first."
-            raise ValueError(msg)
-        return self._engine
-
-    def set_offload_strategy(self, strategy: Any) -> None:
-        """Replaces the offload strategy; placement and margin stay as they are.
-
-        Raises:
-            ValueError: auto offload is off.
-        """
-        self._require_engine("set_offload_strategy()").set_strategy(strategy)
-
-    @property
-    def offload_log(self) -> Any:
-        """The engine's ``offload.OffloadLog`` of decisions, or ``None`` when auto offload is off."""
-        return None if self._engine is None else self._engine.log
-
-    def set_execution_plan(self, components: Sequence[Any]) -> None:
-        """Tells the engine the order in which models will run next; a no-op when offload is off.
-
-        Args:
-            components: Upcoming component uses of one pipeline call (objects, in order). Objects that are not
-                registered models are skipped.
-        """
-        with self._lock:
-            if self._engine is None:
-                return
-            ids = [self.get_id(obj) for obj in components if isinstance(obj, torch.nn.Module)]
-            self._engine.set_plan([component_id for component_id in ids if component_id is not None])
-
-    def refresh_host_copy(self, component_id: str) -> None:
-        """Call after changing a model's weights in place (fusing a LoRA, quantizing) so offload keeps them."""
-        with self._lock:
-            if component_id not in self._entries:
-                raise self._unknown(f"No component has id {component_id!r}.")
-            if self._engine is not None and isinstance(
-                self._entries[component_id].component, torch.nn.Module
-            ):
-                self._engine.refresh_host_copy(component_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EMPTY_TABLE", "MODEL_HEADER", "OTHER_HEADER", "render_table"]
+__all__ = ["EMPTY_TABLE", "MODEL_HEADER", "OTHER_HEADER", "manager_table", "render_table"]
 
 MODEL_HEADER = ("Name_ID", "Class", "Device: act(exec)", "Dtype", "Size (GB)", "Load ID", "Collection")
 OTHER_HEADER = ("ID", "Class", "Collection")
@@ -76,3 +76,40 @@ def render_table(
             out.append(f"{component_id}:")
             out += [f"  {key}: {value}" for key, value in info.items()]
     return "\n".join(out)
+
+
+def _device_cell(manager: Any, component_id: str, info: dict[str, Any]) -> str:
+    engine = manager.offload_engine
+    if engine is not None:
+        return engine.device_cell(component_id)
+    device = info["device"] or "N/A"
+    return f"{device}({info['execution_device']})" if info["execution_device"] is not None else device
+
+
+def manager_table(manager: Any) -> str:
+    """The table of a ``ComponentsManager``, built from its public look-ups."""
+    import torch
+
+    models, others, extras = [], [], []
+    for component_id, component in manager.components.items():
+        info = manager.get_model_info(component_id)
+        collections = info["collection"].split(", ") if info["collection"] else []
+        if not isinstance(component, torch.nn.Module):
+            others.append(((component_id, info["class_name"]), collections))
+            continue
+        cells = (
+            component_id,
+            info["class_name"],
+            _device_cell(manager, component_id, info),
+            info["dtype"] or "N/A",
+            f"{info['size_gb']:.2f}",
+            info["load_id"] or "N/A",
+        )
+        models.append((cells, collections))
+        extra = {
+            "Adapters": info["adapters"],
+            "IP-Adapter": info["ip_adapter"],
+            "Quantization": info["quantization"],
+        }
+        extras.append((component_id, extra))
+    return render_table(models, others, extras)

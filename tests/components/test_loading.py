@@ -257,3 +257,25 @@ def test_remote_code_refused_without_trust(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "modeling.MyModel"}}))
     with pytest.raises(RemoteCodeError, match="declares custom code"):
         resolve_type_from_folder(str(tmp_path), "'x' (no subfolder)")
+
+
+def test_hub_fetch_asks_only_for_the_subfolder(hub_cache, monkeypatch):
+    """A hub load asks huggingface_hub for the component's subfolder only, with the token and offline flag."""
+    import components.repo
+
+    calls = []
+    real = components.repo.snapshot_download
+
+    def recording(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return real(repo_id, **kwargs)
+
+    monkeypatch.setattr(components.repo, "snapshot_download", recording)
+    ComponentSpec("vae", AutoencoderKL, repo=hub_cache.repo_id, subfolder="vae", revision="v2").load(
+        token="hf_x"
+    )
+    ((repo_id, kwargs),) = calls
+    assert repo_id == "org/tiny-sd"
+    assert kwargs["allow_patterns"] == ["vae/*"]
+    assert "*.bin" in kwargs["ignore_patterns"]
+    assert (kwargs["revision"], kwargs["token"], kwargs["local_files_only"]) == ("v2", "hf_x", True)
