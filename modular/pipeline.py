@@ -188,19 +188,19 @@ class ModularPipeline:
         for name in kwargs:
             if name not in self._specs and name not in self._config:
                 raise KeyError(_unknown("component or config", name, {**self._specs, **self._config}))
+        # The blocks' declared type is what they accept (e.g. any scheduler); the repo's index only says
+        # which class the repo holds, so a different scheduler class is still a valid replacement.
+        declared = {spec.name: spec.type_hint for spec in self._blocks.expected_components}
         for name, value in kwargs.items():
             if name in self._config:
-                self._config[name] = value
                 continue
-            spec = self._specs[name]
-            if value is not None and spec.type_hint is not None and not isinstance(value, spec.type_hint):
-                msg = (
-                    f"update_components: {name!r} must be a {spec.type_hint.__name__} "
-                    f"(got a {type(value).__name__})"
-                )
+            hint = declared.get(name) or self._specs[name].type_hint
+            if value is not None and hint is not None and not isinstance(value, hint):
+                msg = f"update_components: {name!r} must be a {hint.__name__} (got a {type(value).__name__})"
                 raise TypeError(msg)
         for name, value in kwargs.items():
             if name in self._config:
+                self._config[name] = value
                 continue
             if value is not None:
                 self._specs[name] = _spec_for(self._specs[name], value)

@@ -1,0 +1,287 @@
+"""Encoder steps: CLIP prompt encoding, and VAE image encoding for image-to-image and inpainting."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from diffusers import AutoencoderKL, UNet2DConditionModel
+from diffusers.image_processor import VaeImageProcessor
+from transformers import CLIPTextModel, CLIPTokenizer
+
+from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+
+from .utils import MODEL_NAME, default_size, encode_vae_image, strength_input
+
+__all__ = [
+    "StableDiffusionTextEncoderStep",
+    "StableDiffusionVaeEncoderStep",
+    "StableDiffusionInpaintVaeEncoderStep",
+]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_PROCESSOR = ComponentSpec(
+    "image_processor",
+    VaeImageProcessor,
+    config={"vae_scale_factor": 8},
+    default_creation_method="from_config",
+)
+MASK_PROCESSOR = ComponentSpec(
+    "mask_processor",
+    VaeImageProcessor,
+    config={"vae_scale_factor": 8, "do_normalize": False, "do_binarize": True, "do_convert_grayscale": True},
+    default_creation_method="from_config",
+)
+
+
+class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
+    """Encode the prompt, and the negative prompt when guidance is on, with the CLIP text encoder."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Encodes the prompt with the CLIP text encoder into prompt_embeds, and, when guidance_scale > 1, "
+            "the negative prompt (empty by default) into negative_prompt_embeds. Precomputed embeddings are used as given."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [ComponentSpec("text_encoder", CLIPTextModel), ComponentSpec("tokenizer", CLIPTokenizer)]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam.template("prompt"),
+            InputParam.template("negative_prompt"),
+            InputParam.template("prompt_embeds"),
+            InputParam.template("negative_prompt_embeds"),
+            InputParam.template("guidance_scale"),
+            InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [OutputParam.template("prompt_embeds"), OutputParam.template("negative_prompt_embeds")]
+
+    @staticmethod
+    def _encode(
+        components, text: str | list[str], device: torch.device, clip_skip: int | None
+    ) -> torch.Tensor:
+        tokenizer, text_encoder = components.tokenizer, components.text_encoder
+        tokens = tokenizer(
+            text,
+            padding="max_length",
+            max_length=tokenizer.model_max_length,
+            truncation=True,
+            return_tensors="pt",
+        )
+        attention_mask = None
+        if getattr(text_encoder.config, "use_attention_mask", False):
+            attention_mask = tokens.attention_mask.to(device)
+        ids = tokens.input_ids.to(device)
+        if clip_skip is None:
+            return text_encoder(ids, attention_mask=attention_mask)[0]
+        hidden = text_encoder(ids, attention_mask=attention_mask, output_hidden_states=True)[-1][
+            -(clip_skip + 1)
+        ]
+        # transformers 5 flattened CLIPTextModel (no .text_model); older versions nest it.
+        return getattr(text_encoder, "text_model", text_encoder).final_layer_norm(hidden)
+
+    def _negative_text(self, prompt, negative_prompt, batch_size: int) -> list[str]:
+        if negative_prompt is None:
+            return [""] * batch_size
+        if prompt is not None and type(prompt) is not type(negative_prompt):
+            msg = (
+                f"{type(self).__name__}: negative_prompt must have the type of prompt "
+                f"(got {type(negative_prompt).__name__} for a {type(prompt).__name__} prompt); pass both as str or both as list"
+            )
+            raise TypeError(msg)
+        if isinstance(negative_prompt, str):
+            return [negative_prompt]
+        if len(negative_prompt) != batch_size:
+            msg = (
+                f"{type(self).__name__}: negative_prompt needs one entry per prompt "
+                f"(got {len(negative_prompt)} negative prompts for {batch_size} prompts)"
+            )
+            raise ValueError(msg)
+        return negative_prompt
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        prompt, prompt_embeds = block_state.prompt, block_state.prompt_embeds
+        if (prompt is None) == (prompt_embeds is None):
+            got = "both" if prompt is not None else "neither"
+            msg = f"{type(self).__name__}: pass exactly one of prompt and prompt_embeds (got {got})"
+            raise ValueError(msg)
+        device = components._execution_device
+        batch_size = (
+            1 if isinstance(prompt, str) else len(prompt) if prompt is not None else prompt_embeds.shape[0]
+        )
+        if prompt_embeds is None:
+            prompt_embeds = self._encode(components, prompt, device, block_state.clip_skip)
+        dtype = components.text_encoder.dtype
+        block_state.prompt_embeds = prompt_embeds.to(dtype=dtype, device=device)
+
+        negative_prompt_embeds = block_state.negative_prompt_embeds
+        if block_state.guidance_scale > 1:
+            if negative_prompt_embeds is None:
+                negative_text = self._negative_text(prompt, block_state.negative_prompt, batch_size)
+                # The negative prompt is never clip-skipped, as in the classic pipeline.
+                negative_prompt_embeds = self._encode(components, negative_text, device, None)
+            negative_prompt_embeds = negative_prompt_embeds.to(dtype=dtype, device=device)
+        block_state.negative_prompt_embeds = negative_prompt_embeds
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):
+    """Image-to-image: preprocess the reference image and encode it to scaled VAE latents."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Preprocesses `image` (resized to a multiple of the VAE scale, normalized to [-1, 1]) and encodes it "
+            "with the VAE into image_latents (a latent sample, scaled by vae.config.scaling_factor). "
+            "A 4-channel tensor image is taken as latents already."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam.template("image", required=True),
+            InputParam.template("generator"),
+            InputParam("batch_size", type_hint=int, required=True, description="Number of prompts."),
+            InputParam.template("num_images_per_prompt"),
+            InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs."),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [
+            OutputParam(
+                "image_latents", type_hint=torch.Tensor, description="Scaled VAE latents of the image."
+            ),
+        ]
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        device = components._execution_device
+        image = components.image_processor.preprocess(block_state.image)
+        dtype = block_state.dtype or components.vae.dtype
+        image = image.to(device=device, dtype=dtype)
+        total = block_state.batch_size * block_state.num_images_per_prompt
+        generator = block_state.generator
+        if image.shape[1] == 4:
+            image_latents = image
+        else:
+            if isinstance(generator, list):
+                if len(generator) != total:
+                    msg = (
+                        f"{type(self).__name__}: a list of generators needs one per image "
+                        f"(got {len(generator)} for a batch of {total})"
+                    )
+                    raise ValueError(msg)
+                # One generator per output image: encode each (repeated) reference image with its own.
+                if image.shape[0] < total:
+                    if total % image.shape[0] != 0:
+                        msg = f"{type(self).__name__}: cannot repeat {image.shape[0]} images to a batch of {total}"
+                        raise ValueError(msg)
+                    image = torch.cat([image] * (total // image.shape[0]))
+            image_latents = encode_vae_image(components.vae, image, generator)
+        block_state.image_latents = image_latents
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
+    """Inpainting: preprocess image and mask; encode the image when the UNet or the strength needs it."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Preprocesses `image` and `mask_image` to height x width, makes the masked image (the image where "
+            "the mask is below 0.5), and encodes the image into image_latents when they are needed: for a "
+            "4-channel UNet (blended back each step) or a strength below 1 (noised start). The masked image is "
+            "encoded later, after the initial noise is drawn, so the generator is used in the classic order."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [
+            ComponentSpec("vae", AutoencoderKL),
+            ComponentSpec("unet", UNet2DConditionModel),
+            IMAGE_PROCESSOR,
+            MASK_PROCESSOR,
+        ]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam.template("image", required=True),
+            InputParam.template("mask_image", required=True),
+            InputParam.template("height"),
+            InputParam.template("width"),
+            strength_input(),
+            InputParam.template("latents"),
+            InputParam.template("generator"),
+            InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs."),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [
+            OutputParam(
+                "image_latents",
+                type_hint=torch.Tensor,
+                description="Scaled VAE latents of the image, or None.",
+            ),
+            OutputParam(
+                "mask_condition", type_hint=torch.Tensor, description="The binarized mask, [B, 1, H, W]."
+            ),
+            OutputParam(
+                "masked_image", type_hint=torch.Tensor, description="The image with the masked area zeroed."
+            ),
+            OutputParam("height", type_hint=int, description="The image height in pixels."),
+            OutputParam("width", type_hint=int, description="The image width in pixels."),
+        ]
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        device = components._execution_device
+        height, width = default_size(components, block_state.height, block_state.width)
+        init_image = components.image_processor.preprocess(block_state.image, height=height, width=width)
+        init_image = init_image.to(dtype=torch.float32)
+        image_latents = None
+        needs_latents = components.unet.config.in_channels == 4 or (
+            block_state.latents is None and block_state.strength not in (None, 1.0)
+        )
+        if needs_latents:
+            dtype = block_state.dtype or components.vae.dtype
+            image = init_image.to(device=device, dtype=dtype)
+            if image.shape[1] == 4:
+                image_latents = image
+            else:
+                image_latents = encode_vae_image(components.vae, image, block_state.generator)
+        mask_condition = components.mask_processor.preprocess(
+            block_state.mask_image, height=height, width=width
+        )
+        block_state.masked_image = init_image * (mask_condition < 0.5)
+        block_state.mask_condition = mask_condition
+        block_state.image_latents = image_latents
+        block_state.height, block_state.width = height, width
+        self.set_block_state(state, block_state)
+        return components, state

@@ -1,0 +1,131 @@
+"""Small helpers the Stable Diffusion blocks share: sizes, guidance, VAE sampling, scheduler kwargs."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+from diffusers import SchedulerMixin
+
+from modular import ComponentSpec, InputParam
+
+__all__ = [
+    "MODEL_NAME",
+    "SCHEDULER",
+    "vae_scale_factor",
+    "default_size",
+    "do_classifier_free_guidance",
+    "retrieve_latents",
+    "encode_vae_image",
+    "extra_step_kwargs",
+    "repeat_to_batch",
+    "strength_input",
+]
+
+MODEL_NAME = "stable-diffusion"
+
+# Any diffusers scheduler works with these blocks (SD repos ship PNDM; Euler, DDIM ... can be swapped in).
+SCHEDULER = ComponentSpec(
+    "scheduler", SchedulerMixin, description="The noise scheduler (any diffusers scheduler)."
+)
+
+
+def vae_scale_factor(components: Any) -> int:
+    """How many pixels one latent cell covers: 2 per VAE down level (8 for SD's 4-level VAE)."""
+    vae = getattr(components, "vae", None)
+    if vae is None:
+        return 8
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def default_size(components: Any, height: int | None, width: int | None) -> tuple[int, int]:
+    """``height`` and ``width``, each defaulting to the UNet's sample size in pixels, as the classic pipelines do."""
+    if height is not None and width is not None:
+        return height, width
+    pixels = components.unet.config.sample_size * vae_scale_factor(components)
+    return height or pixels, width or pixels
+
+
+def do_classifier_free_guidance(components: Any, guidance_scale: float) -> bool:
+    """Guidance runs for a scale above 1, unless the UNet takes the scale as an embedding (LCM-style)."""
+    return guidance_scale > 1 and components.unet.config.time_cond_proj_dim is None
+
+
+def retrieve_latents(encoder_output: Any, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A sample of the VAE's latent distribution (drawn with `generator`), or the encoder's plain latents."""
+    if hasattr(encoder_output, "latent_dist"):
+        return encoder_output.latent_dist.sample(generator)
+    if hasattr(encoder_output, "latents"):
+        return encoder_output.latents
+    msg = f"retrieve_latents: the VAE's encode output ({type(encoder_output).__name__}) has neither latent_dist nor latents"
+    raise AttributeError(msg)
+
+
+def encode_vae_image(
+    vae: Any, image: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None
+) -> torch.Tensor:
+    """Encode pixel images [B, 3, H, W] in [-1, 1] to scaled latents.
+
+    With a list of generators, image ``i`` is sampled with ``generator[i]`` (extra generators are unused).
+    """
+    if isinstance(generator, list):
+        if len(generator) < image.shape[0]:
+            msg = (
+                f"generator: a list of generators needs one per image (got {len(generator)} generators for "
+                f"{image.shape[0]} images); pass one generator or a list of length {image.shape[0]}"
+            )
+            raise ValueError(msg)
+        latents = torch.cat(
+            [
+                retrieve_latents(vae.encode(image[i : i + 1]), generator=generator[i])
+                for i in range(image.shape[0])
+            ]
+        )
+    else:
+        latents = retrieve_latents(vae.encode(image), generator=generator)
+    return vae.config.scaling_factor * latents
+
+
+@functools.lru_cache(maxsize=64)
+def _step_parameters(step: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(step).parameters)
+
+
+def extra_step_kwargs(scheduler: Any, generator: Any, eta: float) -> dict[str, Any]:
+    """The optional ``eta`` and ``generator`` arguments, for the schedulers whose ``step`` takes them."""
+    accepted = _step_parameters(type(scheduler).step)
+    kwargs: dict[str, Any] = {}
+    if "eta" in accepted:
+        kwargs["eta"] = eta
+    if "generator" in accepted:
+        kwargs["generator"] = generator
+    return kwargs
+
+
+def repeat_to_batch(tensor: torch.Tensor, batch_size: int, what: str) -> torch.Tensor:
+    """Repeat `tensor` along dim 0 up to `batch_size`, which its batch must divide."""
+    if tensor.shape[0] >= batch_size:
+        return tensor
+    if batch_size % tensor.shape[0] != 0:
+        msg = (
+            f"{what}: {tensor.shape[0]} given for a batch of {batch_size} (prompts x num_images_per_prompt); "
+            f"the count must divide the batch, e.g. pass 1 or {batch_size}"
+        )
+        raise ValueError(msg)
+    return tensor.repeat(batch_size // tensor.shape[0], *([1] * (tensor.dim() - 1)))
+
+
+def strength_input() -> InputParam:
+    """The ``strength`` input. Its default depends on the workflow (0.8 for image-to-image, 1.0 for
+    inpainting, as in the classic pipelines), so it is declared without one and each block applies its own:
+    one declared default would be given to every workflow by the pipeline."""
+    return InputParam.template(
+        "strength",
+        default=None,
+        description=(
+            "How much to transform the reference image, in [0, 1] (0 keeps it, 1 starts from pure noise); "
+            "default 0.8 for image-to-image and 1.0 for inpainting."
+        ),
+    )
