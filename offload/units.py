@@ -53,9 +53,9 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
 
 
 def format_bytes(nbytes: float) -> str:
-    """Return ``nbytes`` for people: ``"22.17 GB"``, ``"1.50 MB"`` (below 0.01 GB) or ``"400 B"`` (below 10 kB)."""
+    """Return ``nbytes`` for people: ``"22.17 GB"``, ``"1.50 MB"`` (below 0.01 GB) or ``"400 B"`` (below 1 MB)."""
     if abs(nbytes) >= 10**7:
         return f"{nbytes / 10**9:.2f} GB"
-    if abs(nbytes) >= 10**4:
+    if abs(nbytes) >= 10**6:
         return f"{nbytes / 10**6:.2f} MB"
     return f"{int(nbytes)} B"

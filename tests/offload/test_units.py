@@ -31,7 +31,7 @@ def test_parse_bytes_rejects_negative_and_wrong_types():
 
 
 def test_format_bytes_picks_a_readable_unit():
-    """Gigabytes above 0.01 GB, megabytes above 10 kB, bytes below."""
+    """Gigabytes from 0.01 GB, megabytes from 1 MB, bytes below."""
     assert format_bytes(22_170_000_000) == "22.17 GB"
     assert format_bytes(1_500_000) == "1.50 MB"
-    assert format_bytes(400) == "400 B"
+    assert format_bytes(12_000) == "12000 B"
