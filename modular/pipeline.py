@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 from typing import Any
 
 import attrs
 import torch
+from diffusers import SchedulerMixin
 
 from components import ComponentsManager, ComponentSpec
 
@@ -165,8 +167,10 @@ class ModularPipeline:
 
     def _set_component(self, name: str, obj: Any) -> None:
         self._components[name] = obj
-        if self._components_manager is not None and obj is not None:
-            self._components_manager.add(name, obj, collection=self._collection)
+        cm = self._components_manager
+        # An object the manager already tracks (perhaps under another name) is used as it is.
+        if cm is not None and obj is not None and cm.get_id(obj) is None:
+            cm.add(name, obj, collection=self._collection)
 
     def load_components(self, names: list[str] | str | None = None, **kwargs: Any) -> None:
         """Load components (all with a repo when ``names`` is None).
@@ -286,7 +290,7 @@ class ModularPipeline:
         if cm is not None:
             cm.set_execution_plan([self._components[name] for name in plan.component_uses])
         with torch.inference_mode():
-            _, state = self._blocks(self, state)
+            _, state = self._blocks(CallComponents(self), state)
         if output is None:
             return state
         if isinstance(output, str):
@@ -307,6 +311,29 @@ class ModularPipeline:
             state = "not loaded" if obj is None else type(obj).__name__
             lines.append(f"  {name}: {state}  [{spec.load_id}]")
         return "\n".join(lines) + "\n)"
+
+
+class CallComponents:
+    """The pipeline as its blocks see it during one call.
+
+    Schedulers keep per-call state (``set_timesteps`` and ``step`` change them), so each call works on
+    its own copy: pipelines that share one scheduler through a manager can run at the same time.
+    Everything else is the pipeline's own object.
+    """
+
+    def __init__(self, pipeline: ModularPipeline) -> None:
+        self._pipeline = pipeline
+        self._copies = {
+            name: copy.deepcopy(obj)
+            for name, obj in pipeline._components.items()
+            if isinstance(obj, SchedulerMixin)
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        copies = self.__dict__["_copies"]
+        if name in copies:
+            return copies[name]
+        return getattr(self.__dict__["_pipeline"], name)
 
 
 def _copy_state(state: PipelineState | None) -> PipelineState:
