@@ -36,13 +36,14 @@ class StableDiffusionAutoVaeEncoderStep(AutoPipelineBlocks):
     """Encode the reference image: the inpainting encoder with a mask, the img2img one with an image only."""
 
     block_classes = [StableDiffusionInpaintVaeEncoderStep, StableDiffusionVaeEncoderStep]
-    block_names = ["inpaint", "img2img"]
+    block_names = ["inpaint_vae_encoder", "img2img_vae_encoder"]
     block_trigger_inputs = ["mask_image", "image"]
 
     @property
     def description(self) -> str:
         return (
-            "VAE encoding of the reference image. Runs `inpaint` when mask_image is given, `img2img` when "
+            "VAE encoding of the reference image. Runs `inpaint_vae_encoder` when mask_image is given, "
+            "`img2img_vae_encoder` when "
             "image is given, and nothing for text-to-image."
         )
 
@@ -103,12 +104,12 @@ class StableDiffusionAutoDenoiseStep(AutoPipelineBlocks):
     """Choose the inpainting loop (with a mask) or the plain loop."""
 
     block_classes = [StableDiffusionInpaintDenoiseStep, StableDiffusionDenoiseStep]
-    block_names = ["inpaint", "denoise"]
+    block_names = ["inpaint_denoise", "denoise"]
     block_trigger_inputs = ["mask_image", None]
 
     @property
     def description(self) -> str:
-        return "The denoising loop: `inpaint` when mask_image is given, `denoise` otherwise."
+        return "The denoising loop: `inpaint_denoise` when mask_image is given, `denoise` otherwise."
 
 
 class StableDiffusionAutoBlocks(SequentialPipelineBlocks):
