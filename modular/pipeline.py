@@ -288,7 +288,7 @@ class ModularPipeline:
                 state.set(name, param.default, param.kwargs_type)
         cm = self._components_manager
         if cm is not None:
-            cm.set_execution_plan([self._components[name] for name in plan.component_uses])
+            cm.set_execution_plan(self._models_in_order(plan))
         with torch.inference_mode():
             _, state = self._blocks(CallComponents(self), state)
         if output is None:
@@ -296,6 +296,15 @@ class ModularPipeline:
         if isinstance(output, str):
             return state.get(output)
         return {name: state.get(name) for name in output}
+
+    def _models_in_order(self, plan: CallPlan) -> list[torch.nn.Module]:
+        """The models this call uses, in order; a repeat in a row says nothing new and is dropped."""
+        models: list[torch.nn.Module] = []
+        for name in plan.component_uses:
+            obj = self._components[name]
+            if isinstance(obj, torch.nn.Module) and (not models or models[-1] is not obj):
+                models.append(obj)
+        return models
 
     def _plan(self, kwargs: dict[str, Any], state: PipelineState | None) -> tuple[CallPlan, dict]:
         params = known_inputs(self._blocks)

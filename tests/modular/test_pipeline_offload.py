@@ -1,0 +1,66 @@
+"""A real pipeline under auto offload: same outputs, the plan reaches the manager, nothing copied back."""
+
+import pytest
+import torch
+
+from blocks.stable_diffusion import make_tiny_repo
+from modular import ComponentsManager, ModularPipeline
+from offload import SimulatedDevice, module_nbytes
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
+
+
+def _run(pipe, **extra):
+    generator = torch.Generator().manual_seed(0)
+    return pipe(
+        prompt="a cat", num_inference_steps=2, generator=generator, output_type="np", output="images", **extra
+    )
+
+
+def _pipeline(repo, cm):
+    pipe = ModularPipeline.from_pretrained(repo, components_manager=cm)
+    pipe.load_components(torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_offloaded_run_equals_the_plain_run_and_copies_nothing_back(repo):
+    """With a budget that forces evictions, outputs are bit-equal and no byte goes device-to-host."""
+    cm = ComponentsManager()
+    pipe = _pipeline(repo, cm)
+    expected = _run(pipe)
+    budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 1024
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
+    assert _run(pipe).tobytes() == expected.tobytes()
+    assert _run(pipe).tobytes() == expected.tobytes()
+    log = cm.offload_log
+    assert any(entry.evicted for entry in log)
+    assert sum(entry.bytes_to_host for entry in log) == 0
+    cm.disable_auto_cpu_offload()
+    assert all(getattr(m, "_hf_hook", None) is None for m in (pipe.unet, pipe.vae, pipe.text_encoder))
+
+
+def test_the_pipeline_gives_its_plan_to_the_manager(repo, monkeypatch):
+    """Before running, the pipeline tells the manager its models in order of use (loop body once)."""
+    cm = ComponentsManager()
+    pipe = _pipeline(repo, cm)
+    seen = []
+    monkeypatch.setattr(cm, "set_execution_plan", lambda objs: seen.append(list(objs)))
+    _run(pipe)
+    used = [obj for obj in seen[0] if isinstance(obj, torch.nn.Module)]
+    assert used == [pipe.text_encoder, pipe.unet, pipe.vae]
+
+
+def test_denoiser_stays_resident_while_the_text_encoder_makes_room(repo):
+    """When the UNet and the VAE cannot both fit, the UNet is kept through the loop (no reload per step)."""
+    cm = ComponentsManager()
+    pipe = _pipeline(repo, cm)
+    budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 1024
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
+    _run(pipe)
+    unet_id = cm.get_id(pipe.unet)
+    loads = [entry for entry in cm.offload_log if entry.model_id == unet_id and entry.bytes_to_device]
+    assert len(loads) == 1
