@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from components import ComponentSpec, ConfigSpec
+from components.load_id import LOAD_ID_FIELDS
 
 from .params import InputParam, OutputParam
 from .typecheck import hint_fits, type_name
@@ -26,7 +27,6 @@ __all__ = [
 ]
 
 Named = Sequence[tuple[str, "ModularPipelineBlocks"]]
-_LOADING_FIELDS = ("pretrained_model_name_or_path", "subfolder", "variant", "revision")
 
 
 def sequential_inputs(children: Named, leading: Sequence[InputParam] = ()) -> list[InputParam]:
@@ -110,7 +110,7 @@ def merge_components(children: Named, leading: Sequence[ComponentSpec] = ()) -> 
 def _fill(first: ComponentSpec, other: ComponentSpec) -> ComponentSpec:
     """``first`` with the fields it leaves empty taken from ``other``."""
     changes = {}
-    for field in ("type_hint", "description", "config", *_LOADING_FIELDS):
+    for field in ("type_hint", "description", "config", *LOAD_ID_FIELDS):
         if getattr(first, field) in (None, "") and getattr(other, field) not in (None, ""):
             changes[field] = getattr(other, field)
     if first.type_hint and other.type_hint and issubclass(other.type_hint, first.type_hint):
@@ -134,7 +134,7 @@ def _disagreement(a: ComponentSpec, b: ComponentSpec) -> str | None:
         and not (issubclass(a.type_hint, b.type_hint) or issubclass(b.type_hint, a.type_hint))
     ):
         return f"type {a.type_hint.__name__} vs {b.type_hint.__name__}"
-    for field in _LOADING_FIELDS:
+    for field in LOAD_ID_FIELDS:
         left, right = getattr(a, field), getattr(b, field)
         if left not in (None, "") and right not in (None, "") and left != right:
             return f"{field} {left!r} vs {right!r}"

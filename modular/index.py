@@ -16,12 +16,12 @@ from huggingface_hub.errors import (
 )
 
 from components import ComponentSpec, import_type
+from components.load_id import LOAD_ID_FIELDS
 
 __all__ = ["MODULAR_INDEX", "CLASSIC_INDEX", "read_index", "specs_from_index", "spec_to_entry"]
 
 MODULAR_INDEX = "modular_model_index.json"
 CLASSIC_INDEX = "model_index.json"
-_LOADING_FIELDS = ("pretrained_model_name_or_path", "subfolder", "variant", "revision")
 
 
 def read_index(
@@ -119,7 +119,7 @@ def specs_from_index(
         type_hint = None
         if hint and hint[0] and hint[1]:
             type_hint = import_type(hint[0], hint[1], trust_remote_code=trust_remote_code)
-        loading = {key: fields.get(key) for key in _LOADING_FIELDS}
+        loading = {key: fields.get(key) for key in LOAD_ID_FIELDS}
         if loading["subfolder"] is None:
             loading["subfolder"] = ""
         specs[name] = ComponentSpec(name=name, type_hint=type_hint, **loading)
@@ -145,6 +145,6 @@ def library_and_class(obj_or_type: Any) -> tuple[str | None, str | None]:
 def spec_to_entry(spec: ComponentSpec, component: Any = None) -> list[Any]:
     """The index entry of one component, in the peer's shape: ``[library, class, {loading fields, type_hint}]``."""
     library, class_name = library_and_class(component)
-    fields: dict[str, Any] = {key: getattr(spec, key) for key in _LOADING_FIELDS}
+    fields: dict[str, Any] = {key: getattr(spec, key) for key in LOAD_ID_FIELDS}
     fields["type_hint"] = list(library_and_class(spec.type_hint))
     return [library, class_name, fields]

@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from components.load_id import LOAD_ID_FIELDS
+
 if TYPE_CHECKING:
     from components import ComponentSpec
 
     from .pipeline import ModularPipeline
 
 __all__ = ["load_all", "options_for"]
-
-_LOADING_FIELDS = ("pretrained_model_name_or_path", "subfolder", "variant", "revision")
 
 
 def options_for(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def load_all(
     plans: dict[str, tuple[ComponentSpec, dict[str, Any]]] = {}
     for name in _names(pipe, names):
         options = options_for(name, kwargs)
-        overrides = {key: options.pop(key) for key in _LOADING_FIELDS if key in options}
+        overrides = {key: options.pop(key) for key in LOAD_ID_FIELDS if key in options}
         spec = attrs.evolve(pipe._specs[name], **overrides) if overrides else pipe._specs[name]
         if not spec.pretrained_model_name_or_path:
             msg = (

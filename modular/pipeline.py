@@ -12,6 +12,7 @@ import torch
 from diffusers import SchedulerMixin
 
 from components import ComponentsManager, ComponentSpec
+from components.load_id import LOAD_ID_FIELDS
 
 from .block import ModularPipelineBlocks
 from .call_checks import CallPlan, check_inputs, check_output, known_inputs, plan_call
@@ -19,8 +20,6 @@ from .index import read_index, specs_from_index
 from .state import PipelineState
 
 __all__ = ["ModularPipeline"]
-
-_LOADING_FIELDS = ("pretrained_model_name_or_path", "subfolder", "variant", "revision")
 
 
 class ModularPipeline:
@@ -361,7 +360,7 @@ def _unknown(kind: str, name: str, known: Any) -> str:
 
 def _merge_spec(declared: ComponentSpec, from_index: ComponentSpec) -> ComponentSpec:
     """The blocks' spec with the loading fields (and a more precise type) the index gives."""
-    changes: dict[str, Any] = {key: getattr(from_index, key) for key in _LOADING_FIELDS}
+    changes: dict[str, Any] = {key: getattr(from_index, key) for key in LOAD_ID_FIELDS}
     if from_index.type_hint is not None:
         changes["type_hint"] = from_index.type_hint
     return attrs.evolve(declared, **changes)
@@ -376,6 +375,6 @@ def _spec_for(declared: ComponentSpec, obj: Any) -> ComponentSpec:
     if load_id and load_id != "null":
         changes.update(ComponentSpec.decode_load_id(load_id))
     elif declared.default_creation_method == "from_pretrained":
-        changes.update(dict.fromkeys(_LOADING_FIELDS))
+        changes.update(dict.fromkeys(LOAD_ID_FIELDS))
         changes["subfolder"] = ""
     return attrs.evolve(declared, **changes)
