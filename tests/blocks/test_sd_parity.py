@@ -199,3 +199,26 @@ def test_pil_output(sd_pipe):
     ours, theirs = run_both(sd_pipe, "text2image", prompt="a cat", num_inference_steps=STEPS)
     assert [image.size for image in ours] == [(64, 64)]
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs))
+
+
+def test_guidance_embedding_unet_parity(sd_pipe):
+    """A UNet with time_cond_proj_dim (LCM-style) gets the guidance embedding and no CFG, as in the classic."""
+    config = dict(sd_pipe.unet.config)
+    config["time_cond_proj_dim"] = 32
+    torch.manual_seed(0)
+    unet = type(sd_pipe.unet).from_config(config).eval()
+    original = sd_pipe.unet
+    sd_pipe.update_components(unet=unet)
+    try:
+        ours, theirs = run_both(
+            sd_pipe,
+            "text2image",
+            prompt="a cat",
+            guidance_scale=5.0,
+            num_images_per_prompt=2,
+            num_inference_steps=STEPS,
+            output_type="latent",
+        )
+        assert_identical(ours, theirs)
+    finally:
+        sd_pipe.update_components(unet=original)
