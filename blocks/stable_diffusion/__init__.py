@@ -9,12 +9,9 @@ from modular import BlockFamily
 
 from .before_denoise import (
     StableDiffusionImg2ImgPrepareLatentsStep,
-    StableDiffusionImg2ImgSetTimestepsStep,
     StableDiffusionInpaintPrepareLatentsStep,
-    StableDiffusionInpaintSetTimestepsStep,
     StableDiffusionInputStep,
     StableDiffusionPrepareLatentsStep,
-    StableDiffusionSetTimestepsStep,
 )
 from .decoders import StableDiffusionDecodeStep
 from .denoise import (
@@ -40,6 +37,11 @@ from .modular_blocks import (
     StableDiffusionBeforeDenoiseStep,
     StableDiffusionImg2ImgBeforeDenoiseStep,
     StableDiffusionInpaintBeforeDenoiseStep,
+)
+from .timesteps import (
+    StableDiffusionImg2ImgSetTimestepsStep,
+    StableDiffusionInpaintSetTimestepsStep,
+    StableDiffusionSetTimestepsStep,
 )
 from .tiny import make_tiny_repo, make_tiny_tokenizer
 

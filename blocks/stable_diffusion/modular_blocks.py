@@ -6,12 +6,9 @@ from modular import AutoPipelineBlocks, SequentialPipelineBlocks
 
 from .before_denoise import (
     StableDiffusionImg2ImgPrepareLatentsStep,
-    StableDiffusionImg2ImgSetTimestepsStep,
     StableDiffusionInpaintPrepareLatentsStep,
-    StableDiffusionInpaintSetTimestepsStep,
     StableDiffusionInputStep,
     StableDiffusionPrepareLatentsStep,
-    StableDiffusionSetTimestepsStep,
 )
 from .decoders import StableDiffusionDecodeStep
 from .denoise import StableDiffusionDenoiseStep, StableDiffusionInpaintDenoiseStep
@@ -19,6 +16,11 @@ from .encoders import (
     StableDiffusionInpaintVaeEncoderStep,
     StableDiffusionTextEncoderStep,
     StableDiffusionVaeEncoderStep,
+)
+from .timesteps import (
+    StableDiffusionImg2ImgSetTimestepsStep,
+    StableDiffusionInpaintSetTimestepsStep,
+    StableDiffusionSetTimestepsStep,
 )
 
 __all__ = [
