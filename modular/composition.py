@@ -54,12 +54,11 @@ def _add_input(merged: dict[str, InputParam], grouped: list[InputParam], param: 
     if first is None:
         merged[param.name] = param
         return
-    # The first declaration wins, but a later block's need and a known default are kept.
+    # The first declaration wins, but a later block's need is kept. Defaults are not merged: each
+    # block applies its own when it reads a missing value (branches may differ, e.g. strength).
     changes = {}
     if param.required and not first.required:
         changes["required"] = True
-    if first.default is None and param.default is not None:
-        changes["default"] = param.default
     if first.type_hint is None and param.type_hint is not None:
         changes["type_hint"] = param.type_hint
     if changes:

@@ -5,12 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import numpy as np
 import PIL.Image
 import torch
 
 __all__ = ["InputParam", "OutputParam", "INPUT_TEMPLATES", "OUTPUT_TEMPLATES"]
 
-_IMAGE = PIL.Image.Image | list[PIL.Image.Image] | torch.Tensor | list[torch.Tensor]
+_IMAGE = (
+    PIL.Image.Image
+    | list[PIL.Image.Image]
+    | torch.Tensor
+    | list[torch.Tensor]
+    | np.ndarray
+    | list[np.ndarray]
+)
 
 # Common inputs, written once so every family describes them the same way.
 INPUT_TEMPLATES: dict[str, dict[str, Any]] = {

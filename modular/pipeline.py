@@ -280,11 +280,9 @@ class ModularPipeline:
         plan, params = self._plan(kwargs, state)
         check_output(output, plan)
         state = _copy_state(state)
-        for name, param in params.items():
-            if name in kwargs:
-                state.set(name, kwargs[name], param.kwargs_type)
-            elif name not in state.values and param.default is not None:
-                state.set(name, param.default, param.kwargs_type)
+        # Only what was given goes into the state: each block applies its own default to a missing value.
+        for name, value in kwargs.items():
+            state.set(name, value, params[name].kwargs_type)
         cm = self._components_manager
         if cm is not None:
             cm.set_execution_plan(self._models_in_order(plan))

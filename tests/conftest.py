@@ -10,6 +10,10 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Tiny models gain nothing from threads, and on shared 2-core machines OpenMP threads spinning
+# against another process make each call orders of magnitude slower.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -176,3 +176,39 @@ def test_defaults_fill_inputs_not_given():
     pipe = AddOneThenDouble().init_pipeline()
     state = pipe(x=2)
     assert state.scale == 2 and state.z == 6
+
+
+def test_each_branch_applies_its_own_default():
+    """Branches declaring one input with different defaults each use their own (no leaking)."""
+    from modular import AutoPipelineBlocks
+
+    def scaler(default):
+        class Scaler(ModularPipelineBlocks):
+            @property
+            def inputs(self):
+                return [
+                    InputParam("x", type_hint=int, required=True),
+                    InputParam("k", type_hint=int, default=default),
+                ]
+
+            @property
+            def intermediate_outputs(self):
+                return [OutputParam("out", type_hint=int)]
+
+            def __call__(self, components, state):
+                block_state = self.get_block_state(state)
+                block_state.out = block_state.x * block_state.k
+                self.set_block_state(state, block_state)
+                return components, state
+
+        return Scaler
+
+    class Choose(AutoPipelineBlocks):
+        block_classes = [scaler(10), scaler(3)]
+        block_names = ["big", "small"]
+        block_trigger_inputs = ["big", None]
+
+    pipe = Choose().init_pipeline()
+    assert pipe(x=2, output="out") == 6
+    assert pipe(x=2, big=True, output="out") == 20
+    assert pipe(x=2, k=5, output="out") == 10
