@@ -232,3 +232,25 @@ def test_a_failed_load_keeps_components_that_were_registered_before(repo):
         second.load_components(["unet", "text_encoder", "vae"], subfolder={"vae": "no_such_folder"})
     assert cm.get_id(first.unet) is not None
     assert not any(cid.startswith("text_encoder_") for cid in cm.components)
+
+
+def test_to_moves_every_model(repo):
+    """pipe.to(dtype) converts every model component and returns the pipeline."""
+    pipe = ModularPipeline.from_pretrained(repo)
+    pipe.load_components(["unet", "vae"], torch_dtype=torch.float32)
+    assert pipe.to(torch.float16) is pipe
+    assert pipe.unet.dtype == torch.float16 and pipe.vae.dtype == torch.float16
+    assert pipe.dtype == torch.float16 and pipe.device == torch.device("cpu")
+
+
+def test_lora_adapters_show_in_the_manager(repo):
+    """A LoRA adapter added to a loaded UNet appears in the manager's model info and table."""
+    from peft import LoraConfig
+
+    cm = ComponentsManager()
+    pipe = ModularPipeline.from_pretrained(repo, components_manager=cm)
+    pipe.load_components(["unet"], torch_dtype=torch.float32)
+    pipe.unet.add_adapter(LoraConfig(r=2, target_modules=["to_q", "to_v"]), adapter_name="style")
+    unet_id = cm.get_id(pipe.unet)
+    assert cm.get_model_info(unet_id, "adapters") == {"adapters": ["style"]}
+    assert f"{unet_id}:\n  Adapters: ['style']" in str(cm)
