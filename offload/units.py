@@ -1,12 +1,27 @@
-"""Byte sizes: parse "8GB"-style strings and print sizes for people."""
+"""Byte sizes: parse "3GB"-style strings as the peer does, and print sizes as the components table does.
+
+Two conventions meet here, both the peer's (diffusers' ComponentsManager):
+
+- Parsing follows accelerate's ``convert_file_size_to_int``, which the peer uses for its
+  ``memory_reserve_margin``: "GB", "MB", "KB" are decimal (``"3GB"`` is 3 * 10**9 bytes) and "GiB",
+  "MiB", "KiB" binary. So the same margin string reserves the same bytes here and in the peer.
+- Printing follows the components table and the peer's log: "GB" is 1024**3 bytes (a Flux
+  transformer prints as 22.17 GB in both), "MB" 1024**2. Write ``"3GiB"`` to get a margin that
+  prints as a round 3.00 GB.
+"""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "parse_bytes"]
+__all__ = ["GB", "MB", "format_bytes", "parse_bytes"]
 
-# Decimal and binary units, as accelerate and the peer accept them ("3GB" is 3 * 10**9 there too).
+GB = 1024**3
+"""Bytes in one printed "GB" (the components table's and the peer's convention)."""
+MB = 1024**2
+"""Bytes in one printed "MB"."""
+
+# What accelerate's convert_file_size_to_int accepts, plus B, TB and TiB.
 _UNITS = {
     "": 1,
     "B": 1,
@@ -23,7 +38,10 @@ _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
 def parse_bytes(value: int | str, *, name: str = "size") -> int:
-    """Return a byte count from an int or a string such as ``"8GB"``, ``"1.5GiB"`` or ``"512MB"``.
+    """Return a byte count from an int or a string such as ``"3GB"``, ``"1.5GiB"`` or ``"512MB"``.
+
+    Units read as accelerate (and so the peer's ``memory_reserve_margin``) reads them: KB, MB, GB,
+    TB are powers of 1000 (``"3GB"`` is 3 * 10**9 bytes); KiB, MiB, GiB, TiB powers of 1024.
 
     Args:
         value: A non-negative int, or a number followed by a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).
@@ -53,9 +71,12 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
 
 
 def format_bytes(nbytes: float) -> str:
-    """Return ``nbytes`` for people: ``"22.17 GB"``, ``"1.50 MB"`` (below 0.01 GB) or ``"400 B"`` (below 1 MB)."""
-    if abs(nbytes) >= 10**7:
-        return f"{nbytes / 10**9:.2f} GB"
-    if abs(nbytes) >= 10**6:
-        return f"{nbytes / 10**6:.2f} MB"
+    """Return ``nbytes`` for people, in the components table's units (``GB`` = 1024**3 bytes).
+
+    ``"22.17 GB"`` from 0.01 GB, ``"1.50 MB"`` (``MB`` = 1024**2 bytes) from 1 MB, ``"400 B"`` below.
+    """
+    if abs(nbytes) >= GB / 100:
+        return f"{nbytes / GB:.2f} GB"
+    if abs(nbytes) >= MB:
+        return f"{nbytes / MB:.2f} MB"
     return f"{int(nbytes)} B"

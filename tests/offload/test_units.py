@@ -1,6 +1,7 @@
-"""Byte-size parsing and formatting."""
+"""Byte-size parsing (as the peer's margin reads it) and formatting (as the components table prints)."""
 
 import pytest
+from accelerate.utils.modeling import convert_file_size_to_int
 
 from offload import format_bytes, parse_bytes
 
@@ -12,6 +13,12 @@ from offload import format_bytes, parse_bytes
 def test_parse_bytes_accepts_ints_and_unit_strings(value, expected):
     """Ints pass through; strings with decimal or binary units become bytes."""
     assert parse_bytes(value) == expected
+
+
+@pytest.mark.parametrize("value", ["3GB", "1.5GB", "512MB", "10KB", "2GiB", "1.5GiB", "64MiB", "4KiB"])
+def test_parse_bytes_reads_units_as_the_peers_margin_does(value):
+    """A size string means the same bytes as in accelerate's parser, which the peer uses for its margin."""
+    assert parse_bytes(value) == convert_file_size_to_int(value)
 
 
 def test_parse_bytes_rejects_unknown_unit():
@@ -30,8 +37,17 @@ def test_parse_bytes_rejects_negative_and_wrong_types():
         parse_bytes(True)
 
 
+def test_format_bytes_prints_gb_of_1024_cubed_like_the_components_table():
+    """A printed GB is 1024**3 bytes, as in the components table: the seed's Flux transformer is 22.17 GB."""
+    assert format_bytes(int(22.17 * 1024**3)) == "22.17 GB"
+    assert format_bytes(3 * 2**30) == "3.00 GB"
+    assert format_bytes(10**9) == "0.93 GB"
+
+
 def test_format_bytes_picks_a_readable_unit():
-    """Gigabytes from 0.01 GB, megabytes from 1 MB, bytes below."""
-    assert format_bytes(22_170_000_000) == "22.17 GB"
-    assert format_bytes(1_500_000) == "1.50 MB"
+    """Gigabytes from 0.01 GB, megabytes (1024**2 bytes) from 1 MB, bytes below."""
+    assert format_bytes(2**30 // 100 + 1) == "0.01 GB"
+    assert format_bytes(2**30 // 100 - 1) == "10.24 MB"
+    assert format_bytes(3 * 2**19) == "1.50 MB"
+    assert format_bytes(2**20 - 1) == "1048575 B"
     assert format_bytes(12_000) == "12000 B"
