@@ -2,17 +2,24 @@
 
 Counts, per trace and strategy: host-to-device bytes, device-to-host bytes, moves (models made
 resident), peak resident bytes, decision time, and the ratio of host-to-device bytes to the exact
-offline optimum for the trace and budget. Models are modules with one ``meta`` parameter of the
-component's exact byte size, so nothing is allocated; the engine, ledger and strategies are the
-real ones. The peer's own strategy (diffusers' ``AutoOffloadStrategy``) runs in the same engine with
-its free-memory query answered from the simulated device; it copies every victim back to the host
-(``module.to("cpu")``), so its device-to-host bytes are the bytes it evicts.
+offline optimum for the trace and budget. For the random mix, whose runs are drawn at random from a
+few workflows, it also prints the best an online strategy can expect: the policy that minimises the
+expected bytes knowing the workflows and that each run is drawn uniformly from them (the offline
+optimum also knows which one comes next, which no online strategy can). Models are modules with one
+``meta`` parameter of the component's exact byte size, so nothing is allocated; the engine, ledger
+and strategies are the real ones. The peer's own strategy (diffusers' ``AutoOffloadStrategy``) runs
+in the same engine with its free-memory query answered from the simulated device; it copies every
+victim back to the host (``module.to("cpu")``), so its device-to-host bytes are the bytes it evicts.
 
-Run: ``python benchmarks/offload_traces.py`` (CPU only, well under a minute).
+Sizes print in GB of 1024**3 bytes, as the components table and the offload log print them.
+
+Run: ``python benchmarks/offload_traces.py`` (CPU only, well under a minute);
+``python benchmarks/offload_traces.py --seeds 0-7`` for the random mix over several seeds.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
@@ -33,8 +40,9 @@ from offload import (  # noqa: E402
     SimulatedDevice,
     SmallestSufficientSet,
 )
+from offload.units import GB  # noqa: E402  (1024**3, as printed everywhere)
 
-GB = 10**9
+HUB_GB = 10**9  # the Hub lists file sizes in decimal GB
 Use = str | tuple[str, int]  # a component, or (component, loop steps)
 
 
@@ -69,10 +77,22 @@ class Workflow:
 
 
 class Trace:
-    """Workflow runs over one set of component sizes, at one budget and margin."""
+    """Workflow runs over one set of component sizes, at one budget and margin.
 
-    def __init__(self, name: str, sizes: dict[str, int], runs: list[Workflow], budget: int, margin: int):
+    ``mix``: for a random trace, the workflows its runs are drawn from, uniformly and independently.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        sizes: dict[str, int],
+        runs: list[Workflow],
+        budget: int,
+        margin: int,
+        mix: Sequence[Workflow] = (),
+    ):
         self.name, self.sizes, self.runs, self.budget, self.margin = name, sizes, runs, budget, margin
+        self.mix = list(mix)
 
     def requests(self) -> list[str]:
         return [model for run in self.runs for model in run.unrolled()]
@@ -172,49 +192,96 @@ def replay(trace: Trace, strategy_name: str) -> dict:
     }
 
 
-# -- exact offline optimum -------------------------------------------------------------------
+# -- exact offline optimum, and the best online expectation -----------------------------------
+class ResidentSets:
+    """Resident sets of one trace as bit masks, and the sets worth moving to at a miss.
+
+    Evicting is free (host copies are kept), so at a miss only the maximal subsets of the residents
+    that still fit beside the requested model are worth keeping.
+    """
+
+    def __init__(self, trace: Trace):
+        self.names = list(trace.sizes)
+        self.size = [trace.sizes[n] for n in self.names]
+        self.capacity = trace.budget - trace.margin
+        self._moves: dict[tuple[int, int], list[tuple[int, int]]] = {}
+
+    def bytes(self, mask: int) -> int:
+        return sum(size for i, size in enumerate(self.size) if mask >> i & 1)
+
+    def indices(self, models: Sequence[str]) -> list[int]:
+        """Positions of ``models``, repeats in a row collapsed (a hit moves nothing)."""
+        out = [self.names.index(m) for m in models]
+        return [r for i, r in enumerate(out) if i == 0 or r != out[i - 1]]
+
+    def moves(self, mask: int, r: int) -> list[tuple[int, int]]:
+        """(next resident set, bytes moved in) for each sensible answer to a use of model ``r``."""
+        if mask >> r & 1:
+            return [(mask, 0)]
+        key = (mask, r)
+        if key not in self._moves:
+            members = [i for i in range(len(self.size)) if mask >> i & 1]
+            room = self.capacity - self.size[r]
+            fits = []
+            for pick in range(1 << len(members)):
+                sub = sum(1 << i for k, i in enumerate(members) if pick >> k & 1)
+                if self.bytes(sub) <= room:
+                    fits.append(sub)
+            maximal = [s for s in fits if not any(o != s and o & s == s for o in fits)]
+            self._moves[key] = [(sub | 1 << r, self.size[r]) for sub in maximal]
+        return self._moves[key]
+
+
 def optimum(trace: Trace) -> int:
     """Fewest host-to-device bytes for the trace: exact search over resident sets.
 
-    Evicting is free (host copies are kept), so at each miss only maximal resident sets that still
-    fit are worth keeping, and a state that holds a superset of another at no higher cost dominates it.
+    A state that holds a superset of another at no higher cost dominates it.
     """
-    names = list(trace.sizes)
-    size = [trace.sizes[n] for n in names]
-    capacity = trace.budget - trace.margin
-    requests = [names.index(m) for m in trace.requests()]
-    requests = [r for i, r in enumerate(requests) if i == 0 or r != requests[i - 1]]
-
-    def mask_size(mask: int) -> int:
-        return sum(size[i] for i in range(len(size)) if mask >> i & 1)
-
-    def maximal_subsets(mask: int, room: int) -> list[int]:
-        members = [i for i in range(len(size)) if mask >> i & 1]
-        fits = []
-        for pick in range(1 << len(members)):
-            sub = 0
-            for k, i in enumerate(members):
-                if pick >> k & 1:
-                    sub |= 1 << i
-            if mask_size(sub) <= room:
-                fits.append(sub)
-        return [s for s in fits if not any(o != s and o & s == s for o in fits)]
-
+    sets = ResidentSets(trace)
     states = {0: 0}
-    for r in requests:
+    for r in sets.indices(trace.requests()):
         nxt: dict[int, int] = {}
         for mask, cost in states.items():
-            if mask >> r & 1:
-                options = [(mask, cost)]
-            else:
-                options = [
-                    (sub | 1 << r, cost + size[r]) for sub in maximal_subsets(mask, capacity - size[r])
-                ]
-            for new, c in options:
-                if c < nxt.get(new, float("inf")):
-                    nxt[new] = c
+            for new, moved in sets.moves(mask, r):
+                if cost + moved < nxt.get(new, float("inf")):
+                    nxt[new] = cost + moved
         states = {m: c for m, c in nxt.items() if not any(o != m and o & m == m and nxt[o] <= c for o in nxt)}
     return min(states.values())
+
+
+def best_online(trace: Trace) -> int:
+    """Host-to-device bytes of the online policy with the least expected bytes, on this trace.
+
+    The policy knows the workflows of ``trace.mix``, that each run is drawn uniformly and
+    independently from them, how many runs are left, and the running call's plan: what a perfect
+    online strategy could know. At each miss it picks the resident set with the least bytes moved now
+    plus expected bytes later (dynamic programming over resident sets). It is optimal in expectation,
+    not on every draw, so a lucky strategy may beat it on one trace.
+    """
+    sets = ResidentSets(trace)
+    fits = [m for m in range(1 << len(sets.size)) if sets.bytes(m) <= sets.capacity]
+    plans = [sets.indices(w.unrolled()) for w in trace.mix]
+
+    def through_call(plan: list[int], after: dict[int, float]) -> list[dict[int, float]]:
+        # cost[j][mask]: least expected bytes from the j-th use of ``plan`` on, then ``after``.
+        cost = [after]
+        for r in reversed(plan):
+            later = cost[0]
+            cost.insert(0, {m: min(moved + later[new] for new, moved in sets.moves(m, r)) for m in fits})
+        return cost
+
+    expected = [dict.fromkeys(fits, 0.0)]  # expected[k]: with k runs left, before the draw
+    for _ in trace.runs:
+        calls = [through_call(plan, expected[-1])[0] for plan in plans]
+        expected.append({m: sum(c[m] for c in calls) / len(calls) for m in fits})
+    mask, moved_in = 0, 0
+    for done, run in enumerate(trace.runs):
+        plan = sets.indices(run.unrolled())
+        cost = through_call(plan, expected[len(trace.runs) - done - 1])
+        for j, r in enumerate(plan):
+            mask, moved = min(sets.moves(mask, r), key=lambda move: move[1] + cost[j + 1][move[0]])
+            moved_in += moved
+    return moved_in
 
 
 # -- traces ----------------------------------------------------------------------------------
@@ -234,25 +301,31 @@ def flux_traces() -> list[Trace]:
     return [Trace(f"flux 3 workflows x2 @ {b} GB", sizes, runs, b * GB, 3 * GB) for b in (40, 32)]
 
 
-SDXL_SIZES = {
-    "text_encoder": int(0.246 * GB),
-    "text_encoder_2": int(1.39 * GB),
-    "unet": int(5.14 * GB),
-    "refiner_unet": int(4.52 * GB),
-    "vae": int(0.167 * GB),
+SDXL_SIZES = {  # fp16 file sizes as the Hub lists them
+    "text_encoder": int(0.246 * HUB_GB),
+    "text_encoder_2": int(1.39 * HUB_GB),
+    "unet": int(5.14 * HUB_GB),
+    "refiner_unet": int(4.52 * HUB_GB),
+    "vae": int(0.167 * HUB_GB),
 }
 SDXL_BASE = Workflow("sdxl base", ["text_encoder", "text_encoder_2", ("unet", 30), "vae"])
 SDXL_REFINER = Workflow("sdxl refiner", ["text_encoder_2", "vae", ("refiner_unet", 20), "vae"])
 
 
 def sdxl_traces() -> list[Trace]:
+    # Budgets and margin in the Hub's decimal GB, like the sizes; names print them in GB of 1024**3.
     alternating = [SDXL_BASE, SDXL_REFINER] * 4
-    out = [
-        Trace(f"sdxl base+refiner x4 @ {b} GB", SDXL_SIZES, alternating, int(b * GB), GB) for b in (9, 7.5)
-    ]
+    out = []
+    for b in (9, 7.5):
+        budget = int(b * HUB_GB)
+        name = f"sdxl base+refiner x4 @ {budget / GB:.2f} GB"
+        out.append(Trace(name, SDXL_SIZES, alternating, budget, HUB_GB))
     base_only = {k: v for k, v in SDXL_SIZES.items() if k != "refiner_unet"}
     for b in (9, 7.5, 7, 6.5):
-        out.append(Trace(f"sdxl text2img x5 @ {b} GB", base_only, [SDXL_BASE] * 5, int(b * GB), GB))
+        budget = int(b * HUB_GB)
+        out.append(
+            Trace(f"sdxl text2img x5 @ {budget / GB:.2f} GB", base_only, [SDXL_BASE] * 5, budget, HUB_GB)
+        )
     return out
 
 
@@ -268,9 +341,8 @@ def random_mix_trace(seed: int = 0) -> Trace:
         workflows.append(Workflow(f"w{w}", uses))
     runs = [rng.choice(workflows) for _ in range(30)]
     budget = max(int(0.5 * sum(sizes.values())), max(sizes.values())) + 2 * GB
-    return Trace(
-        f"random 5 workflows / 8 comps (seed {seed}) @ {budget / GB:.1f} GB", sizes, runs, budget, 2 * GB
-    )
+    name = f"random 5 workflows / 8 comps (seed {seed}) @ {budget / GB:.1f} GB"
+    return Trace(name, sizes, runs, budget, 2 * GB, mix=workflows)
 
 
 # -- decision time with 20 components --------------------------------------------------------
@@ -295,9 +367,32 @@ def decision_time(strategy: OffloadStrategy, components: int = 20, rounds: int =
     return 1000 * total / count
 
 
-def main() -> int:
+def seeds_table(seeds: range) -> None:
+    """Host-to-device bytes over the offline optimum on the random mix, one row per seed."""
+    columns = ("NextUse (ours)", "peer AutoOffloadStrategy")
+    print(f"{'seed':>4} {'optimum GB':>10} {'ours':>6} {'peer':>6} {'best online':>11}")
+    ratios: dict[str, list[float]] = {"ours": [], "peer": [], "online": []}
+    for seed in seeds:
+        trace = random_mix_trace(seed)
+        best = optimum(trace)
+        row = [replay(trace, name)["h2d"] / best for name in columns] + [best_online(trace) / best]
+        for key, ratio in zip(ratios, row, strict=True):
+            ratios[key].append(ratio)
+        print(f"{seed:>4} {best / GB:10.2f} {row[0]:6.3f} {row[1]:6.3f} {row[2]:11.3f}")
+    for key, values in ratios.items():
+        print(f"{key}: {min(values):.3f}-{max(values):.3f}, mean {sum(values) / len(values):.3f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", help="only the random mix over these seeds, e.g. 0-7")
+    args = parser.parse_args(argv)
+    if args.seeds:
+        first, _, last = args.seeds.partition("-")
+        seeds_table(range(int(first), int(last or first) + 1))
+        return 0
     traces = flux_traces() + sdxl_traces() + [random_mix_trace()]
-    header = f"{'trace':<44} {'strategy':<26} {'h2d GB':>8} {'d2h GB':>8} {'moves':>5} {'peak GB':>7} {'max ms':>7} {'x opt':>6}"
+    header = f"{'trace':<48} {'strategy':<26} {'h2d GB':>8} {'d2h GB':>8} {'moves':>5} {'peak GB':>7} {'max ms':>7} {'x opt':>6}"
     print(header)
     print("-" * len(header))
     failures = []
@@ -307,10 +402,15 @@ def main() -> int:
         for name, r in results.items():
             ratio = r["h2d"] / best
             print(
-                f"{trace.name:<44} {name:<26} {r['h2d'] / GB:8.2f} {r['d2h'] / GB:8.2f} {r['moves']:5d} "
+                f"{trace.name:<48} {name:<26} {r['h2d'] / GB:8.2f} {r['d2h'] / GB:8.2f} {r['moves']:5d} "
                 f"{r['peak'] / GB:7.2f} {r['decision_ms']:7.3f} {ratio:6.3f}"
             )
-        print(f"{'':<44} {'offline optimum':<26} {best / GB:8.2f}")
+        print(f"{'':<48} {'offline optimum':<26} {best / GB:8.2f}")
+        if trace.mix:
+            online = best_online(trace)
+            print(
+                f"{'':<48} {'best online (knows mix)':<26} {online / GB:8.2f} {'':>31} {online / best:6.3f}"
+            )
         ours, peer = results["NextUse (ours)"], results["peer AutoOffloadStrategy"]
         if ours["d2h"]:
             failures.append(f"{trace.name}: device-to-host {ours['d2h']} bytes")
