@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offload import OffloadEngine, module_nbytes  # noqa: E402
+from offload.units import GB  # noqa: E402  (1024**3, as the manager table and the seed print sizes)
 
-GB = 10**9
 SIZES_GB = {"clip": 0.23, "t5": 8.87, "transformer": 22.17, "canny": 22.17, "depth": 22.17, "vae": 0.16}
 WORKFLOWS = {
     "text2img": ["clip", "t5", ("transformer", 28), "vae"],
