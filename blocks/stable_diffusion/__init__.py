@@ -10,7 +10,6 @@ from modular import BlockFamily
 from .before_denoise import (
     StableDiffusionImg2ImgPrepareLatentsStep,
     StableDiffusionInpaintPrepareLatentsStep,
-    StableDiffusionInputStep,
     StableDiffusionPrepareLatentsStep,
 )
 from .decoders import StableDiffusionDecodeStep
@@ -29,6 +28,7 @@ from .encoders import (
     StableDiffusionTextEncoderStep,
     StableDiffusionVaeEncoderStep,
 )
+from .inputs import StableDiffusionInputStep
 from .modular_blocks import (
     StableDiffusionAutoBeforeDenoiseStep,
     StableDiffusionAutoBlocks,

@@ -7,7 +7,6 @@ from modular import AutoPipelineBlocks, SequentialPipelineBlocks
 from .before_denoise import (
     StableDiffusionImg2ImgPrepareLatentsStep,
     StableDiffusionInpaintPrepareLatentsStep,
-    StableDiffusionInputStep,
     StableDiffusionPrepareLatentsStep,
 )
 from .decoders import StableDiffusionDecodeStep
@@ -17,6 +16,7 @@ from .encoders import (
     StableDiffusionTextEncoderStep,
     StableDiffusionVaeEncoderStep,
 )
+from .inputs import StableDiffusionInputStep
 from .timesteps import (
     StableDiffusionImg2ImgSetTimestepsStep,
     StableDiffusionInpaintSetTimestepsStep,
