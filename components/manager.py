@@ -13,14 +13,7 @@ import torch
 
 from .errors import ComponentNotFoundError
 from .load_id import LOAD_ID_FIELDS, get_load_id
-from .model_info import (
-    adapter_names,
-    ip_adapter_info,
-    module_devices,
-    module_dtype,
-    quantization_info,
-    storage_bytes,
-)
+from .model_info import INFO_FIELDS, component_info
 from .offload_switch import OffloadSwitch
 from .reuse import LoadOptions
 from .search import compile_pattern
@@ -30,23 +23,6 @@ from .table import manager_table
 __all__ = ["INFO_FIELDS", "ComponentsManager"]
 
 logger = logging.getLogger(__name__)
-
-#: The fields ``get_model_info`` returns.
-INFO_FIELDS = (
-    "model_id",
-    "added_time",
-    "collection",
-    "class_name",
-    "size_gb",
-    "device",
-    "dtype",
-    "load_id",
-    "adapters",
-    "has_hook",
-    "execution_device",
-    "ip_adapter",
-    "quantization",
-)
 
 
 @attrs.define
@@ -237,9 +213,8 @@ class ComponentsManager(OffloadSwitch):
                     logger.info("Reusing %s for %s", found, load_id)
                     return entry.component
             try:
-                component = spec.load(
-                    **load_options
-                )  # outside the registry lock: other work goes on meanwhile
+                # Outside the registry lock: other work goes on meanwhile.
+                component = spec.load(**load_options)
                 self._add(spec.name, component, collection, options)
             finally:
                 with self._lock:
@@ -393,30 +368,7 @@ class ComponentsManager(OffloadSwitch):
                 name for name, members in self._collections.items() if component_id in members.values()
             ]
             engine = self._engine
-        component = entry.component
-        info: dict[str, Any] = dict.fromkeys(INFO_FIELDS)
-        info.update(
-            model_id=component_id,
-            added_time=entry.added_time,
-            collection=", ".join(collections) or None,
-            class_name=type(component).__name__,
-            load_id=get_load_id(component),
-        )
-        if isinstance(component, torch.nn.Module):
-            dtype = module_dtype(component)
-            hook = getattr(component, "_hf_hook", None)
-            info.update(
-                size_gb=storage_bytes(component) / 1024**3,
-                device=",".join(module_devices(component)) or None,
-                dtype=None if dtype is None else str(dtype),
-                adapters=adapter_names(component),
-                has_hook=engine.has_hook(component_id) if engine is not None else hook is not None,
-                execution_device=engine.execution_device
-                if engine is not None
-                else getattr(hook, "execution_device", None),
-                ip_adapter=ip_adapter_info(component),
-                quantization=quantization_info(component),
-            )
+        info = component_info(component_id, entry.component, entry.added_time, collections, engine)
         return {field: info[field] for field in wanted}
 
     def __repr__(self) -> str:

@@ -7,7 +7,11 @@ from typing import Any
 
 import torch
 
+from .load_id import get_load_id
+
 __all__ = [
+    "INFO_FIELDS",
+    "component_info",
     "adapter_names",
     "ip_adapter_info",
     "module_devices",
@@ -15,6 +19,24 @@ __all__ = [
     "quantization_info",
     "storage_bytes",
 ]
+
+
+#: The fields ``ComponentsManager.get_model_info`` returns.
+INFO_FIELDS = (
+    "model_id",
+    "added_time",
+    "collection",
+    "class_name",
+    "size_gb",
+    "device",
+    "dtype",
+    "load_id",
+    "adapters",
+    "has_hook",
+    "execution_device",
+    "ip_adapter",
+    "quantization",
+)
 
 
 def _tensors(module: torch.nn.Module):
@@ -98,3 +120,36 @@ def quantization_info(module: Any) -> dict[str, Any] | None:
     if hasattr(config, "to_dict"):
         return config.to_dict()
     return dict(config)
+
+
+def component_info(
+    component_id: str, component: Any, added_time: float, collections: list[str], engine: Any
+) -> dict[str, Any]:
+    """Every field of ``INFO_FIELDS`` for one registered object; model-only fields are ``None`` for others.
+
+    ``engine`` is the manager's offload engine, or ``None`` when auto offload is off.
+    """
+    info: dict[str, Any] = dict.fromkeys(INFO_FIELDS)
+    info.update(
+        model_id=component_id,
+        added_time=added_time,
+        collection=", ".join(collections) or None,
+        class_name=type(component).__name__,
+        load_id=get_load_id(component),
+    )
+    if isinstance(component, torch.nn.Module):
+        dtype = module_dtype(component)
+        hook = getattr(component, "_hf_hook", None)
+        info.update(
+            size_gb=storage_bytes(component) / 1024**3,
+            device=",".join(module_devices(component)) or None,
+            dtype=None if dtype is None else str(dtype),
+            adapters=adapter_names(component),
+            has_hook=engine.has_hook(component_id) if engine is not None else hook is not None,
+            execution_device=engine.execution_device
+            if engine is not None
+            else getattr(hook, "execution_device", None),
+            ip_adapter=ip_adapter_info(component),
+            quantization=quantization_info(component),
+        )
+    return info
