@@ -254,3 +254,21 @@ def test_lora_adapters_show_in_the_manager(repo):
     unet_id = cm.get_id(pipe.unet)
     assert cm.get_model_info(unet_id, "adapters") == {"adapters": ["style"]}
     assert f"{unet_id}:\n  Adapters: ['style']" in str(cm)
+
+
+def test_each_component_may_point_at_a_different_repo(repo, tmp_path):
+    """A modular index whose unet lives in another repo loads each component from its own repo."""
+    other = make_tiny_repo(tmp_path / "other", seed=7)
+    pipe = ModularPipeline.from_pretrained(repo)
+    pipe.load_components(torch_dtype=torch.float32)
+    pipe.save_pretrained(tmp_path / "mixed")
+    index_path = tmp_path / "mixed" / MODULAR_INDEX
+    index = json.loads(index_path.read_text())
+    index["unet"][2].update(pretrained_model_name_or_path=str(other), subfolder="unet")
+    index_path.write_text(json.dumps(index))
+    mixed = ModularPipeline.from_pretrained(tmp_path / "mixed")
+    mixed.load_components(torch_dtype=torch.float32)
+    reference = UNet2DConditionModel.from_pretrained(other, subfolder="unet")
+    assert mixed.get_component_spec("unet").load_id == f"{other}|unet|null|null"
+    assert torch.equal(mixed.unet.conv_in.weight, reference.conv_in.weight)
+    assert torch.equal(mixed.vae.decoder.conv_out.weight, pipe.vae.decoder.conv_out.weight)
