@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,12 @@ class OffloadSwitch:
     _lock: threading.RLock
     _entries: dict[str, Any]
     _engine: Any
+
+    if TYPE_CHECKING:  # provided by the manager; declared here for the type checker only
+
+        def get_id(self, component: Any) -> str | None: ...
+
+        def _unknown(self, what: str) -> KeyError: ...
 
     @property
     def auto_offload_enabled(self) -> bool:

@@ -56,7 +56,7 @@ def _hub_root(
     where: str,
     token: str | bool | None,
     local_files_only: bool,
-    cache_dir: str | None,
+    cache_dir: str | os.PathLike | None,
     use_pickle: bool,
 ) -> str:
     offline = local_files_only or constants.HF_HUB_OFFLINE

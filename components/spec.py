@@ -88,6 +88,12 @@ def _to_path_str(value: Any) -> Any:
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
+def _none_to_empty(value: str | None) -> str:
+    # A named converter rather than attrs.converters.default_if_none(""): mypy's attrs plugin reads
+    # only named functions, types and lambdas as converters.
+    return "" if value is None else value
+
+
 @attrs.frozen(init=False, eq=False)
 class ComponentSpec:
     """What a block needs under one name, and how to make it.
@@ -114,9 +120,7 @@ class ComponentSpec:
     pretrained_model_name_or_path: str | None = attrs.field(
         default=None, converter=_to_path_str, validator=_check_part
     )
-    subfolder: str = attrs.field(
-        default="", converter=attrs.converters.default_if_none(""), validator=_check_part
-    )
+    subfolder: str = attrs.field(default="", converter=_none_to_empty, validator=_check_part)
     variant: str | None = attrs.field(default=None, validator=_check_part)
     revision: str | None = attrs.field(default=None, validator=_check_part)
     default_creation_method: str = attrs.field(
@@ -203,8 +207,15 @@ class ComponentSpec:
         """
         load_id = get_load_id(component)
         if load_id is not None and load_id != NULL_LOAD_ID:
+            fields = decode_load_id(load_id)
             return cls(
-                name, type(component), default_creation_method="from_pretrained", **decode_load_id(load_id)
+                name,
+                type(component),
+                pretrained_model_name_or_path=fields["pretrained_model_name_or_path"],
+                subfolder=fields["subfolder"],
+                variant=fields["variant"],
+                revision=fields["revision"],
+                default_creation_method="from_pretrained",
             )
         from diffusers.configuration_utils import ConfigMixin
 
@@ -232,10 +243,11 @@ class ComponentSpec:
         from diffusers.configuration_utils import ConfigMixin
 
         merged = {**(self.config or {}), **(config or {})}
-        if issubclass(self.type_hint, ConfigMixin):
-            component = self.type_hint.from_config(merged, **kwargs)
+        maker: Any = self.type_hint  # any class: from_config is looked up on ConfigMixin subclasses only
+        if issubclass(maker, ConfigMixin):
+            component = maker.from_config(merged, **kwargs)
         else:
-            component = self.type_hint(**merged, **kwargs)
+            component = maker(**merged, **kwargs)
         tag_load_id(component, NULL_LOAD_ID)
         return component
 
@@ -313,7 +325,8 @@ class ComponentSpec:
         if trust_remote_code:
             options["trust_remote_code"] = True
         logger.debug("Loading %s from %s as %s", spec.name, where, type_hint.__name__)
-        component = type_hint.from_pretrained(location.root, **options)
+        loader: Any = type_hint  # any class with from_pretrained (diffusers, transformers, remote code)
+        component = loader.from_pretrained(location.root, **options)
         tag_load_id(component, spec.load_id)
         return component
 

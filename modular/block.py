@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from components import ComponentSpec, ConfigSpec
@@ -23,8 +24,8 @@ class ModularPipelineBlocks:
 
     Declarations are properties so that a block can compute them (e.g. from its sub-blocks).
     ``__call__(components, state)`` reads its inputs with :meth:`get_block_state`, works with the
-    models in ``components`` (the pipeline), writes its outputs with :meth:`set_block_state` and
-    returns ``(components, state)``.
+    models in ``components`` (the pipeline, or its per-call view: an object whose attributes are the
+    components), writes its outputs with :meth:`set_block_state` and returns ``(components, state)``.
     """
 
     model_name: str | None = None
@@ -56,7 +57,7 @@ class ModularPipelineBlocks:
         return self.intermediate_outputs
 
     @property
-    def sub_blocks(self) -> dict[str, ModularPipelineBlocks]:
+    def sub_blocks(self) -> Mapping[str, ModularPipelineBlocks]:
         return {}
 
     # ----- derived names -----
@@ -81,8 +82,8 @@ class ModularPipelineBlocks:
         return [spec.name for spec in self.expected_components]
 
     # ----- selection -----
-    def get_execution_blocks(self, **inputs: Any) -> ModularPipelineBlocks:
-        """The blocks that would run for these inputs; a leaf always runs."""
+    def get_execution_blocks(self, **inputs: Any) -> ModularPipelineBlocks | None:
+        """The blocks that would run for these inputs (``None``: nothing runs); a leaf always runs."""
         return self
 
     def _leaf_blocks(self, active: dict[str, Any], prefix: str, into: list) -> None:
@@ -98,12 +99,13 @@ class ModularPipelineBlocks:
             raise NotImplementedError(msg)
         return list(self._workflow_map)
 
-    def get_workflow(self, workflow_name: str) -> ModularPipelineBlocks:
-        """The blocks of one named workflow, pruned to what runs for it."""
+    def get_workflow(self, workflow_name: str) -> ModularPipelineBlocks | None:
+        """The blocks of one named workflow, pruned to what runs for it (``None``: nothing runs)."""
         workflows = self.available_workflows
         if workflow_name not in workflows:
             msg = f"{type(self).__name__} has no workflow {workflow_name!r}; available workflows: {workflows}"
             raise KeyError(msg)
+        assert self._workflow_map is not None  # available_workflows raised otherwise
         return self.get_execution_blocks(**self._workflow_map[workflow_name])
 
     # ----- state access -----
@@ -131,14 +133,14 @@ class ModularPipelineBlocks:
     def set_block_state(self, state: PipelineState, block_state: BlockState) -> None:
         """Write this block's outputs, and any inputs it replaced, back into ``state``."""
         values = block_state.__dict__
-        for param in self.intermediate_outputs:
-            if param.name not in values:
+        for output in self.intermediate_outputs:
+            if output.name not in values:
                 msg = (
-                    f"{type(self).__name__} declares output {param.name!r} but did not set it; "
-                    f"set block_state.{param.name} before set_block_state"
+                    f"{type(self).__name__} declares output {output.name!r} but did not set it; "
+                    f"set block_state.{output.name} before set_block_state"
                 )
                 raise ValueError(msg)
-            state.set(param.name, values[param.name], param.kwargs_type)
+            state.set(output.name, values[output.name], output.kwargs_type)
         for param in self.inputs:
             if param.name:
                 if param.name in values and state.values.get(param.name) is not values[param.name]:
@@ -149,7 +151,7 @@ class ModularPipelineBlocks:
                         state.set(key, values[key], param.kwargs_type)
 
     # ----- running -----
-    def __call__(self, components: ModularPipeline, state: PipelineState) -> tuple[Any, PipelineState]:
+    def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
         msg = f"{type(self).__name__} must implement __call__(self, components, state)"
         raise NotImplementedError(msg)
 

@@ -101,7 +101,12 @@ def plan_call(blocks: ModularPipelineBlocks, given: dict[str, Any], components: 
         produced.update(leaf.intermediate_output_names)
         for param in getattr(leaf, "loop_intermediate_outputs", []):
             produced.add(param.name)
-        specs = list(leaf.expected_components) if not leaf.sub_blocks else list(leaf.loop_expected_components)
+        # A block with children here is a loop (see walk_leaves): its own components are the loop's.
+        specs = (
+            list(leaf.expected_components)
+            if not leaf.sub_blocks
+            else list(getattr(leaf, "loop_expected_components", []))
+        )
         for spec in specs:
             if components.get(spec.name) is None:
                 msg = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -56,7 +56,7 @@ def _add_input(merged: dict[str, InputParam], grouped: list[InputParam], param: 
         return
     # The first declaration wins, but a later block's need is kept. Defaults are not merged: each
     # block applies its own when it reads a missing value (branches may differ, e.g. strength).
-    changes = {}
+    changes: dict[str, Any] = {}
     if param.required and not first.required:
         changes["required"] = True
     if first.type_hint is None and param.type_hint is not None:
@@ -83,13 +83,13 @@ def branch_inputs(branches: Named) -> list[InputParam]:
                 merged[param.name] = attrs.evolve(first, default=None)
     everywhere = len(branches)
     result = [
-        attrs.evolve(p, required=counts[p.name] == everywhere and everywhere > 0) for p in merged.values()
+        attrs.evolve(p, required=counts[name] == everywhere and everywhere > 0) for name, p in merged.items()
     ]
     return result + grouped
 
 
 def merge_outputs(children: Named, leading: Sequence[OutputParam] = ()) -> list[OutputParam]:
-    merged: dict[str, OutputParam] = {}
+    merged: dict[str | None, OutputParam] = {}  # None: an output with kwargs_type only
     for param in leading:
         merged.setdefault(param.name, param)
     for _, child in children:
@@ -168,7 +168,7 @@ def spec_problems(children: Named) -> list[str]:
 def wiring_problems(children: Named, check_order: bool = True) -> list[str]:
     """Inputs that only a later child produces, and outputs whose type does not fit their consumer."""
     problems = []
-    producers: dict[str, tuple[str, ModularPipelineBlocks, OutputParam]] = {}
+    producers: dict[str | None, tuple[str, ModularPipelineBlocks, OutputParam]] = {}
     for index, (name, child) in enumerate(children):
         for param in child.inputs:
             if param.name is None:

@@ -37,9 +37,9 @@ def make_doc(block: ModularPipelineBlocks) -> str:
         lines.append("")
     if block.expected_configs:
         lines.append("  Configs:")
-        for spec in block.expected_configs:
-            desc = f": {spec.description}" if spec.description else ""
-            lines.append(f"    {spec.name} (default: {spec.default!r}){desc}")
+        for config in block.expected_configs:
+            desc = f": {config.description}" if config.description else ""
+            lines.append(f"    {config.name} (default: {config.default!r}){desc}")
         lines.append("")
     lines.append("  Inputs:")
     for param in block.inputs:
@@ -53,9 +53,9 @@ def make_doc(block: ModularPipelineBlocks) -> str:
         lines.append(f"    {name} ({', '.join(facts)}){desc}")
     lines.append("")
     lines.append("  Outputs:")
-    for param in block.intermediate_outputs:
-        desc = f": {param.description}" if param.description else ""
-        lines.append(f"    {param.name} ({type_name(param.type_hint)}){desc}")
+    for output in block.intermediate_outputs:
+        desc = f": {output.description}" if output.description else ""
+        lines.append(f"    {output.name} ({type_name(output.type_hint)}){desc}")
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 
 import attrs
@@ -13,6 +13,11 @@ __all__ = ["BlockFamily", "register_family", "available_families", "family_for_i
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "modular.blocks"
+
+
+def _names(values: Iterable[str]) -> tuple[str, ...]:
+    # A named converter rather than ``converter=tuple``: mypy's attrs plugin then types the argument.
+    return tuple(values)
 
 
 @attrs.frozen
@@ -28,7 +33,7 @@ class BlockFamily:
 
     name: str
     blocks_class: type
-    classic_pipelines: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    classic_pipelines: tuple[str, ...] = attrs.field(default=(), converter=_names)
     make_tiny_repo: Callable | None = None
 
 

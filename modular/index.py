@@ -49,7 +49,7 @@ def read_index(
     errors = []
     for name in (MODULAR_INDEX, CLASSIC_INDEX):
         try:
-            path = huggingface_hub.hf_hub_download(
+            downloaded = huggingface_hub.hf_hub_download(
                 repo, name, revision=revision, token=token, cache_dir=cache_dir
             )
         except (EntryNotFoundError, LocalEntryNotFoundError) as error:
@@ -61,7 +61,7 @@ def read_index(
         except RepositoryNotFoundError:
             msg = f"{repo}: no such repo on the hub (or no access: pass token=...)"
             raise FileNotFoundError(msg) from None
-        return name, _parse(Path(path))
+        return name, _parse(Path(downloaded))
     offline = huggingface_hub.constants.HF_HUB_OFFLINE
     hint = (
         "the hub is offline (HF_HUB_OFFLINE=1) and it is not in the local cache; download it first or unset HF_HUB_OFFLINE"
@@ -116,13 +116,18 @@ def specs_from_index(
             continue
         fields = dict(value[2] or {})
         hint = fields.pop("type_hint", None) or (library, class_name)
-        type_hint = None
+        declared: type | None = None
         if hint and hint[0] and hint[1]:
-            type_hint = import_type(hint[0], hint[1], trust_remote_code=trust_remote_code)
-        loading = {key: fields.get(key) for key in LOAD_ID_FIELDS}
-        if loading["subfolder"] is None:
-            loading["subfolder"] = ""
-        specs[name] = ComponentSpec(name=name, type_hint=type_hint, **loading)
+            declared = import_type(hint[0], hint[1], trust_remote_code=trust_remote_code)
+        subfolder = fields.get("subfolder")
+        specs[name] = ComponentSpec(
+            name=name,
+            type_hint=declared,
+            pretrained_model_name_or_path=fields.get("pretrained_model_name_or_path"),
+            subfolder="" if subfolder is None else subfolder,
+            variant=fields.get("variant"),
+            revision=fields.get("revision"),
+        )
     return specs, config
 
 

@@ -77,9 +77,10 @@ def load_all(
             loaded[name] = (spec, obj)
     except BaseException:
         # Undo this call's registrations only: objects that were in the manager before stay.
-        for _, obj in loaded.values():
-            component_id = cm.get_id(obj) if cm is not None else None
-            if component_id is not None and component_id not in registered_before:
-                cm.remove(component_id)
+        if cm is not None:
+            for _, obj in loaded.values():
+                component_id = cm.get_id(obj)
+                if component_id is not None and component_id not in registered_before:
+                    cm.remove(component_id)
         raise
     return loaded

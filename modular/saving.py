@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ __all__ = ["save_pipeline", "index_dict"]
 
 
 def index_dict(
-    pipe: ModularPipeline, saved_to: str | None = None, saved: set[str] = frozenset()
+    pipe: ModularPipeline, saved_to: str | None = None, saved: Collection[str] = frozenset()
 ) -> dict[str, Any]:
     """The index in the peer's shape; components in ``saved`` point at ``saved_to/<name>``."""
     data: dict[str, Any] = {

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from components import ComponentSpec, ConfigSpec
 
@@ -22,6 +23,8 @@ from .sub_blocks import SubBlocks
 
 __all__ = ["SequentialPipelineBlocks", "CompositeBlocks"]
 
+_Composite = TypeVar("_Composite", bound="CompositeBlocks")
+
 
 def run_child(name: str, block: ModularPipelineBlocks, *args: Any, **kwargs: Any) -> Any:
     """Run one child; an error carries a note naming the block it came from (no logging, no re-wrapping)."""
@@ -30,7 +33,7 @@ def run_child(name: str, block: ModularPipelineBlocks, *args: Any, **kwargs: Any
     except Exception as error:
         if hasattr(error, "add_note") and not getattr(error, "_block_noted", False):
             error.add_note(f"(raised in block {name!r}: {type(block).__name__})")
-            error._block_noted = True
+            error._block_noted = True  # type: ignore[attr-defined]  # a marker set on the instance, once
         raise
 
 
@@ -39,6 +42,7 @@ class CompositeBlocks(ModularPipelineBlocks):
 
     block_classes: list[Any] = []
     block_names: list[str] = []
+    _description: str  # set by from_blocks_dict only; read with a default by ``description``
 
     def __init__(self) -> None:
         classes, names = list(self.block_classes), list(self.block_names)
@@ -53,7 +57,9 @@ class CompositeBlocks(ModularPipelineBlocks):
         self._validate()
 
     @classmethod
-    def from_blocks_dict(cls, blocks_dict: dict[str, Any], description: str | None = None) -> CompositeBlocks:
+    def from_blocks_dict(
+        cls: type[_Composite], blocks_dict: Mapping[str, Any], description: str | None = None
+    ) -> _Composite:
         """Build from ``{"name": block_or_class, ...}`` in order."""
         instance = cls.__new__(cls)
         instance._sub_blocks = SubBlocks(instance._validate)

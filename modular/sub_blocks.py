@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 __all__ = ["SubBlocks"]
 
 
-class SubBlocks(MutableMapping):
+class SubBlocks(MutableMapping[str, "ModularPipelineBlocks"]):
     """An ordered ``name -> block`` mapping owned by a composite block.
 
     Edits (``insert``, ``pop``, item assignment, ``del``) re-run the owner's composition checks; an

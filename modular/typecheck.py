@@ -46,7 +46,8 @@ def value_matches(value: Any, hint: Any) -> bool:
         if not isinstance(origin, type) or not isinstance(value, origin):
             continue
         args = typing.get_args(member)
-        if origin in (list, set, frozenset) and args:
+        # isinstance again: it tells the checker that ``value`` is iterable (origin is one of these)
+        if origin in (list, set, frozenset) and args and isinstance(value, list | set | frozenset):
             if all(value_matches(item, args[0]) for item in value):
                 return True
             continue

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -19,7 +20,7 @@ from offload.next_use import NextUseStrategy
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe, resolve_probe
 from offload.simulated import SimulatedDevice
-from offload.strategy import OffloadRequest
+from offload.strategy import OffloadRequest, SupportsSelectVictims
 from offload.units import format_bytes, parse_bytes
 
 __all__ = ["OffloadEngine"]
@@ -27,7 +28,7 @@ __all__ = ["OffloadEngine"]
 logger = logging.getLogger(__name__)
 
 
-def _check_strategy(strategy: object) -> object:
+def _check_strategy(strategy: object) -> SupportsSelectVictims:
     if not callable(getattr(strategy, "select_victims", None)):
         msg = (
             f"offload strategy must have a select_victims(request) method (got {strategy!r} that is a "
@@ -35,7 +36,7 @@ def _check_strategy(strategy: object) -> object:
             "SmallestSufficientSet() or LRUStrategy()."
         )
         raise TypeError(msg)
-    return strategy
+    return cast(SupportsSelectVictims, strategy)  # checked just above
 
 
 class OffloadEngine:
@@ -56,7 +57,9 @@ class OffloadEngine:
     ):
         self._probe = resolve_probe(device)
         self._margin = parse_bytes(memory_reserve_margin, name="memory_reserve_margin")
-        self._strategy = _check_strategy(strategy) if strategy is not None else NextUseStrategy()
+        self._strategy: SupportsSelectVictims = (
+            _check_strategy(strategy) if strategy is not None else NextUseStrategy()
+        )
         self._ledger = ResidencyLedger(self._probe)
         self._hooks: dict[str, OffloadHook] = {}
         self._plan = ExecutionPlan()
@@ -94,7 +97,7 @@ class OffloadEngine:
         self._margin = parse_bytes(value, name="memory_reserve_margin")
 
     @property
-    def strategy(self) -> object:
+    def strategy(self) -> SupportsSelectVictims:
         """The strategy that picks victims."""
         return self._strategy
 
@@ -217,13 +220,10 @@ class OffloadEngine:
     def _too_large(self, model_id: str, nbytes: int, capacity: int, running: int) -> ModelTooLargeError:
         probe = self._probe
         total = probe.total_bytes()
-        device = (
-            f"{probe.name} (budget {format_bytes(total)})"
-            if isinstance(probe, SimulatedDevice)
-            else probe.name
-        )
-        if total is not None and not isinstance(probe, SimulatedDevice):
-            device += f" (total {format_bytes(total)})"
+        if isinstance(probe, SimulatedDevice):
+            device = f"{probe.name} (budget {format_bytes(probe.budget)})"
+        else:
+            device = probe.name if total is None else f"{probe.name} (total {format_bytes(total)})"
         running_note = f", {format_bytes(running)} held by models running now" if running else ""
         msg = (
             f"model {model_id!r} needs {format_bytes(nbytes)} but at most {format_bytes(max(capacity, 0))} can "

@@ -10,7 +10,8 @@ and the forward runs again.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
@@ -33,7 +34,8 @@ class OffloadHook(ModelHook):
     def __init__(self, engine: OffloadEngine, model_id: str):
         self.engine = engine
         self.model_id = model_id
-        self.original_forward = None  # the forward accelerate wrapped, restored on removal
+        # The forward accelerate wrapped, restored on removal.
+        self.original_forward: Callable[..., Any] | None = None
 
     def __repr__(self) -> str:
         return f"OffloadHook(model_id={self.model_id!r}, device={self.engine.execution_device})"
@@ -64,7 +66,8 @@ def install_hook(module: torch.nn.Module, hook: OffloadHook) -> None:
     """
     check_no_foreign_hook(module, hook.model_id)
     add_hook_to_module(module, hook)
-    original = module._old_forward
+    # accelerate keeps the forward as a plain attribute; torch types module attributes as Tensor | Module.
+    original = cast("Callable[..., Any]", module._old_forward)
     hook.original_forward = original
     engine, model_id = hook.engine, hook.model_id
 
@@ -72,12 +75,12 @@ def install_hook(module: torch.nn.Module, hook: OffloadHook) -> None:
     def forward_with_retry(*args, **kwargs):
         return engine.run_forward(model_id, original, args, kwargs)
 
-    module._old_forward = forward_with_retry
+    module._old_forward = forward_with_retry  # type: ignore[assignment]  # a plain attribute (see above)
 
 
 def remove_hook(module: torch.nn.Module) -> None:
     """Remove the offload hook from ``module`` and restore its own forward."""
     hook = getattr(module, "_hf_hook", None)
     if isinstance(hook, OffloadHook) and hook.original_forward is not None:
-        module._old_forward = hook.original_forward
+        module._old_forward = hook.original_forward  # type: ignore[assignment]  # a plain attribute, as in install_hook
     remove_hook_from_module(module)

@@ -167,7 +167,10 @@ class ResidencyLedger:
 
     def _upload(self, entry: _Entry) -> None:
         device = self.probe.execution_device
-        done: dict[int, torch.Tensor] = {}  # one device copy per host tensor, even if shared (tied weights)
+        # One device copy per host tensor, even if shared (tied weights): parameters and buffers apart,
+        # since a parameter slot takes a Parameter.
+        done: dict[int, torch.nn.Parameter] = {}
+        done_buffers: dict[int, torch.Tensor] = {}
         for owner in entry.module.modules():
             for name, param in owner._parameters.items():
                 if param is None or param.device == device:
@@ -191,9 +194,9 @@ class ResidencyLedger:
                 if buffer is None or buffer.device == device:
                     continue
                 entry.host[(id(owner), name)] = buffer
-                if id(buffer) not in done:
-                    done[id(buffer)] = buffer.to(device, non_blocking=self._pin)
-                owner._buffers[name] = done[id(buffer)]
+                if id(buffer) not in done_buffers:
+                    done_buffers[id(buffer)] = buffer.to(device, non_blocking=self._pin)
+                owner._buffers[name] = done_buffers[id(buffer)]
 
     def _drop(self, entry: _Entry) -> int:
         for owner, name, original in reversed(entry.swapped):
@@ -225,6 +228,7 @@ class ResidencyLedger:
         swapped_in = set()
         for owner, name, original in entry.swapped:
             on_device = owner._parameters[name]
+            assert on_device is not None  # _upload put a Parameter in every slot it recorded as swapped
             swapped_in.add(id(on_device))
             if on_device.device.type != "meta":  # meta holds no values to copy
                 original.data = self._host_tensor(on_device.data)

@@ -64,7 +64,11 @@ class OffloadLog:
 
     def clear(self) -> None:
         """Forget every decision and reset the totals."""
-        self.__init__(self._entries.maxlen)
+        self._entries.clear()
+        self._count = 0
+        self.total_bytes_to_device = 0
+        self.total_bytes_to_host = 0
+        self.total_evictions = 0
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -9,10 +9,11 @@ fit in the free bytes (after the margin), and checks the answer: every victim mu
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import attrs
 
-__all__ = ["OffloadRequest", "OffloadStrategy", "take_until_enough"]
+__all__ = ["OffloadRequest", "OffloadStrategy", "SupportsSelectVictims", "take_until_enough"]
 
 
 @attrs.frozen
@@ -44,6 +45,12 @@ class OffloadRequest:
     def shortfall(self) -> int:
         """Bytes the victims must free together."""
         return self.nbytes - self.free
+
+
+class SupportsSelectVictims(Protocol):
+    """What the engine needs of a strategy (for the type checker; the engine checks it at run time)."""
+
+    def select_victims(self, request: OffloadRequest) -> Sequence[str]: ...
 
 
 class OffloadStrategy:

@@ -13,6 +13,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -101,7 +102,7 @@ def make_tiny_tokenizer(folder: str | Path):
     return CLIPTokenizer.from_pretrained(folder)
 
 
-def _tiny_models(inpainting: bool, seed: int) -> dict[str, object]:
+def _tiny_models(inpainting: bool, seed: int) -> dict[str, Any]:
     """Build the random models, each from its own seed so that one change leaves the others as they were."""
     from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
