@@ -78,7 +78,7 @@ class CompositeBlocks(ModularPipelineBlocks):
         return getattr(self, "_description", "") or (type(self).__doc__ or "").strip().split("\n")[0]
 
     @property
-    def model_name(self) -> str | None:  # type: ignore[override]
+    def model_name(self) -> str | None:  # type: ignore[override]  # read-only, from the children; the base has a class attribute
         names = {b.model_name for b in self._sub_blocks.values() if b.model_name}
         return names.pop() if len(names) == 1 else None
 
