@@ -1,0 +1,186 @@
+"""Tiny Flux repos for tests and the demo, written offline.
+
+`make_tiny_repo` writes a real diffusers-layout folder (``model_index.json``, one subfolder per
+component, safetensors weights, CLIP and T5 tokenizer files) of tiny random models, saved with the
+libraries' own ``save_pretrained``, so that loading it runs the same code as loading a real repo.
+The sizes follow diffusers' own Flux tests: a transformer of one double-stream and one
+single-stream layer (2 heads of 16), a 2-level VAE with 4 latent channels (a 32x32 image is 16x16
+latents, packed into 64 tokens), a 5-layer CLIP text model and a 2-layer T5 encoder of width 32.
+The transformer has a guidance embedding, like FLUX.1-dev.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blocks.stable_diffusion.tiny import make_tiny_tokenizer
+
+__all__ = ["make_tiny_repo", "make_tiny_t5_tokenizer"]
+
+LATENT_CHANNELS = 4
+# The words the tiny tokenizers know as whole tokens (the CLIP one knows the same list).
+_WORDS = ("a", "photo", "of", "cat", "dog", "the", "astronaut", "riding", "horse", "red", "blue", "blurry")
+_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
+
+# The scheduler config FLUX.1-dev ships: resolution-dependent shift (mu) from the image sequence length.
+_SCHEDULER_CONFIG = {
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 4096,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+}
+
+_VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_MODEL_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2")
+
+
+def make_tiny_t5_tokenizer(folder: str | Path):
+    """Write a small Unigram T5 tokenizer (whole words, single characters, specials) into `folder`.
+
+    Args:
+        folder: where ``tokenizer.json`` and ``tokenizer_config.json`` go (created if missing).
+
+    Returns:
+        The ``transformers.T5Tokenizer`` (tokenizers-backed, the fast one) read back from the files.
+    """
+    from transformers import T5Tokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Ids 0-2 are pad, eos and unk as in T5; whole words score above single characters.
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(_WORDS)]
+    vocab += [("\u2581", -5.0)] + [(char, -8.0) for char in _CHARS]
+    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=512)
+    tokenizer.save_pretrained(folder)
+    return T5Tokenizer.from_pretrained(folder)
+
+
+def _tiny_models(control: bool, seed: int) -> dict[str, Any]:
+    """Build the random models, each from its own seed so that one change leaves the others as they were."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    packed = LATENT_CHANNELS * 4  # 2x2 patches of the VAE latents
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        # A control transformer also reads the packed control-image latents, concatenated on channels.
+        in_channels=packed * 2 if control else packed,
+        out_channels=packed,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        guidance_embeds=True,
+        axes_dims_rope=(4, 4, 8),
+    )
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(4, 8),
+        layers_per_block=1,
+        latent_channels=LATENT_CHANNELS,
+        norm_num_groups=1,
+        sample_size=32,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.0609,
+        scaling_factor=1.5035,
+    )
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+            hidden_size=32,
+            intermediate_size=37,
+            layer_norm_eps=1e-05,
+            num_attention_heads=4,
+            num_hidden_layers=5,
+            vocab_size=1000,
+            projection_dim=32,
+        )
+    )
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = T5EncoderModel(
+        T5Config(
+            vocab_size=64,
+            d_model=32,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
+    return {
+        "transformer": transformer.eval(),
+        "vae": vae.eval(),
+        "text_encoder": text_encoder.eval(),
+        "text_encoder_2": text_encoder_2.eval(),
+        "scheduler": FlowMatchEulerDiscreteScheduler(**_SCHEDULER_CONFIG),
+    }
+
+
+def make_tiny_repo(
+    folder: str | Path, variant: str | None = None, *, control: bool = False, seed: int = 0
+) -> Path:
+    """Write a tiny random Flux repo in the diffusers layout.
+
+    The folder gets ``model_index.json`` (``FluxPipeline``, or ``FluxControlPipeline`` with
+    ``control=True``) and ``transformer/``, ``vae/``, ``text_encoder/`` (CLIP), ``text_encoder_2/``
+    (T5), ``tokenizer/``, ``tokenizer_2/`` and ``scheduler/`` (FlowMatchEulerDiscreteScheduler with
+    dynamic shifting). A control repo's transformer takes twice the input channels (latents and
+    control-image latents, both packed). Weights are float32 safetensors; with a `variant`, variant
+    files (``*.<variant>.safetensors``) in the variant's dtype (float16 for ``"fp16"``, bfloat16 for
+    ``"bf16"``, float32 otherwise) are written beside the plain ones, as hub repos do.
+
+    The same arguments always write the same weights; ``control`` changes the transformer only.
+
+    Args:
+        folder: the repo folder to write (created if missing; existing files are overwritten).
+        variant: an optional weights variant name such as ``"fp16"``.
+        control: write a control (canny/depth-style) transformer and name ``FluxControlPipeline``.
+        seed: the seed of the random weights.
+
+    Returns:
+        The repo folder as a Path.
+    """
+    from diffusers import FluxControlPipeline, FluxPipeline
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    models = _tiny_models(control, seed)
+    with tempfile.TemporaryDirectory() as tok_dir, tempfile.TemporaryDirectory() as tok_2_dir:
+        tokenizer = make_tiny_tokenizer(tok_dir)
+        tokenizer_2 = make_tiny_t5_tokenizer(tok_2_dir)
+    pipeline_class = FluxControlPipeline if control else FluxPipeline
+    extra = {} if control else {"image_encoder": None, "feature_extractor": None}
+    pipe = pipeline_class(**models, tokenizer=tokenizer, tokenizer_2=tokenizer_2, **extra)
+    pipe.save_pretrained(folder, safe_serialization=True)
+    if variant is not None:
+        dtype = _VARIANT_DTYPES.get(variant, torch.float32)
+        for name in _MODEL_FOLDERS:
+            # Save to a scratch folder and keep only the weights: the config stays the plain one.
+            with tempfile.TemporaryDirectory() as scratch:
+                models[name].to(dtype).save_pretrained(scratch, safe_serialization=True, variant=variant)
+                for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
+                    shutil.copyfile(weights, folder / name / weights.name)
+    return folder
