@@ -1,0 +1,287 @@
+"""Steps that prepare the denoising: initial latents, and SDXL's micro-conditioning (add_time_ids)."""
+
+from __future__ import annotations
+
+import torch
+from diffusers import UNet2DConditionModel
+from diffusers.utils.torch_utils import randn_tensor
+
+from blocks.stable_diffusion.before_denoise import StableDiffusionPrepareLatentsStep
+from blocks.stable_diffusion.utils import (
+    SCHEDULER,
+    default_size,
+    do_classifier_free_guidance,
+    vae_scale_factor,
+)
+from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
+
+from .utils import MODEL_NAME, batch_input, dtype_input, guidance_scale_input
+
+__all__ = [
+    "StableDiffusionXLPrepareLatentsStep",
+    "StableDiffusionXLImg2ImgPrepareLatentsStep",
+    "StableDiffusionXLPrepareAdditionalConditioningStep",
+    "StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep",
+]
+
+_SIZE = tuple[int, int]
+
+
+class StableDiffusionXLPrepareLatentsStep(StableDiffusionPrepareLatentsStep):
+    """Text-to-image initial noise: the same as Stable Diffusion's."""
+
+    model_name = MODEL_NAME
+
+
+class StableDiffusionXLImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
+    """Noise the reference image's latents to the first kept timestep (or take the given latents)."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Repeats image_latents to the batch and adds noise drawn with the generator at latent_timestep "
+            "(not with denoising_start: the image is then taken as partly denoised already). Given `latents` "
+            "are used as they are."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [SCHEDULER]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam("image_latents", type_hint=torch.Tensor, description="Latents of the image."),
+            InputParam(
+                "latent_timestep", type_hint=torch.Tensor, required=True, description="The first timestep."
+            ),
+            InputParam.template("latents"),
+            InputParam("denoising_start", type_hint=float, description="Start fraction of the denoising."),
+            InputParam.template("generator"),
+            batch_input(),
+            InputParam.template("num_images_per_prompt"),
+            dtype_input(),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [OutputParam("latents", type_hint=torch.Tensor, description="The initial latents to denoise.")]
+
+    def __call__(self, components, state):
+        bs = self.get_block_state(state)
+        if bs.latents is not None:
+            self.set_block_state(state, bs)
+            return components, state
+        total = bs.batch_size * bs.num_images_per_prompt
+        latents = bs.image_latents
+        if total > latents.shape[0]:
+            if total % latents.shape[0] != 0:
+                msg = (
+                    f"{type(self).__name__}: {latents.shape[0]} images cannot be repeated to a batch of {total} "
+                    f"(prompts x num_images_per_prompt); pass 1 image or {total}"
+                )
+                raise ValueError(msg)
+            # torch.cat, not repeat: it keeps the VAE output's memory layout, as the classic pipeline does.
+            latents = torch.cat([latents] * (total // latents.shape[0]))
+        if bs.denoising_start is None:
+            if isinstance(bs.generator, list) and len(bs.generator) != total:
+                msg = f"{type(self).__name__}: a list of generators needs one per image (got {len(bs.generator)} for a batch of {total})"
+                raise ValueError(msg)
+            noise = randn_tensor(
+                latents.shape, generator=bs.generator, device=components._execution_device, dtype=bs.dtype
+            )
+            latents = components.scheduler.add_noise(latents, noise, bs.latent_timestep)
+        bs.latents = latents
+        self.set_block_state(state, bs)
+        return components, state
+
+
+def _time_ids_input(name: str, description: str) -> InputParam:
+    return InputParam(name, type_hint=_SIZE, description=description)
+
+
+_CONDITIONING_INPUTS = [
+    _time_ids_input(
+        "original_size", "The image size the model is told the source had (default: height, width)."
+    ),
+    _time_ids_input("target_size", "The image size the model is told to make (default: height, width)."),
+    InputParam(
+        "crops_coords_top_left", type_hint=_SIZE, default=(0, 0), description="The crop the model is told of."
+    ),
+    _time_ids_input("negative_original_size", "original_size for the unconditional prediction."),
+    _time_ids_input("negative_target_size", "target_size for the unconditional prediction."),
+    InputParam(
+        "negative_crops_coords_top_left",
+        type_hint=_SIZE,
+        default=(0, 0),
+        description="crops_coords_top_left for the unconditional prediction.",
+    ),
+    InputParam(
+        "pooled_prompt_embeds", type_hint=torch.Tensor, required=True, description="Pooled embeddings."
+    ),
+    batch_input(),
+    InputParam.template("num_images_per_prompt"),
+    guidance_scale_input(),
+    dtype_input(),
+]
+_CONDITIONING_OUTPUTS = [
+    OutputParam(
+        "add_time_ids", type_hint=torch.Tensor, description="Micro-conditioning ids, one row per image."
+    ),
+    OutputParam(
+        "negative_add_time_ids",
+        type_hint=torch.Tensor,
+        description="Ids for the unconditional prediction, or None.",
+    ),
+]
+
+
+def _time_ids(
+    components, values: list, pooled: torch.Tensor, dtype, block: ModularPipelineBlocks
+) -> torch.Tensor:
+    """One row of time ids, after checking that ids and pooled embedding fill the UNet's added embedding."""
+    unet = components.unet
+    passed = unet.config.addition_time_embed_dim * len(values) + pooled.shape[-1]
+    expected = unet.add_embedding.linear_1.in_features
+    if passed != expected:
+        msg = (
+            f"{type(block).__name__}: the UNet's added embedding takes {expected} values, but {len(values)} time ids "
+            f"x {unet.config.addition_time_embed_dim} + a pooled embedding of {pooled.shape[-1]} make {passed}; "
+            "a refiner UNet needs requires_aesthetics_score=True (5 ids), a base UNet False (6 ids)"
+        )
+        raise ValueError(msg)
+    return torch.tensor([values], dtype=dtype)
+
+
+class StableDiffusionXLPrepareAdditionalConditioningStep(ModularPipelineBlocks):
+    """Text-to-image micro-conditioning: original size, crop and target size as time ids."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Makes add_time_ids = original_size + crops_coords_top_left + target_size (sizes default to height, "
+            "width), and negative_add_time_ids for guidance (the same ids unless both negative sizes are given)."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [ComponentSpec("unet", UNet2DConditionModel)]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [InputParam.template("height"), InputParam.template("width"), *_CONDITIONING_INPUTS]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return list(_CONDITIONING_OUTPUTS)
+
+    def __call__(self, components, state):
+        bs = self.get_block_state(state)
+        height, width = default_size(components, bs.height, bs.width)
+        size = (height, width)
+        values = [*(bs.original_size or size), *bs.crops_coords_top_left, *(bs.target_size or size)]
+        dtype, pooled = bs.dtype, bs.pooled_prompt_embeds
+        ids = _time_ids(components, values, pooled, dtype, self)
+        negative = ids
+        if bs.negative_original_size is not None and bs.negative_target_size is not None:
+            negative_values = [
+                *bs.negative_original_size,
+                *bs.negative_crops_coords_top_left,
+                *bs.negative_target_size,
+            ]
+            negative = _time_ids(components, negative_values, pooled, dtype, self)
+        total = bs.batch_size * bs.num_images_per_prompt
+        device = components._execution_device
+        if do_classifier_free_guidance(components, bs.guidance_scale):
+            # The classic pipeline repeats the [negative, positive] pair per image, so the guidance batch
+            # [uncond..., cond...] sees the rows n, p, n, p, ...; halves of that keep its result bit for bit
+            # (they differ from n..., p... only when negative sizes are given).
+            rows = torch.cat([negative, ids]).to(device).repeat(total, 1)
+            bs.negative_add_time_ids, bs.add_time_ids = rows[:total], rows[total:]
+        else:
+            bs.negative_add_time_ids, bs.add_time_ids = None, ids.to(device).repeat(total, 1)
+        self.set_block_state(state, bs)
+        return components, state
+
+
+class StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep(ModularPipelineBlocks):
+    """Image-to-image micro-conditioning, with aesthetic scores in place of the target size for a refiner."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Makes add_time_ids = original_size + crops_coords_top_left + target_size (sizes default to the "
+            "latents' size), or original_size + crops_coords_top_left + aesthetic_score when the repo sets "
+            "requires_aesthetics_score (refiners), and the negative ids likewise."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [ComponentSpec("unet", UNet2DConditionModel)]
+
+    @property
+    def expected_configs(self) -> list[ConfigSpec]:
+        return [
+            ConfigSpec(
+                "requires_aesthetics_score",
+                False,
+                "Condition on aesthetic scores instead of the target size (SDXL refiner).",
+            )
+        ]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam("latents", type_hint=torch.Tensor, required=True, description="The initial latents."),
+            *_CONDITIONING_INPUTS,
+            InputParam(
+                "aesthetic_score", type_hint=float, default=6.0, description="Refiner: the score to aim at."
+            ),
+            InputParam(
+                "negative_aesthetic_score",
+                type_hint=float,
+                default=2.5,
+                description="Refiner: the score to avoid.",
+            ),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return list(_CONDITIONING_OUTPUTS)
+
+    def __call__(self, components, state):
+        bs = self.get_block_state(state)
+        scale = vae_scale_factor(components)
+        size = (bs.latents.shape[-2] * scale, bs.latents.shape[-1] * scale)
+        original, target = bs.original_size or size, bs.target_size or size
+        negative_original = bs.negative_original_size or original
+        negative_target = bs.negative_target_size or target
+        crops = list(bs.crops_coords_top_left)
+        if components.requires_aesthetics_score:
+            values = [*original, *crops, bs.aesthetic_score]
+            negative_values = [
+                *negative_original,
+                *bs.negative_crops_coords_top_left,
+                bs.negative_aesthetic_score,
+            ]
+        else:
+            # Without aesthetic scores the classic pipeline gives the negative ids the positive crop.
+            values = [*original, *crops, *target]
+            negative_values = [*negative_original, *crops, *negative_target]
+        pooled, dtype = bs.pooled_prompt_embeds, bs.dtype
+        ids = _time_ids(components, values, pooled, dtype, self)
+        negative = _time_ids(components, negative_values, pooled, dtype, self)
+        total = bs.batch_size * bs.num_images_per_prompt
+        device = components._execution_device
+        bs.add_time_ids = ids.repeat(total, 1).to(device)
+        bs.negative_add_time_ids = None
+        if do_classifier_free_guidance(components, bs.guidance_scale):
+            bs.negative_add_time_ids = negative.repeat(total, 1).to(device)
+        self.set_block_state(state, bs)
+        return components, state

@@ -1,0 +1,171 @@
+"""The denoising loop: per step, prepare the UNet input, predict the noise with SDXL's added conditions, step."""
+
+from __future__ import annotations
+
+import torch
+from diffusers import UNet2DConditionModel
+
+from blocks.stable_diffusion.denoise import (
+    StableDiffusionDenoiseLoopWrapper,
+    StableDiffusionLoopAfterDenoiser,
+    guidance_scale_embedding,
+)
+from blocks.stable_diffusion.utils import SCHEDULER, do_classifier_free_guidance
+from modular import ComponentSpec, InputParam, ModularPipelineBlocks
+
+from .utils import MODEL_NAME, guidance_scale_input
+
+__all__ = [
+    "StableDiffusionXLLoopBeforeDenoiser",
+    "StableDiffusionXLLoopDenoiser",
+    "StableDiffusionXLLoopAfterDenoiser",
+    "StableDiffusionXLDenoiseStep",
+]
+
+_UNET = ComponentSpec("unet", UNet2DConditionModel)
+
+
+def _tensor(name: str, description: str, required: bool = False) -> InputParam:
+    return InputParam(name, type_hint=torch.Tensor, required=required, description=description)
+
+
+class StableDiffusionXLLoopBeforeDenoiser(ModularPipelineBlocks):
+    """Loop step: duplicate the latents for guidance and scale them for the scheduler."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Inside the loop: makes latent_model_input from latents (doubled when guidance is on), scaled "
+            "with the scheduler's scale_model_input for timestep t."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [_UNET, SCHEDULER]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [_tensor("latents", "The latents being denoised.", required=True), guidance_scale_input()]
+
+    def __call__(self, components, block_state, i, t):
+        latents = block_state.latents
+        if do_classifier_free_guidance(components, block_state.guidance_scale):
+            latents = torch.cat([latents] * 2)
+        block_state.latent_model_input = components.scheduler.scale_model_input(latents, t)
+        return components, block_state
+
+
+class StableDiffusionXLLoopDenoiser(ModularPipelineBlocks):
+    """Loop step: the UNet with text embeddings, pooled embeddings and time ids; classifier-free guidance."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Inside the loop: runs the UNet on latent_model_input at t with prompt_embeds and the added conditions "
+            "(text_embeds: pooled_prompt_embeds, time_ids: add_time_ids), negatives first when guidance is on; "
+            "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [_UNET]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam.template("prompt_embeds", required=True),
+            InputParam.template("negative_prompt_embeds"),
+            _tensor("pooled_prompt_embeds", "Pooled text embeddings.", required=True),
+            _tensor("negative_pooled_prompt_embeds", "Pooled negative embeddings."),
+            _tensor("add_time_ids", "Micro-conditioning ids.", required=True),
+            _tensor("negative_add_time_ids", "Micro-conditioning ids of the unconditional prediction."),
+            guidance_scale_input(),
+            InputParam(
+                "guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."
+            ),
+            InputParam.template("cross_attention_kwargs"),
+        ]
+
+    def _conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The text embeddings and added conditions of the (guidance-doubled) batch, made once per call."""
+        if "unet_conditions" not in block_state:
+            embeds = block_state.prompt_embeds
+            pooled, time_ids = block_state.pooled_prompt_embeds, block_state.add_time_ids
+            if do_classifier_free_guidance(components, block_state.guidance_scale):
+                embeds = torch.cat([block_state.negative_prompt_embeds, embeds])
+                pooled = torch.cat([block_state.negative_pooled_prompt_embeds, pooled])
+                time_ids = torch.cat([block_state.negative_add_time_ids, time_ids])
+            device = components._execution_device
+            added = {"text_embeds": pooled.to(device), "time_ids": time_ids.to(device)}
+            block_state.unet_conditions = (embeds.to(device), added)
+        return block_state.unet_conditions
+
+    def _timestep_cond(self, components, block_state) -> torch.Tensor | None:
+        proj_dim = components.unet.config.time_cond_proj_dim
+        if proj_dim is None:
+            return None
+        if "timestep_cond" not in block_state:
+            batch = block_state.latents.shape[0]
+            scale = torch.tensor(block_state.guidance_scale - 1).repeat(batch)
+            block_state.timestep_cond = guidance_scale_embedding(scale, proj_dim, torch.float32).to(
+                device=block_state.latents.device, dtype=block_state.latents.dtype
+            )
+        return block_state.timestep_cond
+
+    def __call__(self, components, block_state, i, t):
+        embeds, added = self._conditions(components, block_state)
+        noise_pred = components.unet(
+            block_state.latent_model_input,
+            t,
+            encoder_hidden_states=embeds,
+            timestep_cond=self._timestep_cond(components, block_state),
+            cross_attention_kwargs=block_state.cross_attention_kwargs,
+            added_cond_kwargs=added,
+            return_dict=False,
+        )[0]
+        if do_classifier_free_guidance(components, block_state.guidance_scale):
+            uncond, text = noise_pred.chunk(2)
+            noise_pred = uncond + block_state.guidance_scale * (text - uncond)
+            if block_state.guidance_rescale > 0.0:
+                noise_pred = _rescale_noise_cfg(noise_pred, text, block_state.guidance_rescale)
+        block_state.noise_pred = noise_pred
+        return components, block_state
+
+
+def _rescale_noise_cfg(
+    noise_cfg: torch.Tensor, noise_pred_text: torch.Tensor, rescale: float
+) -> torch.Tensor:
+    """Match the guided prediction's spread to the text prediction's (Lin et al. 2023, sec. 3.4), then blend."""
+    dims = list(range(1, noise_pred_text.ndim))
+    std_text = noise_pred_text.std(dim=dims, keepdim=True)
+    std_cfg = noise_cfg.std(dim=dims, keepdim=True)
+    return rescale * (noise_cfg * (std_text / std_cfg)) + (1 - rescale) * noise_cfg
+
+
+class StableDiffusionXLLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
+    """Loop step: the scheduler step from t to the next timestep (as Stable Diffusion's)."""
+
+    model_name = MODEL_NAME
+
+
+class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
+    """The text-to-image and image-to-image denoising loop."""
+
+    block_classes = [
+        StableDiffusionXLLoopBeforeDenoiser,
+        StableDiffusionXLLoopDenoiser,
+        StableDiffusionXLLoopAfterDenoiser,
+    ]
+    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Denoises the latents over the timesteps. Each step runs: before_denoiser (guidance doubling, "
+            "scale_model_input), denoiser (UNet with SDXL's added conditions, guidance), after_denoiser "
+            "(scheduler step)."
+        )

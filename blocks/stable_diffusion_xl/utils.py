@@ -1,0 +1,107 @@
+"""Helpers the Stable Diffusion XL blocks share: inputs declared once, VAE latent scaling, dtype upcasting."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from blocks.stable_diffusion.utils import retrieve_latents
+from modular import InputParam
+
+__all__ = [
+    "MODEL_NAME",
+    "guidance_scale_input",
+    "strength_input",
+    "batch_input",
+    "dtype_input",
+    "latents_stats",
+    "vae_in_float32",
+    "encode_image_latents",
+]
+
+MODEL_NAME = "stable-diffusion-xl"
+
+
+def guidance_scale_input() -> InputParam:
+    """``guidance_scale`` with SDXL's default of 5.0 (both classic SDXL pipelines use it)."""
+    return InputParam.template("guidance_scale", default=5.0)
+
+
+def strength_input() -> InputParam:
+    """``strength``, declared without a default: image-to-image applies its own (0.3, as the classic)."""
+    return InputParam.template(
+        "strength",
+        default=None,
+        description="How much to transform the reference image, in [0, 1]; default 0.3 for image-to-image.",
+    )
+
+
+def batch_input() -> InputParam:
+    """The number of prompts, which the input step reads from the embeddings."""
+    return InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
+
+
+def dtype_input() -> InputParam:
+    """The dtype of the model inputs (that of the prompt embeddings)."""
+    return InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs.")
+
+
+def latents_stats(vae: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The VAE's per-channel latents_mean and latents_std as [1, C, 1, 1] tensors like `like`, if it has both."""
+    mean = getattr(vae.config, "latents_mean", None)
+    std = getattr(vae.config, "latents_std", None)
+    if mean is None or std is None:
+        return None
+    shape = (1, len(mean), 1, 1)
+    return (
+        torch.tensor(mean).view(shape).to(like.device, like.dtype),
+        torch.tensor(std).view(shape).to(like.device, like.dtype),
+    )
+
+
+@contextlib.contextmanager
+def vae_in_float32(vae: Any, upcast: bool) -> Iterator[None]:
+    """Run the VAE in float32 when `upcast` (SDXL's VAE overflows in float16), restoring its dtype after."""
+    original = vae.dtype
+    # A float32 VAE is left alone (moving it would only log diffusers' casting warning).
+    upcast = upcast and original != torch.float32
+    if upcast:
+        vae.to(dtype=torch.float32)
+    try:
+        yield
+    finally:
+        if upcast:
+            vae.to(dtype=original)
+
+
+def encode_image_latents(
+    vae: Any, image: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None
+) -> torch.Tensor:
+    """Encode pixel images [B, 3, H, W] in [-1, 1] to normalized latents, in the image's dtype.
+
+    With ``vae.config.force_upcast`` the encoding runs in float32. A list of generators samples image
+    ``i`` with ``generator[i]``. Latents are scaled by ``scaling_factor`` (and shifted by the VAE's
+    latents_mean / latents_std when its config has them).
+    """
+    dtype = image.dtype
+    upcast = bool(getattr(vae.config, "force_upcast", False))
+    with vae_in_float32(vae, upcast):
+        pixels = image.float() if upcast else image
+        if isinstance(generator, list):
+            latents = torch.cat(
+                [
+                    retrieve_latents(vae.encode(pixels[i : i + 1]), generator=generator[i])
+                    for i in range(pixels.shape[0])
+                ]
+            )
+        else:
+            latents = retrieve_latents(vae.encode(pixels), generator=generator)
+    latents = latents.to(dtype)
+    stats = latents_stats(vae, latents)
+    if stats is None:
+        return vae.config.scaling_factor * latents
+    mean, std = stats
+    return (latents - mean) * vae.config.scaling_factor / std
