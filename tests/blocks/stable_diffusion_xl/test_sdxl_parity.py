@@ -1,0 +1,214 @@
+"""Our SDXL blocks equal diffusers' classic SDXL pipelines bit for bit on CPU float32."""
+
+import numpy as np
+import pytest
+import torch
+
+from .conftest import classic_from, make_image
+
+STEPS = 2
+
+
+def run_both(pipe, workflow, seed=0, classic_config=None, **kwargs):
+    """Run ours and the classic pipeline with the same inputs and a fresh generator of the same seed each."""
+    classic = classic_from(pipe, workflow, **(classic_config or {}))
+    theirs = classic(generator=torch.Generator("cpu").manual_seed(seed), **kwargs).images
+    ours = pipe(generator=torch.Generator("cpu").manual_seed(seed), output="images", **kwargs)
+    return ours, theirs
+
+
+def assert_identical(ours, theirs):
+    """torch.equal on tensors and on numpy arrays (as tensors)."""
+    if isinstance(theirs, np.ndarray):
+        assert isinstance(ours, np.ndarray)
+        ours, theirs = torch.from_numpy(ours), torch.from_numpy(theirs)
+    assert ours.shape == theirs.shape
+    assert ours.dtype == theirs.dtype
+    assert torch.equal(ours, theirs)
+
+
+TEXT2IMAGE_CASES = {
+    "guided": {"prompt": "a photo of a cat"},
+    "negative_prompt": {"prompt": "a photo of a cat", "negative_prompt": "blurry"},
+    "second_prompts": {
+        "prompt": "a cat",
+        "prompt_2": "a red dog",
+        "negative_prompt": "blurry",
+        "negative_prompt_2": "blue",
+    },
+    "two_per_prompt": {"prompt": "a photo of a cat", "num_images_per_prompt": 2},
+    "two_prompts": {"prompt": ["a photo of a cat", "a red dog"], "negative_prompt": ["blurry", "blue"]},
+    "no_guidance": {"prompt": ["a photo of a cat", "a red dog"], "guidance_scale": 1.0},
+    "guidance_rescale": {"prompt": "a cat", "guidance_rescale": 0.7, "num_images_per_prompt": 2},
+    "size": {"prompt": "a cat", "height": 48, "width": 32},
+    "micro_conditioning": {
+        "prompt": ["a cat", "a dog"],
+        "original_size": (128, 96),
+        "crops_coords_top_left": (8, 4),
+        "target_size": (64, 48),
+        "negative_original_size": (32, 32),
+        "negative_target_size": (48, 48),
+        "negative_crops_coords_top_left": (2, 2),
+        "num_images_per_prompt": 2,
+    },
+    "clip_skip": {"prompt": "a cat", "clip_skip": 1},
+    "denoising_end": {"prompt": "a cat", "denoising_end": 0.6, "num_inference_steps": 4},
+}
+
+
+@pytest.mark.parametrize("output_type", ["latent", "np"])
+@pytest.mark.parametrize("case", list(TEXT2IMAGE_CASES))
+def test_text2image_parity(sdxl_pipe, case, output_type):
+    """Text-to-image equals StableDiffusionXLPipeline: prompts, second prompts, batches, sizes, time ids."""
+    kwargs = {"num_inference_steps": STEPS, "output_type": output_type, **TEXT2IMAGE_CASES[case]}
+    ours, theirs = run_both(sdxl_pipe, "text2image", **kwargs)
+    assert_identical(ours, theirs)
+
+
+@pytest.mark.parametrize("guidance_scale", [5.0, 1.0])
+def test_text2image_precomputed_embeddings(sdxl_pipe, guidance_scale):
+    """Precomputed prompt, pooled and negative embeddings give what the classic pipeline gives for them."""
+    generator = torch.Generator("cpu").manual_seed(3)
+    embeds = {
+        "prompt_embeds": torch.randn(2, 77, 64, generator=generator),
+        "negative_prompt_embeds": torch.randn(2, 77, 64, generator=generator),
+        "pooled_prompt_embeds": torch.randn(2, 32, generator=generator),
+        "negative_pooled_prompt_embeds": torch.randn(2, 32, generator=generator),
+    }
+    ours, theirs = run_both(
+        sdxl_pipe,
+        "text2image",
+        guidance_scale=guidance_scale,
+        num_images_per_prompt=2,
+        num_inference_steps=STEPS,
+        output_type="latent",
+        **embeds,
+    )
+    assert_identical(ours, theirs)
+
+
+def test_encoded_negative_prompt_without_force_zeros(sdxl_pipe):
+    """With force_zeros_for_empty_prompt off, the empty negative prompt is encoded, as in the classic."""
+    sdxl_pipe.update_components(force_zeros_for_empty_prompt=False)
+    try:
+        ours, theirs = run_both(
+            sdxl_pipe,
+            "text2image",
+            classic_config={"force_zeros_for_empty_prompt": False},
+            prompt="a cat",
+            num_inference_steps=STEPS,
+            output_type="latent",
+        )
+        zeros = sdxl_pipe(prompt="a cat", num_inference_steps=STEPS, output_type="latent", output="images")
+    finally:
+        sdxl_pipe.update_components(force_zeros_for_empty_prompt=True)
+    assert_identical(ours, theirs)
+    assert not torch.equal(ours, zeros)
+
+
+def test_text2image_given_latents_and_generator_list(sdxl_pipe):
+    """Given latents start the loop; a list of generators (one per image) gives the classic result."""
+    latents = torch.randn(2, 4, 32, 32, generator=torch.Generator("cpu").manual_seed(5))
+    kwargs = {
+        "prompt": "a cat",
+        "num_images_per_prompt": 2,
+        "num_inference_steps": STEPS,
+        "output_type": "np",
+    }
+    theirs = classic_from(sdxl_pipe, "text2image")(latents=latents, **kwargs).images
+    assert_identical(sdxl_pipe(latents=latents, output="images", **kwargs), theirs)
+    generators = [torch.Generator("cpu").manual_seed(s) for s in (1, 2)]
+    theirs = classic_from(sdxl_pipe, "text2image")(generator=generators, **kwargs).images
+    generators = [torch.Generator("cpu").manual_seed(s) for s in (1, 2)]
+    assert_identical(sdxl_pipe(generator=generators, output="images", **kwargs), theirs)
+
+
+IMAGE2IMAGE_CASES = {
+    "default_strength": {"prompt": "a photo of a cat", "num_inference_steps": 7},
+    "strength": {"prompt": "a photo of a cat", "strength": 0.6, "num_inference_steps": 4},
+    "two_per_prompt": {"prompt": "a cat", "num_images_per_prompt": 2, "strength": 1.0},
+    "two_prompts": {"prompt": ["a cat", "a red dog"], "negative_prompt": ["blurry", "blue"], "strength": 1.0},
+    "no_guidance": {"prompt": ["a cat", "a red dog"], "guidance_scale": 1.0, "strength": 1.0},
+    "micro_conditioning": {
+        "prompt": "a cat",
+        "strength": 1.0,
+        "original_size": (128, 96),
+        "crops_coords_top_left": (8, 4),
+        "negative_original_size": (32, 32),
+        "negative_target_size": (48, 48),
+    },
+    "denoising_start": {"prompt": "a cat", "denoising_start": 0.5, "num_inference_steps": 4},
+}
+
+
+@pytest.mark.parametrize("output_type", ["latent", "np"])
+@pytest.mark.parametrize("case", list(IMAGE2IMAGE_CASES))
+def test_image2image_parity(sdxl_pipe, case, output_type):
+    """Image-to-image equals StableDiffusionXLImg2ImgPipeline, including the default strength (0.3)."""
+    kwargs = {"num_inference_steps": STEPS, "output_type": output_type, **IMAGE2IMAGE_CASES[case]}
+    ours, theirs = run_both(sdxl_pipe, "image2image", image=make_image(), **kwargs)
+    assert_identical(ours, theirs)
+
+
+def test_image2image_generator_list_and_latents(sdxl_pipe):
+    """One generator per image encodes each repeated image with its own; given latents skip the encoding."""
+    kwargs = {"prompt": "a cat", "image": make_image(), "num_images_per_prompt": 2, "strength": 0.7}
+    kwargs.update(num_inference_steps=3, output_type="latent")
+    theirs = classic_from(sdxl_pipe, "image2image")(
+        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], **kwargs
+    ).images
+    ours = sdxl_pipe(
+        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], output="images", **kwargs
+    )
+    assert_identical(ours, theirs)
+    latents = torch.randn(2, 4, 32, 32, generator=torch.Generator("cpu").manual_seed(5))
+    ours, theirs = run_both(sdxl_pipe, "image2image", latents=latents, **kwargs)
+    assert_identical(ours, theirs)
+
+
+def test_refiner_parity(sdxl_refiner_pipe):
+    """The refiner blocks on a text_encoder_2-only repo equal the classic img2img with aesthetic scores."""
+    config = {"requires_aesthetics_score": True, "force_zeros_for_empty_prompt": False}
+    assert sdxl_refiner_pipe.requires_aesthetics_score is True
+    for extra in ({}, {"aesthetic_score": 7.5, "negative_aesthetic_score": 1.0, "negative_prompt": "blurry"}):
+        ours, theirs = run_both(
+            sdxl_refiner_pipe,
+            "image2image",
+            classic_config=config,
+            prompt=["a cat", "a dog"],
+            image=make_image(),
+            strength=0.5,
+            num_inference_steps=4,
+            output_type="np",
+            **extra,
+        )
+        assert_identical(ours, theirs)
+
+
+def test_base_then_refiner_ensemble(sdxl_pipe, sdxl_refiner_pipe):
+    """Base to denoising_end=0.5 as latents, then the refiner from denoising_start=0.5, equals the classic chain."""
+    config = {"requires_aesthetics_score": True, "force_zeros_for_empty_prompt": False}
+    base = {"prompt": "a cat", "num_inference_steps": 4, "output_type": "latent"}
+    ours = sdxl_pipe(
+        denoising_end=0.5, generator=torch.Generator("cpu").manual_seed(0), output="images", **base
+    )
+    theirs = classic_from(sdxl_pipe, "text2image")(
+        denoising_end=0.5, generator=torch.Generator("cpu").manual_seed(0), **base
+    ).images
+    assert_identical(ours, theirs)
+    refined, classic_refined = run_both(
+        sdxl_refiner_pipe,
+        "image2image",
+        classic_config=config,
+        image=ours,
+        denoising_start=0.5,
+        **{**base, "output_type": "np"},
+    )
+    assert_identical(refined, classic_refined)
+
+
+def test_pil_output(sdxl_pipe):
+    """output_type='pil' (the default) gives PIL images with the classic pipeline's pixels."""
+    ours, theirs = run_both(sdxl_pipe, "text2image", prompt="a cat", num_inference_steps=STEPS)
+    assert [image.size for image in ours] == [(64, 64)]
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs, strict=True))
