@@ -1,5 +1,79 @@
-"""Flux (FLUX.1) as modular blocks."""
+"""Flux (FLUX.1) as modular blocks: text-to-image, image-to-image and control (canny, depth).
 
+``FluxAutoBlocks`` picks the workflow from the inputs given (``control_image`` for control, ``image``
+for image-to-image). ``FAMILY`` registers the blocks for the classic ``FluxPipeline``,
+``FluxImg2ImgPipeline`` and ``FluxControlPipeline`` repos (entry point group ``modular.blocks``).
+"""
+
+from modular import BlockFamily
+
+from .before_denoise import (
+    FluxControlPrepareLatentsStep,
+    FluxGuidanceStep,
+    FluxImg2ImgGuidanceStep,
+    FluxImg2ImgPrepareLatentsStep,
+    FluxPrepareLatentsStep,
+)
+from .decoders import FluxDecodeStep
+from .denoise import (
+    FluxControlDenoiseStep,
+    FluxControlLoopBeforeDenoiser,
+    FluxDenoiseLoopWrapper,
+    FluxDenoiseStep,
+    FluxLoopAfterDenoiser,
+    FluxLoopBeforeDenoiser,
+    FluxLoopDenoiser,
+)
+from .image_encoders import FluxControlImageEncoderStep, FluxVaeEncoderStep
+from .inputs import FluxInputStep
+from .modular_blocks import (
+    FluxAutoBeforeDenoiseStep,
+    FluxAutoBlocks,
+    FluxAutoDenoiseStep,
+    FluxAutoVaeEncoderStep,
+    FluxBeforeDenoiseStep,
+    FluxControlBeforeDenoiseStep,
+    FluxImg2ImgBeforeDenoiseStep,
+)
+from .text_encoder import FluxTextEncoderStep
+from .timesteps import FluxImg2ImgSetTimestepsStep, FluxSetTimestepsStep
 from .tiny import make_tiny_repo, make_tiny_t5_tokenizer
 
-__all__ = ["make_tiny_repo", "make_tiny_t5_tokenizer"]
+FAMILY = BlockFamily(
+    name="flux",
+    blocks_class=FluxAutoBlocks,
+    classic_pipelines=("FluxPipeline", "FluxImg2ImgPipeline", "FluxControlPipeline"),
+    make_tiny_repo=make_tiny_repo,
+)
+
+__all__ = [
+    "FAMILY",
+    "FluxAutoBeforeDenoiseStep",
+    "FluxAutoBlocks",
+    "FluxAutoDenoiseStep",
+    "FluxAutoVaeEncoderStep",
+    "FluxBeforeDenoiseStep",
+    "FluxControlBeforeDenoiseStep",
+    "FluxControlDenoiseStep",
+    "FluxControlImageEncoderStep",
+    "FluxControlLoopBeforeDenoiser",
+    "FluxControlPrepareLatentsStep",
+    "FluxDecodeStep",
+    "FluxDenoiseLoopWrapper",
+    "FluxDenoiseStep",
+    "FluxGuidanceStep",
+    "FluxImg2ImgBeforeDenoiseStep",
+    "FluxImg2ImgGuidanceStep",
+    "FluxImg2ImgPrepareLatentsStep",
+    "FluxImg2ImgSetTimestepsStep",
+    "FluxInputStep",
+    "FluxLoopAfterDenoiser",
+    "FluxLoopBeforeDenoiser",
+    "FluxLoopDenoiser",
+    "FluxPrepareLatentsStep",
+    "FluxSetTimestepsStep",
+    "FluxTextEncoderStep",
+    "FluxVaeEncoderStep",
+    "make_tiny_repo",
+    "make_tiny_t5_tokenizer",
+]

@@ -1,0 +1,240 @@
+"""The denoising loop: per step, build the transformer input, predict the flow (true CFG optional), step."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from diffusers import FluxTransformer2DModel
+
+from modular import (
+    ComponentSpec,
+    InputParam,
+    LoopSequentialPipelineBlocks,
+    ModularPipelineBlocks,
+    OutputParam,
+)
+
+from .utils import MODEL_NAME, SCHEDULER
+
+__all__ = [
+    "FluxLoopBeforeDenoiser",
+    "FluxControlLoopBeforeDenoiser",
+    "FluxLoopDenoiser",
+    "FluxLoopAfterDenoiser",
+    "FluxDenoiseLoopWrapper",
+    "FluxDenoiseStep",
+    "FluxControlDenoiseStep",
+]
+
+_TRANSFORMER = ComponentSpec("transformer", FluxTransformer2DModel)
+_LATENTS = InputParam("latents", type_hint=torch.Tensor, required=True, description="The packed latents.")
+
+
+class FluxLoopBeforeDenoiser(ModularPipelineBlocks):
+    """Loop step: the transformer reads the packed latents as they are."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return "Inside the loop: latent_model_input = latents (Flux needs no input scaling)."
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [_LATENTS]
+
+    def __call__(self, components, block_state, i, t):
+        block_state.latent_model_input = block_state.latents
+        return components, block_state
+
+
+class FluxControlLoopBeforeDenoiser(ModularPipelineBlocks):
+    """Loop step for control: the control latents go beside the latents, along the channels."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Inside the loop: latent_model_input = cat([latents, control_latents], dim=2) (token channels)."
+        )
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            _LATENTS,
+            InputParam(
+                "control_latents",
+                type_hint=torch.Tensor,
+                required=True,
+                description="Packed VAE latents of the control image.",
+            ),
+        ]
+
+    def __call__(self, components, block_state, i, t):
+        block_state.latent_model_input = torch.cat([block_state.latents, block_state.control_latents], dim=2)
+        return components, block_state
+
+
+class FluxLoopDenoiser(ModularPipelineBlocks):
+    """Loop step: predict the flow with the transformer; with true CFG, also for the negative prompt."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Inside the loop: runs the transformer on latent_model_input at t / 1000 with the T5 and pooled CLIP "
+            "embeddings, the text and image position ids and the embedded guidance. With true_cfg_scale > 1 and "
+            "negative embeddings: noise_pred = negative + true_cfg_scale * (positive - negative)."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [_TRANSFORMER]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        tensor = torch.Tensor
+        return [
+            InputParam.template("prompt_embeds", required=True),
+            InputParam("pooled_prompt_embeds", type_hint=tensor, required=True, description="Pooled CLIP."),
+            InputParam("text_ids", type_hint=tensor, required=True, description="Text position ids."),
+            InputParam(
+                "latent_image_ids", type_hint=tensor, required=True, description="Image position ids."
+            ),
+            InputParam("guidance", type_hint=tensor, description="The embedded guidance per image, or None."),
+            InputParam.template("negative_prompt_embeds"),
+            InputParam(
+                "negative_pooled_prompt_embeds", type_hint=tensor, description="Pooled CLIP, negative."
+            ),
+            InputParam("true_cfg_scale", type_hint=float, default=1.0, description="True CFG scale."),
+            InputParam(
+                "joint_attention_kwargs",
+                type_hint=dict,
+                description="Extra keyword arguments for the attention processors.",
+            ),
+        ]
+
+    @staticmethod
+    def _predict(components, block_state, t, embeds, pooled, context: str) -> torch.Tensor:
+        transformer = components.transformer
+        latents = block_state.latent_model_input
+        timestep = t.expand(latents.shape[0]).to(latents.dtype)
+        # cache_context names the branch for caching hooks (first-block cache...); a no-op without them.
+        cache = transformer.cache_context(context) if hasattr(transformer, "cache_context") else None
+        with cache or contextlib.nullcontext():
+            return transformer(
+                hidden_states=latents,
+                timestep=timestep / 1000,
+                guidance=block_state.guidance,
+                pooled_projections=pooled,
+                encoder_hidden_states=embeds,
+                txt_ids=block_state.text_ids,
+                img_ids=block_state.latent_image_ids,
+                joint_attention_kwargs=block_state.joint_attention_kwargs or {},
+                return_dict=False,
+            )[0]
+
+    def __call__(self, components, block_state, i, t):
+        noise_pred = self._predict(
+            components, block_state, t, block_state.prompt_embeds, block_state.pooled_prompt_embeds, "cond"
+        )
+        if block_state.true_cfg_scale > 1 and block_state.negative_prompt_embeds is not None:
+            negative = self._predict(
+                components,
+                block_state,
+                t,
+                block_state.negative_prompt_embeds,
+                block_state.negative_pooled_prompt_embeds,
+                "uncond",
+            )
+            noise_pred = negative + block_state.true_cfg_scale * (noise_pred - negative)
+        block_state.noise_pred = noise_pred
+        return components, block_state
+
+
+class FluxLoopAfterDenoiser(ModularPipelineBlocks):
+    """Loop step: the flow-matching Euler step from t to the next timestep."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [SCHEDULER]
+
+    def __call__(self, components, block_state, i, t):
+        block_state.latents = components.scheduler.step(
+            block_state.noise_pred, t, block_state.latents, return_dict=False
+        )[0]
+        return components, block_state
+
+
+class FluxDenoiseLoopWrapper(LoopSequentialPipelineBlocks):
+    """Runs its sub-blocks once per timestep on one shared block state."""
+
+    @property
+    def description(self) -> str:
+        return "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."
+
+    @property
+    def loop_expected_components(self) -> list[ComponentSpec]:
+        return [SCHEDULER, _TRANSFORMER]
+
+    @property
+    def loop_inputs(self) -> list[InputParam]:
+        return [
+            InputParam(
+                "timesteps", type_hint=torch.Tensor, required=True, description="The timesteps to denoise at."
+            ),
+            InputParam(
+                "num_inference_steps", type_hint=int, required=True, description="The number of steps."
+            ),
+        ]
+
+    @property
+    def loop_intermediate_outputs(self) -> list[OutputParam]:
+        return [OutputParam("latents", type_hint=torch.Tensor, description="The denoised packed latents.")]
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        with self.progress_bar(total=block_state.num_inference_steps) as progress_bar:
+            for i, t in enumerate(block_state.timesteps):
+                components, block_state = self.loop_step(components, block_state, i=i, t=t)
+                progress_bar.update()
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+class FluxDenoiseStep(FluxDenoiseLoopWrapper):
+    """The text-to-image and image-to-image denoising loop."""
+
+    block_classes = [FluxLoopBeforeDenoiser, FluxLoopDenoiser, FluxLoopAfterDenoiser]
+    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Denoises the packed latents over the timesteps. Each step runs: before_denoiser (transformer "
+            "input), denoiser (transformer, true CFG), after_denoiser (scheduler step)."
+        )
+
+
+class FluxControlDenoiseStep(FluxDenoiseLoopWrapper):
+    """The control denoising loop: the control latents ride beside the latents at every step."""
+
+    block_classes = [FluxControlLoopBeforeDenoiser, FluxLoopDenoiser, FluxLoopAfterDenoiser]
+    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Denoises the packed latents with a control transformer. Each step runs: before_denoiser (latents "
+            "and control_latents concatenated), denoiser (transformer), after_denoiser (scheduler step)."
+        )

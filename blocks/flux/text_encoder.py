@@ -1,0 +1,220 @@
+"""Prompt encoding for Flux: the pooled CLIP embedding and the T5 sequence embedding."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
+
+from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+
+from .utils import MODEL_NAME
+
+__all__ = ["FluxTextEncoderStep"]
+
+logger = logging.getLogger(__name__)
+
+MAX_SEQUENCE_LENGTH = 512
+
+
+def _as_list(text: str | list[str]) -> list[str]:
+    return [text] if isinstance(text, str) else list(text)
+
+
+class FluxTextEncoderStep(ModularPipelineBlocks):
+    """Encode the prompt with CLIP (pooled) and T5 (per token); the negative prompt too for true CFG."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Encodes `prompt` with CLIP into pooled_prompt_embeds [B, D] (the pooled output) and `prompt_2` "
+            "(default: `prompt`) with T5 into prompt_embeds [B, max_sequence_length, D]; text_ids are their zero "
+            "position ids. With true_cfg_scale > 1 and a negative prompt, the negative prompt is encoded the same "
+            "way. Precomputed embeddings are used as given."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [
+            ComponentSpec("text_encoder", CLIPTextModel),
+            ComponentSpec("tokenizer", CLIPTokenizer),
+            ComponentSpec("text_encoder_2", T5EncoderModel),
+            ComponentSpec("tokenizer_2", T5Tokenizer),
+        ]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        text = str | list[str]
+        return [
+            InputParam.template("prompt"),
+            InputParam("prompt_2", type_hint=text, description="The prompt for T5 (default: prompt)."),
+            InputParam.template("negative_prompt", note="used with true_cfg_scale > 1"),
+            InputParam("negative_prompt_2", type_hint=text, description="The negative prompt for T5."),
+            InputParam.template("prompt_embeds", note="T5, [B, S, D]"),
+            InputParam(
+                "pooled_prompt_embeds",
+                type_hint=torch.Tensor,
+                description="Precomputed pooled CLIP embeddings.",
+            ),
+            InputParam.template("negative_prompt_embeds"),
+            InputParam(
+                "negative_pooled_prompt_embeds",
+                type_hint=torch.Tensor,
+                description="Precomputed pooled CLIP embeddings of the negative prompt.",
+            ),
+            InputParam(
+                "true_cfg_scale",
+                type_hint=float,
+                default=1.0,
+                description="True classifier-free guidance scale; above 1 with a negative prompt runs it.",
+            ),
+            InputParam(
+                "max_sequence_length",
+                type_hint=int,
+                default=MAX_SEQUENCE_LENGTH,
+                description="The T5 token count (at most 512).",
+            ),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [
+            OutputParam.template("prompt_embeds", note="T5"),
+            OutputParam(
+                "pooled_prompt_embeds",
+                type_hint=torch.Tensor,
+                kwargs_type="denoiser_input_fields",
+                description="Pooled CLIP embeddings of the prompt.",
+            ),
+            OutputParam(
+                "text_ids",
+                type_hint=torch.Tensor,
+                kwargs_type="denoiser_input_fields",
+                description="Position ids of the text tokens, [S, 3] zeros.",
+            ),
+            OutputParam.template("negative_prompt_embeds", note="T5; None without true CFG"),
+            OutputParam(
+                "negative_pooled_prompt_embeds",
+                type_hint=torch.Tensor,
+                kwargs_type="denoiser_input_fields",
+                description="Pooled CLIP embeddings of the negative prompt; None without true CFG.",
+            ),
+        ]
+
+    @staticmethod
+    def _clip_pooled(components, text: list[str], device: torch.device) -> torch.Tensor:
+        tokenizer, text_encoder = components.tokenizer, components.text_encoder
+        ids = tokenizer(
+            text,
+            padding="max_length",
+            max_length=tokenizer.model_max_length,
+            truncation=True,
+            return_tensors="pt",
+        ).input_ids
+        pooled = text_encoder(ids.to(device), output_hidden_states=False).pooler_output
+        return pooled.to(dtype=text_encoder.dtype, device=device)
+
+    @staticmethod
+    def _t5(components, text: list[str], max_length: int, device: torch.device) -> torch.Tensor:
+        tokenizer, text_encoder = components.tokenizer_2, components.text_encoder_2
+        ids = tokenizer(
+            text, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt"
+        ).input_ids
+        full = tokenizer(text, padding="longest", return_tensors="pt").input_ids
+        if full.shape[-1] > ids.shape[-1]:
+            logger.warning("T5 prompt truncated to max_sequence_length=%d tokens", max_length)
+        embeds = text_encoder(ids.to(device), output_hidden_states=False)[0]
+        return embeds.to(dtype=text_encoder.dtype, device=device)
+
+    def _encode(self, components, prompt, prompt_2, max_length: int, device: torch.device):
+        prompt = _as_list(prompt)
+        prompt_2 = prompt if prompt_2 is None else _as_list(prompt_2)
+        return self._t5(components, prompt_2, max_length, device), self._clip_pooled(
+            components, prompt, device
+        )
+
+    def _check(self, block_state) -> None:
+        name = type(self).__name__
+        prompt, embeds = block_state.prompt, block_state.prompt_embeds
+        if (prompt is None) == (embeds is None):
+            got = "both" if prompt is not None else "neither"
+            msg = f"{name}: pass exactly one of prompt and prompt_embeds (got {got})"
+            raise ValueError(msg)
+        if embeds is not None and block_state.prompt_2 is not None:
+            msg = f"{name}: prompt_2 is encoded into prompt_embeds; pass prompt_2 or prompt_embeds, not both"
+            raise ValueError(msg)
+        for kind in ("", "negative_"):
+            if (
+                getattr(block_state, f"{kind}prompt_embeds") is not None
+                and getattr(block_state, f"{kind}pooled_prompt_embeds") is None
+            ):
+                msg = (
+                    f"{name}: {kind}prompt_embeds need {kind}pooled_prompt_embeds from the same CLIP encoder "
+                    f"(got {kind}prompt_embeds only); pass both"
+                )
+                raise ValueError(msg)
+        if block_state.max_sequence_length > MAX_SEQUENCE_LENGTH:
+            msg = f"{name}: max_sequence_length must be at most {MAX_SEQUENCE_LENGTH} (got {block_state.max_sequence_length})"
+            raise ValueError(msg)
+
+    def _check_negative(self, prompt, negative) -> None:
+        name = type(self).__name__
+        if prompt is None:
+            return
+        if type(prompt) is not type(negative):
+            msg = (
+                f"{name}: negative_prompt must have the type of prompt (got {type(negative).__name__} for a "
+                f"{type(prompt).__name__} prompt); pass both as str or both as list"
+            )
+            raise TypeError(msg)
+        if isinstance(prompt, list) and len(negative) != len(prompt):
+            msg = (
+                f"{name}: negative_prompt needs one entry per prompt "
+                f"(got {len(negative)} negative prompts for {len(prompt)} prompts)"
+            )
+            raise ValueError(msg)
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        self._check(block_state)
+        device = components._execution_device
+        max_length = block_state.max_sequence_length
+        if block_state.prompt_embeds is None:
+            embeds, pooled = self._encode(
+                components, block_state.prompt, block_state.prompt_2, max_length, device
+            )
+        else:
+            embeds, pooled = block_state.prompt_embeds.to(device), block_state.pooled_prompt_embeds.to(device)
+
+        negative_embeds = negative_pooled = None
+        has_negative = (
+            block_state.negative_prompt is not None or block_state.negative_prompt_embeds is not None
+        )
+        if block_state.true_cfg_scale > 1 and has_negative:
+            if block_state.negative_prompt_embeds is None:
+                self._check_negative(block_state.prompt, block_state.negative_prompt)
+                negative_embeds, negative_pooled = self._encode(
+                    components, block_state.negative_prompt, block_state.negative_prompt_2, max_length, device
+                )
+            else:
+                negative_embeds = block_state.negative_prompt_embeds.to(device)
+                negative_pooled = block_state.negative_pooled_prompt_embeds.to(device)
+            if negative_embeds.shape != embeds.shape:
+                msg = (
+                    f"{type(self).__name__}: negative_prompt_embeds must have the shape of prompt_embeds "
+                    f"(got {tuple(negative_embeds.shape)} and {tuple(embeds.shape)})"
+                )
+                raise ValueError(msg)
+
+        block_state.prompt_embeds, block_state.pooled_prompt_embeds = embeds, pooled
+        block_state.negative_prompt_embeds = negative_embeds
+        block_state.negative_pooled_prompt_embeds = negative_pooled
+        block_state.text_ids = torch.zeros(embeds.shape[1], 3).to(
+            device=device, dtype=components.text_encoder.dtype
+        )
+        self.set_block_state(state, block_state)
+        return components, state

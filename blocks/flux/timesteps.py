@@ -1,0 +1,150 @@
+"""Timestep steps: flow-matching sigmas shifted by the image size (mu), cut by strength for image-to-image."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+
+from .utils import BATCH, MODEL_NAME, SCHEDULER, default_sigmas, default_size, latent_size, scheduler_mu
+
+__all__ = ["set_flux_timesteps", "FluxSetTimestepsStep", "FluxImg2ImgSetTimestepsStep"]
+
+_STEPS = InputParam.template("num_inference_steps", default=28)
+_SIGMAS = InputParam(
+    "sigmas", type_hint=list[float], description="Custom sigmas (default: linspace(1, 1 / steps, steps))."
+)
+_OUTPUTS = [
+    OutputParam("timesteps", type_hint=torch.Tensor, description="The timesteps to denoise at."),
+    OutputParam("num_inference_steps", type_hint=int, description="The number of denoising steps."),
+]
+
+
+def set_flux_timesteps(
+    scheduler: Any, num_inference_steps: int, sigmas: Any, image_seq_len: int, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """Set the scheduler's timesteps from `sigmas` (None: the scheduler's own spacing) shifted by mu.
+
+    Returns:
+        The timesteps and their count.
+    """
+    mu = scheduler_mu(scheduler, image_seq_len)
+    if sigmas is None:
+        scheduler.set_timesteps(num_inference_steps, device=device, mu=mu)
+        return scheduler.timesteps, num_inference_steps
+    scheduler.set_timesteps(sigmas=sigmas, device=device, mu=mu)
+    return scheduler.timesteps, len(scheduler.timesteps)
+
+
+class FluxSetTimestepsStep(ModularPipelineBlocks):
+    """Set the timesteps for text-to-image and control, shifted by the packed latents' length."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Sets the scheduler's timesteps from sigmas (default linspace(1, 1 / steps, steps); the scheduler's "
+            "own with use_flow_sigmas), shifted by mu, which grows linearly with the number of latent tokens."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [SCHEDULER]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            _STEPS,
+            _SIGMAS,
+            InputParam("latents", type_hint=torch.Tensor, required=True, description="The packed latents."),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return list(_OUTPUTS)
+
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        scheduler, steps = components.scheduler, block_state.num_inference_steps
+        sigmas = default_sigmas(steps) if block_state.sigmas is None else block_state.sigmas
+        if scheduler.config.get("use_flow_sigmas", False):
+            sigmas = None
+        block_state.timesteps, block_state.num_inference_steps = set_flux_timesteps(
+            scheduler, steps, sigmas, block_state.latents.shape[1], components._execution_device
+        )
+        # Start at the first timestep without a device-to-host lookup, as the classic pipeline does.
+        scheduler.set_begin_index(0)
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+class FluxImg2ImgSetTimestepsStep(ModularPipelineBlocks):
+    """Set the timesteps, then keep the last ``strength`` part of them, for image-to-image."""
+
+    model_name = MODEL_NAME
+    default_strength = 0.6
+
+    @property
+    def description(self) -> str:
+        return (
+            "Sets the shifted timesteps (mu from height x width), then skips the first (1 - strength) of them "
+            "(strength default 0.6), so denoising starts from the image noised to the first kept timestep "
+            "(latent_timestep)."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [SCHEDULER]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            _STEPS,
+            _SIGMAS,
+            InputParam.template("strength", default=None, description="In [0, 1]; default 0.6."),
+            InputParam.template("height"),
+            InputParam.template("width"),
+            BATCH,
+            InputParam.template("num_images_per_prompt"),
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [
+            *_OUTPUTS,
+            OutputParam(
+                "latent_timestep", type_hint=torch.Tensor, description="The first timestep, once per image."
+            ),
+        ]
+
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        strength = self.default_strength if block_state.strength is None else block_state.strength
+        if not 0 <= strength <= 1:
+            msg = f"{type(self).__name__}: strength must be in [0, 1] (got {strength})"
+            raise ValueError(msg)
+        scheduler, steps = components.scheduler, block_state.num_inference_steps
+        sigmas = default_sigmas(steps) if block_state.sigmas is None else block_state.sigmas
+        height, width = latent_size(
+            components, *default_size(components, block_state.height, block_state.width)
+        )
+        _, steps = set_flux_timesteps(
+            scheduler, steps, sigmas, (height // 2) * (width // 2), components._execution_device
+        )
+        start = int(max(steps - min(steps * strength, steps), 0))
+        if steps - start < 1:
+            msg = (
+                f"{type(self).__name__}: strength {strength} with num_inference_steps {steps} leaves "
+                f"{steps - start} denoising steps; raise strength or num_inference_steps"
+            )
+            raise ValueError(msg)
+        timesteps = scheduler.timesteps[start * scheduler.order :]
+        scheduler.set_begin_index(start * scheduler.order)
+        block_state.timesteps, block_state.num_inference_steps = timesteps, steps - start
+        total = block_state.batch_size * block_state.num_images_per_prompt
+        block_state.latent_timestep = timesteps[:1].repeat(total)
+        self.set_block_state(state, block_state)
+        return components, state
