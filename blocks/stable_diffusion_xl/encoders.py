@@ -152,6 +152,12 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         prompt_embeds, pooled = bs.prompt_embeds, bs.pooled_prompt_embeds
         if prompt_embeds is None:
             texts = [_as_list(prompt, 1), _as_list(bs.prompt_2 or prompt, 1)][: len(self.encoder_names)]
+            if len(texts[-1]) != batch_size:
+                msg = (
+                    f"{type(self).__name__}: prompt_2 needs one entry per prompt (got {len(texts[-1])} for "
+                    f"{batch_size} prompts); pass a list of {batch_size} or leave it out to reuse prompt"
+                )
+                raise ValueError(msg)
             prompt_embeds, encoded_pooled = self._encode(components, texts, None, bs.clip_skip)
             pooled = encoded_pooled if pooled is None else pooled
 

@@ -99,6 +99,11 @@ BAD_CALLS = {
         ValueError,
         "negative_prompt needs one entry per prompt (got 1 negative prompts for 2 prompts)",
     ),
+    "prompt_2_count": (
+        {"prompt": ["a cat", "a dog"], "prompt_2": "blurry"},
+        ValueError,
+        "prompt_2 needs one entry per prompt (got 1 for 2 prompts)",
+    ),
     "output_type": (
         {"prompt": "a cat", "output_type": "jpeg"},
         ValueError,
