@@ -1,0 +1,60 @@
+"""Z-Image as modular blocks: text-to-image and image-to-image.
+
+``ZImageAutoBlocks`` picks the workflow from the inputs given (``image`` for image-to-image).
+``FAMILY`` registers the blocks for the classic ``ZImagePipeline`` and ``ZImageImg2ImgPipeline``
+repos (entry point group ``modular.blocks``).
+"""
+
+from modular import BlockFamily
+
+from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
+from .decoders import ZImageDecodeStep
+from .denoise import (
+    ZImageDenoiseLoopWrapper,
+    ZImageDenoiseStep,
+    ZImageLoopAfterDenoiser,
+    ZImageLoopBeforeDenoiser,
+    ZImageLoopDenoiser,
+)
+from .encoders import ZImageTextEncoderStep, ZImageVaeEncoderStep
+from .inputs import ZImageInputStep
+from .modular_blocks import (
+    ZImageAutoBeforeDenoiseStep,
+    ZImageAutoBlocks,
+    ZImageAutoVaeEncoderStep,
+    ZImageBeforeDenoiseStep,
+    ZImageImg2ImgBeforeDenoiseStep,
+)
+from .timesteps import ZImageImg2ImgSetTimestepsStep, ZImageSetTimestepsStep
+from .tiny import make_tiny_repo, make_tiny_tokenizer
+
+FAMILY = BlockFamily(
+    name="z-image",
+    blocks_class=ZImageAutoBlocks,
+    classic_pipelines=("ZImagePipeline", "ZImageImg2ImgPipeline"),
+    make_tiny_repo=make_tiny_repo,
+)
+
+__all__ = [
+    "FAMILY",
+    "ZImageAutoBeforeDenoiseStep",
+    "ZImageAutoBlocks",
+    "ZImageAutoVaeEncoderStep",
+    "ZImageBeforeDenoiseStep",
+    "ZImageDecodeStep",
+    "ZImageDenoiseLoopWrapper",
+    "ZImageDenoiseStep",
+    "ZImageImg2ImgBeforeDenoiseStep",
+    "ZImageImg2ImgPrepareLatentsStep",
+    "ZImageImg2ImgSetTimestepsStep",
+    "ZImageInputStep",
+    "ZImageLoopAfterDenoiser",
+    "ZImageLoopBeforeDenoiser",
+    "ZImageLoopDenoiser",
+    "ZImagePrepareLatentsStep",
+    "ZImageSetTimestepsStep",
+    "ZImageTextEncoderStep",
+    "ZImageVaeEncoderStep",
+    "make_tiny_repo",
+    "make_tiny_tokenizer",
+]

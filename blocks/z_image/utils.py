@@ -1,0 +1,133 @@
+"""Small helpers the Z-Image blocks share: component specs, sizes, the timestep shift, VAE latents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.image_processor import VaeImageProcessor
+
+from blocks.stable_diffusion.utils import retrieve_latents
+from modular import ComponentSpec, InputParam
+
+__all__ = [
+    "MODEL_NAME",
+    "SCHEDULER",
+    "IMAGE_PROCESSOR",
+    "DEFAULT_SIZE",
+    "vae_scale_factor",
+    "resolve_size",
+    "latent_size",
+    "calculate_shift",
+    "default_sigmas",
+    "do_classifier_free_guidance",
+    "encode_image_latents",
+    "embeds_input",
+]
+
+MODEL_NAME = "z-image"
+
+# Flow matching: the scheduler takes custom sigmas and the resolution-dependent shift `mu`.
+SCHEDULER = ComponentSpec(
+    "scheduler",
+    FlowMatchEulerDiscreteScheduler,
+    description="The flow-matching scheduler (takes custom sigmas and a shift mu).",
+)
+
+# Z-Image's VAE has 4 levels (8 pixels per latent cell) and the transformer patches 2x2 latent cells,
+# so images are handled in multiples of 16 pixels.
+IMAGE_PROCESSOR = ComponentSpec(
+    "image_processor",
+    VaeImageProcessor,
+    config={"vae_scale_factor": 16},
+    default_creation_method="from_config",
+)
+
+# The classic text-to-image pipeline's default height and width.
+DEFAULT_SIZE = 1024
+
+
+def vae_scale_factor(components: Any) -> int:
+    """How many pixels one latent cell covers: 2 per VAE down level (8 for Z-Image's 4-level VAE)."""
+    vae = getattr(components, "vae", None)
+    if vae is None:
+        return 8
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def resolve_size(block: Any, components: Any, height: int | None, width: int | None) -> tuple[int, int]:
+    """``height`` and ``width`` (each 1024 when not given), checked to be multiples of VAE scale x 2."""
+    height = DEFAULT_SIZE if height is None else height
+    width = DEFAULT_SIZE if width is None else width
+    multiple = vae_scale_factor(components) * 2
+    for name, value in (("height", height), ("width", width)):
+        if value % multiple != 0:
+            msg = (
+                f"{type(block).__name__}: {name} must be a multiple of {multiple} (the VAE scale x the "
+                f"transformer's 2x2 patches; got {value}); pass e.g. {name}={max(multiple, value // multiple * multiple)}"
+            )
+            raise ValueError(msg)
+    return height, width
+
+
+def latent_size(components: Any, height: int, width: int) -> tuple[int, int]:
+    """The latent height and width for an image of `height` x `width` pixels (always even)."""
+    multiple = vae_scale_factor(components) * 2
+    return 2 * (int(height) // multiple), 2 * (int(width) // multiple)
+
+
+def calculate_shift(
+    image_seq_len: int,
+    base_seq_len: int = 256,
+    max_seq_len: int = 4096,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+) -> float:
+    """The timestep shift ``mu`` for a sequence length: linear from base_shift to max_shift."""
+    slope = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return image_seq_len * slope + (base_shift - slope * base_seq_len)
+
+
+def default_sigmas(num_inference_steps: int) -> list[float]:
+    """Z-Image's default schedule: sigmas evenly spaced from 1 down to 1 / num_inference_steps."""
+    return torch.linspace(1.0, 1 / num_inference_steps, num_inference_steps).tolist()
+
+
+def do_classifier_free_guidance(guidance_scale: float) -> bool:
+    """Z-Image runs guidance for any scale above 0 (its guidance adds scale x (pos - neg) to pos)."""
+    return guidance_scale > 0
+
+
+def encode_image_latents(
+    vae: Any, image: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None
+) -> torch.Tensor:
+    """Encode pixel images [B, 3, H, W] in [-1, 1] to latents normalized as the transformer sees them.
+
+    The VAE's sample is shifted and scaled: ``(latents - shift_factor) * scaling_factor`` (decoding
+    undoes it). With a list of generators, image ``i`` is sampled with ``generator[i]``.
+    """
+    if isinstance(generator, list):
+        if len(generator) < image.shape[0]:
+            msg = (
+                f"generator: a list of generators needs one per image (got {len(generator)} generators for "
+                f"{image.shape[0]} images); pass one generator or a list of length {image.shape[0]}"
+            )
+            raise ValueError(msg)
+        latents = torch.cat(
+            [retrieve_latents(vae.encode(image[i : i + 1]), generator[i]) for i in range(image.shape[0])]
+        )
+    else:
+        latents = retrieve_latents(vae.encode(image), generator)
+    return (latents - vae.config.shift_factor) * vae.config.scaling_factor
+
+
+def embeds_input(name: str, required: bool = False, note: str | None = None) -> InputParam:
+    """``prompt_embeds`` / ``negative_prompt_embeds``: Z-Image takes one [seq_len, dim] tensor per prompt,
+    each as long as its prompt's tokens (no padding), so the embeddings are a list."""
+    return InputParam.template(
+        name,
+        note,
+        type_hint=list[torch.Tensor],
+        required=required,
+    )
