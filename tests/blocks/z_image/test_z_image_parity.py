@@ -40,7 +40,7 @@ TEXT2IMAGE_CASES = {
     "two_prompts": {"prompt": ["a photo of a cat", "a red dog"], "negative_prompt": ["blurry", "blue"]},
     "no_guidance": {"prompt": ["a photo of a cat", "a red dog"], "guidance_scale": 0.0},
     "cfg_options": {"prompt": "a cat", "cfg_normalization": True, "cfg_truncation": 0.1},
-    "size_and_length": {"prompt": "the astronaut", "height": 48, "width": 32, "max_sequence_length": 12},
+    "size_and_length": {"prompt": "the astronaut", "height": 48, "width": 32, "max_sequence_length": 8},
 }
 
 
