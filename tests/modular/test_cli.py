@@ -21,3 +21,15 @@ def test_inspect_shows_blocks_and_components_without_loading(capsys):
     printed = capsys.readouterr().out
     assert "Inputs:" in printed and "prompt" in printed
     assert "unet: UNet2DConditionModel  load_id=" in printed
+
+
+def test_run_works_for_every_installed_family(tmp_path):
+    """`modular run --family X` generates an image for each family registered by entry point."""
+    from modular import available_families
+
+    for name, family in available_families().items():
+        if family.make_tiny_repo is None:
+            continue
+        out = tmp_path / name
+        assert main(["run", "--family", name, "--out", str(out), "--quiet", "--steps", "1"]) == 0
+        assert len(list(out.glob("*.png"))) == 1, name
