@@ -1,0 +1,63 @@
+"""A user block inside the Z-Image denoising loop does what the classic pipeline's step callback does."""
+
+import torch
+
+from blocks.z_image import ZImageAutoBlocks
+from modular import InputParam, ModularPipelineBlocks
+
+from .conftest import COMPONENTS, SIZE, classic_from
+
+
+class RecordLatentsStep(ModularPipelineBlocks):
+    """A user loop block: appends a copy of the latents after each step to a list the caller passes."""
+
+    model_name = "z-image"
+
+    @property
+    def description(self):
+        return "Appends latents.clone() to latents_trace after each denoising step."
+
+    @property
+    def inputs(self):
+        return [
+            InputParam("latents", type_hint=torch.Tensor, required=True),
+            InputParam("latents_trace", type_hint=list, required=True, description="Receives the latents."),
+        ]
+
+    def __call__(self, components, block_state, i, t):
+        block_state.latents_trace.append(block_state.latents.clone())
+        return components, block_state
+
+
+def test_loop_block_sees_what_the_step_callback_sees(zimage_repo, zimage_pipe):
+    """The latents after each step, recorded by an inserted loop block, equal the classic callback's."""
+    blocks = ZImageAutoBlocks()
+    loop = blocks.sub_blocks["denoise"]
+    loop.sub_blocks.insert("record", RecordLatentsStep(), len(loop.sub_blocks))
+    assert list(loop.sub_blocks) == ["before_denoiser", "denoiser", "after_denoiser", "record"]
+    pipe = blocks.init_pipeline(zimage_repo)
+    pipe.update_components(**{name: getattr(zimage_pipe, name) for name in COMPONENTS})
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {
+        "prompt": "a cat",
+        "height": SIZE,
+        "width": SIZE,
+        "num_inference_steps": 3,
+        "output_type": "latent",
+    }
+
+    ours: list[torch.Tensor] = []
+    final = pipe(
+        generator=torch.Generator("cpu").manual_seed(0), latents_trace=ours, output="images", **kwargs
+    )
+    theirs: list[torch.Tensor] = []
+
+    def callback(pipeline, i, t, callback_kwargs):
+        theirs.append(callback_kwargs["latents"].clone())
+        return {}
+
+    classic = classic_from(zimage_pipe, "text2image")
+    classic(generator=torch.Generator("cpu").manual_seed(0), callback_on_step_end=callback, **kwargs)
+    assert len(ours) == len(theirs) == 3
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert torch.equal(ours[-1], final)
