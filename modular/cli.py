@@ -39,13 +39,14 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory() as scratch:
         repo = args.repo or _tiny_repo(args.family, Path(scratch) / "tiny-repo")
+        extra = {} if args.repo else dict(_family(args.family).tiny_repo_inputs)
         manager = ComponentsManager()
         pipe = ModularPipeline.from_pretrained(repo, components_manager=manager, workflow=args.workflow)
         pipe.load_components(torch_dtype=torch.float32)
         pipe.set_progress_bar_config(disable=args.quiet)
         generator = torch.Generator("cpu").manual_seed(args.seed)
         images = pipe(
-            prompt=args.prompt, num_inference_steps=args.steps, generator=generator, output="images"
+            prompt=args.prompt, num_inference_steps=args.steps, generator=generator, output="images", **extra
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
+from typing import Any
 
 import attrs
 
@@ -20,6 +21,10 @@ def _names(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
+def _inputs(values: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(values)
+
+
 @attrs.frozen
 class BlockFamily:
     """One pipeline family written with the framework.
@@ -29,12 +34,15 @@ class BlockFamily:
         blocks_class: The blocks that ``from_pretrained`` builds for this family's repos.
         classic_pipelines: The ``_class_name`` values of classic ``model_index.json`` files it serves.
         make_tiny_repo: ``make_tiny_repo(folder)`` writes a tiny random repo (for tests and the demo).
+        tiny_repo_inputs: Call inputs that suit the tiny repo where the family's defaults do not
+            (e.g. a small ``height``/``width`` for a model whose default size is 1024).
     """
 
     name: str
     blocks_class: type
     classic_pipelines: tuple[str, ...] = attrs.field(default=(), converter=_names)
     make_tiny_repo: Callable | None = None
+    tiny_repo_inputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_inputs)
 
 
 _registered: dict[str, BlockFamily] = {}

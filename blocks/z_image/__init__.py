@@ -32,6 +32,8 @@ FAMILY = BlockFamily(
     name="z-image",
     blocks_class=ZImageAutoBlocks,
     classic_pipelines=("ZImagePipeline", "ZImageImg2ImgPipeline"),
+    # The classic default is 1024 px; the tiny transformer's rope tables cover 32 positions per side.
+    tiny_repo_inputs={"height": 32, "width": 32},
     make_tiny_repo=make_tiny_repo,
 )
 
