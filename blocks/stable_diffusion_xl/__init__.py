@@ -1,6 +1,7 @@
-"""Stable Diffusion XL as modular blocks: text-to-image and image-to-image, and the refiner.
+"""Stable Diffusion XL as modular blocks: text-to-image, image-to-image, inpainting, and the refiner.
 
-``StableDiffusionXLAutoBlocks`` picks the workflow from the inputs given (``image`` for image-to-image).
+``StableDiffusionXLAutoBlocks`` picks the workflow from the inputs given (``image`` for image-to-image,
+``image`` and ``mask_image`` for inpainting).
 ``StableDiffusionXLRefinerBlocks`` serves refiner-style repos (``text_encoder_2`` only). ``FAMILY``
 registers the auto blocks for the classic ``StableDiffusionXL*Pipeline`` repos (entry point group
 ``modular.blocks``).
@@ -26,13 +27,23 @@ from .encoders import (
     StableDiffusionXLTextEncoderStep,
     StableDiffusionXLVaeEncoderStep,
 )
+from .inpainting import (
+    StableDiffusionXLInpaintDenoiseStep,
+    StableDiffusionXLInpaintLoopAfterDenoiser,
+    StableDiffusionXLInpaintLoopBeforeDenoiser,
+    StableDiffusionXLInpaintPrepareLatentsStep,
+    StableDiffusionXLInpaintSetTimestepsStep,
+    StableDiffusionXLInpaintVaeEncoderStep,
+)
 from .inputs import StableDiffusionXLInputStep
 from .modular_blocks import (
     StableDiffusionXLAutoBeforeDenoiseStep,
     StableDiffusionXLAutoBlocks,
+    StableDiffusionXLAutoDenoiseStep,
     StableDiffusionXLAutoVaeEncoderStep,
     StableDiffusionXLBeforeDenoiseStep,
     StableDiffusionXLImg2ImgBeforeDenoiseStep,
+    StableDiffusionXLInpaintBeforeDenoiseStep,
     StableDiffusionXLRefinerBlocks,
 )
 from .timesteps import StableDiffusionXLImg2ImgSetTimestepsStep, StableDiffusionXLSetTimestepsStep
@@ -41,7 +52,11 @@ from .tiny import make_tiny_repo
 FAMILY = BlockFamily(
     name="stable-diffusion-xl",
     blocks_class=StableDiffusionXLAutoBlocks,
-    classic_pipelines=("StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"),
+    classic_pipelines=(
+        "StableDiffusionXLPipeline",
+        "StableDiffusionXLImg2ImgPipeline",
+        "StableDiffusionXLInpaintPipeline",
+    ),
     make_tiny_repo=make_tiny_repo,
 )
 
@@ -49,6 +64,7 @@ __all__ = [
     "FAMILY",
     "StableDiffusionXLAutoBeforeDenoiseStep",
     "StableDiffusionXLAutoBlocks",
+    "StableDiffusionXLAutoDenoiseStep",
     "StableDiffusionXLAutoVaeEncoderStep",
     "StableDiffusionXLBeforeDenoiseStep",
     "StableDiffusionXLDecodeStep",
@@ -57,6 +73,13 @@ __all__ = [
     "StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep",
     "StableDiffusionXLImg2ImgPrepareLatentsStep",
     "StableDiffusionXLImg2ImgSetTimestepsStep",
+    "StableDiffusionXLInpaintBeforeDenoiseStep",
+    "StableDiffusionXLInpaintDenoiseStep",
+    "StableDiffusionXLInpaintLoopAfterDenoiser",
+    "StableDiffusionXLInpaintLoopBeforeDenoiser",
+    "StableDiffusionXLInpaintPrepareLatentsStep",
+    "StableDiffusionXLInpaintSetTimestepsStep",
+    "StableDiffusionXLInpaintVaeEncoderStep",
     "StableDiffusionXLInputStep",
     "StableDiffusionXLLoopAfterDenoiser",
     "StableDiffusionXLLoopBeforeDenoiser",

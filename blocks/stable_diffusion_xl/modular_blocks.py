@@ -17,6 +17,12 @@ from .encoders import (
     StableDiffusionXLTextEncoderStep,
     StableDiffusionXLVaeEncoderStep,
 )
+from .inpainting import (
+    StableDiffusionXLInpaintDenoiseStep,
+    StableDiffusionXLInpaintPrepareLatentsStep,
+    StableDiffusionXLInpaintSetTimestepsStep,
+    StableDiffusionXLInpaintVaeEncoderStep,
+)
 from .inputs import StableDiffusionXLInputStep
 from .timesteps import StableDiffusionXLImg2ImgSetTimestepsStep, StableDiffusionXLSetTimestepsStep
 
@@ -24,22 +30,27 @@ __all__ = [
     "StableDiffusionXLAutoVaeEncoderStep",
     "StableDiffusionXLBeforeDenoiseStep",
     "StableDiffusionXLImg2ImgBeforeDenoiseStep",
+    "StableDiffusionXLInpaintBeforeDenoiseStep",
     "StableDiffusionXLAutoBeforeDenoiseStep",
+    "StableDiffusionXLAutoDenoiseStep",
     "StableDiffusionXLAutoBlocks",
     "StableDiffusionXLRefinerBlocks",
 ]
 
 
 class StableDiffusionXLAutoVaeEncoderStep(AutoPipelineBlocks):
-    """Encode the reference image for image-to-image; nothing for text-to-image."""
+    """Encode the reference image: the inpainting encoder with a mask, the img2img one with an image only."""
 
-    block_classes = [StableDiffusionXLVaeEncoderStep]
-    block_names = ["img2img_vae_encoder"]
-    block_trigger_inputs = ["image"]
+    block_classes = [StableDiffusionXLInpaintVaeEncoderStep, StableDiffusionXLVaeEncoderStep]
+    block_names = ["inpaint_vae_encoder", "img2img_vae_encoder"]
+    block_trigger_inputs = ["mask_image", "image"]
 
     @property
     def description(self) -> str:
-        return "VAE encoding of the reference image: runs `img2img_vae_encoder` when image is given, else nothing."
+        return (
+            "VAE encoding of the reference image: `inpaint_vae_encoder` when mask_image is given, "
+            "`img2img_vae_encoder` when image is given, nothing for text-to-image."
+        )
 
 
 class StableDiffusionXLBeforeDenoiseStep(SequentialPipelineBlocks):
@@ -75,24 +86,62 @@ class StableDiffusionXLImg2ImgBeforeDenoiseStep(SequentialPipelineBlocks):
         )
 
 
-class StableDiffusionXLAutoBeforeDenoiseStep(AutoPipelineBlocks):
-    """Choose the preparation for image-to-image or text-to-image."""
+class StableDiffusionXLInpaintBeforeDenoiseStep(SequentialPipelineBlocks):
+    """Inpainting: timesteps cut by strength, initial and mask latents, micro-conditioning."""
 
-    block_classes = [StableDiffusionXLImg2ImgBeforeDenoiseStep, StableDiffusionXLBeforeDenoiseStep]
-    block_names = ["img2img", "text2img"]
-    block_trigger_inputs = ["image", None]
+    block_classes = [
+        StableDiffusionXLInpaintSetTimestepsStep,
+        StableDiffusionXLInpaintPrepareLatentsStep,
+        StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep,
+    ]
+    block_names = ["set_timesteps", "prepare_latents", "prepare_add_cond"]
 
     @property
     def description(self) -> str:
-        return "Preparation before denoising: `img2img` when image is given, `text2img` otherwise."
+        return (
+            "Inpainting preparation: set_timesteps (cut by strength, default 0.9999), prepare_latents (noise, "
+            "mask and masked-image latents), prepare_add_cond (time ids)."
+        )
+
+
+class StableDiffusionXLAutoBeforeDenoiseStep(AutoPipelineBlocks):
+    """Choose the preparation for inpainting, image-to-image or text-to-image."""
+
+    block_classes = [
+        StableDiffusionXLInpaintBeforeDenoiseStep,
+        StableDiffusionXLImg2ImgBeforeDenoiseStep,
+        StableDiffusionXLBeforeDenoiseStep,
+    ]
+    block_names = ["inpaint", "img2img", "text2img"]
+    block_trigger_inputs = ["mask_image", "image", None]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Preparation before denoising: `inpaint` when mask_image is given, `img2img` when image is given, "
+            "`text2img` otherwise."
+        )
+
+
+class StableDiffusionXLAutoDenoiseStep(AutoPipelineBlocks):
+    """Choose the inpainting loop (with a mask) or the plain loop."""
+
+    block_classes = [StableDiffusionXLInpaintDenoiseStep, StableDiffusionXLDenoiseStep]
+    block_names = ["inpaint_denoise", "denoise"]
+    block_trigger_inputs = ["mask_image", None]
+
+    @property
+    def description(self) -> str:
+        return "The denoising loop: `inpaint_denoise` when mask_image is given, `denoise` otherwise."
 
 
 class StableDiffusionXLAutoBlocks(SequentialPipelineBlocks):
-    """Stable Diffusion XL: text-to-image and image-to-image, chosen by the inputs given.
+    """Stable Diffusion XL: text-to-image, image-to-image and inpainting, chosen by the inputs given.
 
     Supported workflows:
       - ``text2image``: needs ``prompt``
       - ``image2image``: needs ``image`` and ``prompt``
+      - ``inpainting``: needs ``mask_image``, ``image`` and ``prompt``
     """
 
     block_classes = [
@@ -100,13 +149,14 @@ class StableDiffusionXLAutoBlocks(SequentialPipelineBlocks):
         StableDiffusionXLInputStep,
         StableDiffusionXLAutoVaeEncoderStep,
         StableDiffusionXLAutoBeforeDenoiseStep,
-        StableDiffusionXLDenoiseStep,
+        StableDiffusionXLAutoDenoiseStep,
         StableDiffusionXLDecodeStep,
     ]
     block_names = ["text_encoder", "input", "vae_encoder", "before_denoise", "denoise", "decode"]
     _workflow_map = {
         "text2image": {"prompt": True},
         "image2image": {"image": True, "prompt": True},
+        "inpainting": {"mask_image": True, "image": True, "prompt": True},
     }
 
     @property

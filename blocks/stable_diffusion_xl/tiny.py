@@ -56,7 +56,7 @@ def _text_config():
     )
 
 
-def _tiny_models(refiner: bool, seed: int) -> dict[str, Any]:
+def _tiny_models(refiner: bool, inpainting: bool, seed: int) -> dict[str, Any]:
     """Build the random models, each from its own seed so that one change leaves the others as they were."""
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
@@ -68,7 +68,8 @@ def _tiny_models(refiner: bool, seed: int) -> dict[str, Any]:
         block_out_channels=(32, 64),
         layers_per_block=2,
         sample_size=32,
-        in_channels=4,
+        # An inpainting UNet also takes the mask (1) and the masked image's latents (4).
+        in_channels=9 if inpainting else 4,
         out_channels=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
@@ -105,7 +106,12 @@ def _tiny_models(refiner: bool, seed: int) -> dict[str, Any]:
 
 
 def make_tiny_repo(
-    folder: str | Path, variant: str | None = None, *, refiner: bool = False, seed: int = 0
+    folder: str | Path,
+    variant: str | None = None,
+    *,
+    refiner: bool = False,
+    inpainting: bool = False,
+    seed: int = 0,
 ) -> Path:
     """Write a tiny random Stable Diffusion XL repo in the diffusers layout.
 
@@ -114,7 +120,8 @@ def make_tiny_repo(
     ``force_zeros_for_empty_prompt: true``. With ``refiner=True`` it is a refiner-style repo as
     ``stable-diffusion-xl-refiner-1.0``: ``StableDiffusionXLImg2ImgPipeline``, no ``text_encoder`` nor
     ``tokenizer``, a UNet conditioned on ``text_encoder_2`` alone with aesthetic-score time ids
-    (``requires_aesthetics_score: true``, ``force_zeros_for_empty_prompt: false``). Weights are float32
+    (``requires_aesthetics_score: true``, ``force_zeros_for_empty_prompt: false``). With
+    ``inpainting=True`` it names ``StableDiffusionXLInpaintPipeline`` and has a 9-channel UNet. Weights are float32
     safetensors; with a `variant`, variant files in the variant's dtype (float16 for ``"fp16"``, bfloat16
     for ``"bf16"``, float32 otherwise) are written beside the plain ones, as hub repos do.
 
@@ -124,16 +131,25 @@ def make_tiny_repo(
         folder: the repo folder to write (created if missing; existing files are overwritten).
         variant: an optional weights variant name such as ``"fp16"``.
         refiner: write a refiner-style image-to-image repo.
+        inpainting: write a 9-channel inpainting UNet and name the inpainting pipeline.
         seed: the seed of the random weights.
 
     Returns:
         The repo folder as a Path.
     """
-    from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
+    from diffusers import (
+        StableDiffusionXLImg2ImgPipeline,
+        StableDiffusionXLInpaintPipeline,
+        StableDiffusionXLPipeline,
+    )
+
+    if refiner and inpainting:
+        msg = "make_tiny_repo: refiner and inpainting repos are separate kinds; pass one of them"
+        raise ValueError(msg)
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    models = _tiny_models(refiner, seed)
+    models = _tiny_models(refiner, inpainting, seed)
     with tempfile.TemporaryDirectory() as tok_dir:
         tokenizer = make_tiny_tokenizer(tok_dir)
     shared: dict[str, Any] = {"image_encoder": None, "feature_extractor": None, "add_watermarker": False}
@@ -147,7 +163,8 @@ def make_tiny_repo(
             **shared,
         )
     else:
-        pipe = StableDiffusionXLPipeline(
+        pipeline_class = StableDiffusionXLInpaintPipeline if inpainting else StableDiffusionXLPipeline
+        pipe = pipeline_class(
             **models, tokenizer=tokenizer, tokenizer_2=tokenizer, force_zeros_for_empty_prompt=True, **shared
         )
     pipe.save_pretrained(folder, safe_serialization=True)

@@ -4,7 +4,11 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
+from diffusers import (
+    StableDiffusionXLImg2ImgPipeline,
+    StableDiffusionXLInpaintPipeline,
+    StableDiffusionXLPipeline,
+)
 
 import modular
 from blocks.stable_diffusion_xl import (
@@ -17,7 +21,11 @@ from blocks.stable_diffusion_xl import (
 # Until the entry point is in pyproject.toml; harmless once it is.
 modular.register_family(FAMILY)
 
-CLASSIC = {"text2image": StableDiffusionXLPipeline, "image2image": StableDiffusionXLImg2ImgPipeline}
+CLASSIC = {
+    "text2image": StableDiffusionXLPipeline,
+    "image2image": StableDiffusionXLImg2ImgPipeline,
+    "inpainting": StableDiffusionXLInpaintPipeline,
+}
 COMPONENTS = ("vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "unet", "scheduler")
 
 
@@ -31,6 +39,12 @@ def sdxl_repo(tmp_path_factory):
 def sdxl_refiner_repo(tmp_path_factory):
     """A tiny refiner-style SDXL repo (text_encoder_2 only, aesthetic scores)."""
     return make_tiny_repo(tmp_path_factory.mktemp("repos") / "tiny-sdxl-refiner", refiner=True)
+
+
+@pytest.fixture(scope="session")
+def sdxl_inpaint_repo(tmp_path_factory):
+    """A tiny SDXL inpainting repo with a 9-channel UNet."""
+    return make_tiny_repo(tmp_path_factory.mktemp("repos") / "tiny-sdxl-inpaint", inpainting=True)
 
 
 def load_pipeline(repo, blocks_class=StableDiffusionXLAutoBlocks):
@@ -55,6 +69,11 @@ def sdxl_pipe(sdxl_repo):
 
 
 @pytest.fixture(scope="session")
+def sdxl_inpaint_pipe(sdxl_inpaint_repo):
+    return load_pipeline(sdxl_inpaint_repo)
+
+
+@pytest.fixture(scope="session")
 def sdxl_refiner_pipe(sdxl_refiner_repo):
     return load_pipeline(sdxl_refiner_repo, StableDiffusionXLRefinerBlocks)
 
@@ -63,3 +82,10 @@ def make_image(seed=0, size=64):
     """A random RGB PIL image, the same for the same seed."""
     pixels = np.random.default_rng(seed).integers(0, 256, size=(size, size, 3), dtype=np.uint8)
     return PIL.Image.fromarray(pixels)
+
+
+def make_mask(size=64):
+    """A black L-mode mask with a white square in the middle (white is repainted)."""
+    mask = np.zeros((size, size), dtype=np.uint8)
+    mask[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = 255
+    return PIL.Image.fromarray(mask)

@@ -12,7 +12,7 @@ from blocks.stable_diffusion_xl import (
 )
 from modular import InputTypeError, MissingInputError, ModularPipeline, UnknownInputError, available_families
 
-from .conftest import COMPONENTS, classic_from, make_image
+from .conftest import COMPONENTS, classic_from, make_image, make_mask
 
 STEPS = 2
 
@@ -20,11 +20,12 @@ STEPS = 2
 def test_workflows_select_the_expected_blocks():
     """Each named workflow runs the encoder, preparation and loop of its task, and nothing else."""
     blocks = StableDiffusionXLAutoBlocks()
-    assert blocks.available_workflows == ["text2image", "image2image"]
-    prepare = ["set_timesteps", "prepare_latents", "prepare_add_cond", "denoise", "decode"]
+    assert blocks.available_workflows == ["text2image", "image2image", "inpainting"]
+    prepare = ["set_timesteps", "prepare_latents", "prepare_add_cond"]
     expected = {
-        "text2image": ["text_encoder", "input", *prepare],
-        "image2image": ["text_encoder", "input", "img2img_vae_encoder", *prepare],
+        "text2image": ["text_encoder", "input", *prepare, "denoise", "decode"],
+        "image2image": ["text_encoder", "input", "img2img_vae_encoder", *prepare, "denoise", "decode"],
+        "inpainting": ["text_encoder", "input", "inpaint_vae_encoder", *prepare, "inpaint_denoise", "decode"],
     }
     for workflow, names in expected.items():
         assert list(blocks.get_workflow(workflow).sub_blocks) == names
@@ -37,11 +38,16 @@ def test_family_is_registered():
     assert available_families()["stable-diffusion-xl"] is FAMILY
     assert FAMILY.blocks_class is StableDiffusionXLAutoBlocks
     assert FAMILY.make_tiny_repo is make_tiny_repo
-    assert set(FAMILY.classic_pipelines) == {"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}
+    assert set(FAMILY.classic_pipelines) == {
+        "StableDiffusionXLPipeline",
+        "StableDiffusionXLImg2ImgPipeline",
+        "StableDiffusionXLInpaintPipeline",
+    }
 
 
-def test_from_pretrained_matches_classic(sdxl_repo, sdxl_pipe):
-    """from_pretrained maps an SDXL model_index.json to the SDXL blocks; loaded, it gives the classic result."""
+def test_from_pretrained_matches_classic(sdxl_repo, sdxl_inpaint_repo, sdxl_pipe):
+    """from_pretrained maps SDXL model_index.json files to the SDXL blocks; loaded, it gives the classic result."""
+    assert isinstance(ModularPipeline.from_pretrained(sdxl_inpaint_repo).blocks, StableDiffusionXLAutoBlocks)
     pipe = ModularPipeline.from_pretrained(sdxl_repo)
     assert isinstance(pipe.blocks, StableDiffusionXLAutoBlocks)
     assert set(pipe.null_component_names) == set(COMPONENTS)
@@ -70,6 +76,7 @@ def test_doc_lists_components_inputs_and_workflows():
     assert "guidance_scale (float, default: 5.0)" in doc
     assert "aesthetic_score (float, default: 6.0)" in doc
     assert "image2image: image, prompt" in doc
+    assert "inpainting: mask_image, image, prompt" in doc
 
 
 def reference(pipe):
@@ -128,6 +135,11 @@ BAD_CALLS = {
         {"prompt": "a cat", "generator": [torch.Generator("cpu")] * 3},
         ValueError,
         "a list of generators needs one per image (got 3 for a batch of 1",
+    ),
+    "mask_without_image": (
+        {"prompt": "a cat", "mask_image": make_mask()},
+        MissingInputError,
+        "block 'inpaint_vae_encoder' (StableDiffusionXLInpaintVaeEncoderStep) needs input 'image'",
     ),
     "image_type": ({"prompt": "a cat", "image": "cat.png"}, InputTypeError, "input 'image' must be"),
     "misspelled": ({"prompt": "a cat", "promt_2": "a dog"}, UnknownInputError, "did you mean 'prompt_2'?"),

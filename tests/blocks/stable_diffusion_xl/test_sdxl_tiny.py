@@ -3,7 +3,11 @@
 import json
 
 import torch
-from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
+from diffusers import (
+    StableDiffusionXLImg2ImgPipeline,
+    StableDiffusionXLInpaintPipeline,
+    StableDiffusionXLPipeline,
+)
 from safetensors.torch import load_file
 
 from blocks.stable_diffusion_xl.tiny import make_tiny_repo
@@ -35,6 +39,18 @@ def test_refiner_repo_runs_in_classic_img2img(sdxl_refiner_repo):
     pipe.set_progress_bar_config(disable=True)
     image = torch.rand(1, 3, 64, 64)
     out = pipe("a cat", image=image, num_inference_steps=4, strength=0.5, output_type="np").images
+    assert out.shape == (1, 64, 64, 3)
+
+
+def test_inpainting_repo_runs_in_classic_inpaint(sdxl_inpaint_repo):
+    """inpainting=True writes a 9-channel UNet that the classic SDXL inpainting pipeline runs."""
+    pipe = StableDiffusionXLInpaintPipeline.from_pretrained(sdxl_inpaint_repo, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.unet.config.in_channels == 9
+    mask = torch.zeros(1, 1, 64, 64)
+    mask[..., 16:48, 16:48] = 1.0
+    image = torch.rand(1, 3, 64, 64)
+    out = pipe("a cat", image=image, mask_image=mask, num_inference_steps=2, output_type="np").images
     assert out.shape == (1, 64, 64, 3)
 
 
