@@ -1,5 +1,7 @@
 """Our SDXL blocks equal diffusers' classic SDXL pipelines bit for bit on CPU float32."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -212,3 +214,23 @@ def test_pil_output(sdxl_pipe):
     ours, theirs = run_both(sdxl_pipe, "text2image", prompt="a cat", num_inference_steps=STEPS)
     assert [image.size for image in ours] == [(64, 64)]
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs, strict=True))
+
+
+@pytest.mark.parametrize("workflow", ["text2image", "image2image"])
+def test_float16_vae_is_upcast_like_the_classic(sdxl_pipe, workflow):
+    """A float16 VAE with force_upcast encodes and decodes in float32 as the classic does, and stays float16."""
+    original = sdxl_pipe.vae
+    half = copy.deepcopy(original).to(torch.float16)
+    assert half.config.force_upcast
+    extra = {"image": make_image(), "strength": 1.0} if workflow == "image2image" else {}
+    kwargs = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "np", **extra}
+    sdxl_pipe.update_components(vae=half)
+    try:
+        ours = sdxl_pipe(generator=torch.Generator("cpu").manual_seed(0), output="images", **kwargs)
+        assert sdxl_pipe.vae.dtype == torch.float16
+        theirs = classic_from(sdxl_pipe, workflow)(
+            generator=torch.Generator("cpu").manual_seed(0), **kwargs
+        ).images
+    finally:
+        sdxl_pipe.update_components(vae=original)
+    assert_identical(ours, theirs)
