@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -18,6 +18,10 @@ ENTRY_POINT_GROUP = "modular.blocks"
 
 def _names(values: Iterable[str]) -> tuple[str, ...]:
     # A named converter rather than ``converter=tuple``: mypy's attrs plugin then types the argument.
+    return tuple(values)
+
+
+def _types(values: Sequence[type]) -> tuple[type, ...]:
     return tuple(values)
 
 
@@ -36,6 +40,9 @@ class BlockFamily:
         make_tiny_repo: ``make_tiny_repo(folder)`` writes a tiny random repo (for tests and the demo).
         tiny_repo_inputs: Call inputs that suit the tiny repo where the family's defaults do not
             (e.g. a small ``height``/``width`` for a model whose default size is 1024).
+        variants: Other blocks classes of the family (e.g. a refiner's), known by name in saved indexes.
+        choose_blocks: ``choose_blocks(index) -> blocks class`` for a classic index whose contents,
+            not only its ``_class_name``, decide (e.g. a refiner repo without ``text_encoder``).
     """
 
     name: str
@@ -43,6 +50,22 @@ class BlockFamily:
     classic_pipelines: tuple[str, ...] = attrs.field(default=(), converter=_names)
     make_tiny_repo: Callable | None = None
     tiny_repo_inputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_inputs)
+    variants: tuple[type, ...] = attrs.field(default=(), converter=_types)
+    choose_blocks: Callable[[Mapping[str, Any]], type] | None = None
+
+    @property
+    def all_blocks_classes(self) -> tuple[type, ...]:
+        return (self.blocks_class, *self.variants)
+
+    def blocks_for(self, index: Mapping[str, Any]) -> type:
+        """The blocks class for an index: by ``_blocks_class_name``, else ``choose_blocks``, else the default."""
+        name = index.get("_blocks_class_name")
+        for cls in self.all_blocks_classes:
+            if cls.__name__ == name:
+                return cls
+        if self.choose_blocks is not None:
+            return self.choose_blocks(index)
+        return self.blocks_class
 
 
 _registered: dict[str, BlockFamily] = {}
@@ -78,13 +101,14 @@ def family_for_index(index: dict, source: str) -> BlockFamily:
     blocks_name = index.get("_blocks_class_name")
     class_name = index.get("_class_name")
     for family in families:
-        if blocks_name and family.blocks_class.__name__ == blocks_name:
+        if blocks_name and any(cls.__name__ == blocks_name for cls in family.all_blocks_classes):
             return family
     for family in families:
         if class_name in family.classic_pipelines:
             return family
     known = sorted(
-        {f.blocks_class.__name__ for f in families} | {c for f in families for c in f.classic_pipelines}
+        {c.__name__ for f in families for c in f.all_blocks_classes}
+        | {c for f in families for c in f.classic_pipelines}
     )
     wanted = blocks_name or class_name
     msg = (

@@ -93,7 +93,7 @@ class ModularPipeline:
         repo = str(pretrained_model_name_or_path)
         kind, index = read_index(repo, revision=revision, token=token)
         family = family_for_index(index, repo)
-        blocks = family.blocks_class()
+        blocks = family.blocks_for(index)()
         workflow = workflow or index.get("_workflow")
         if workflow is not None:
             pruned = blocks.get_workflow(workflow)

@@ -7,6 +7,9 @@ registers the auto blocks for the classic ``StableDiffusionXL*Pipeline`` repos (
 ``modular.blocks``).
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 from modular import BlockFamily
 
 from .before_denoise import (
@@ -49,6 +52,15 @@ from .modular_blocks import (
 from .timesteps import StableDiffusionXLImg2ImgSetTimestepsStep, StableDiffusionXLSetTimestepsStep
 from .tiny import make_tiny_repo
 
+
+def _blocks_for_classic_index(index: Mapping[str, Any]) -> type:
+    """A refiner repo has no first text encoder; everything else gets the auto blocks."""
+    text_encoder = index.get("text_encoder")
+    if text_encoder is None or list(text_encoder)[:2] == [None, None]:
+        return StableDiffusionXLRefinerBlocks
+    return StableDiffusionXLAutoBlocks
+
+
 FAMILY = BlockFamily(
     name="stable-diffusion-xl",
     blocks_class=StableDiffusionXLAutoBlocks,
@@ -58,6 +70,8 @@ FAMILY = BlockFamily(
         "StableDiffusionXLInpaintPipeline",
     ),
     make_tiny_repo=make_tiny_repo,
+    variants=(StableDiffusionXLRefinerBlocks,),
+    choose_blocks=_blocks_for_classic_index,
 )
 
 __all__ = [
