@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 from diffusers import UNet2DConditionModel
 
+from blocks.common import TimestepLoopBlocks
 from modular import (
     ComponentSpec,
     InputParam,
-    LoopSequentialPipelineBlocks,
     ModularPipelineBlocks,
-    OutputParam,
 )
 
 from .utils import MODEL_NAME, SCHEDULER, do_classifier_free_guidance, extra_step_kwargs
@@ -242,41 +241,12 @@ class StableDiffusionInpaintLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
         return components, block_state
 
 
-class StableDiffusionDenoiseLoopWrapper(LoopSequentialPipelineBlocks):
-    """Runs its sub-blocks once per timestep on one shared block state."""
-
-    @property
-    def description(self) -> str:
-        return "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."
+class StableDiffusionDenoiseLoopWrapper(TimestepLoopBlocks):
+    """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler."""
 
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, _UNET]
-
-    @property
-    def loop_inputs(self) -> list[InputParam]:
-        return [
-            InputParam(
-                "timesteps", type_hint=torch.Tensor, required=True, description="The timesteps to denoise at."
-            ),
-            InputParam(
-                "num_inference_steps", type_hint=int, required=True, description="The number of steps."
-            ),
-        ]
-
-    @property
-    def loop_intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam("latents", type_hint=torch.Tensor, description="The denoised latents.")]
-
-    @torch.no_grad()
-    def __call__(self, components, state):
-        block_state = self.get_block_state(state)
-        with self.progress_bar(total=block_state.num_inference_steps) as progress_bar:
-            for i, t in enumerate(block_state.timesteps):
-                components, block_state = self.loop_step(components, block_state, i=i, t=t)
-                progress_bar.update()
-        self.set_block_state(state, block_state)
-        return components, state
 
 
 class StableDiffusionDenoiseStep(StableDiffusionDenoiseLoopWrapper):

@@ -1,0 +1,48 @@
+"""The denoising loop every family runs: its sub-blocks once per timestep, on one shared block state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from modular import InputParam, LoopSequentialPipelineBlocks, OutputParam, PipelineState
+
+__all__ = ["TimestepLoopBlocks"]
+
+
+class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
+    """Runs its sub-blocks once per timestep (``i``, ``t``) on one shared block state.
+
+    A family subclasses it, names its denoiser and scheduler in ``loop_expected_components`` and
+    lists the per-step blocks in ``block_classes``/``block_names``.
+    """
+
+    @property
+    def description(self) -> str:
+        return "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."
+
+    @property
+    def loop_inputs(self) -> list[InputParam]:
+        return [
+            InputParam(
+                "timesteps", type_hint=torch.Tensor, required=True, description="The timesteps to denoise at."
+            ),
+            InputParam(
+                "num_inference_steps", type_hint=int, required=True, description="The number of steps."
+            ),
+        ]
+
+    @property
+    def loop_intermediate_outputs(self) -> list[OutputParam]:
+        return [OutputParam("latents", type_hint=torch.Tensor, description="The denoised latents.")]
+
+    @torch.no_grad()
+    def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
+        block_state = self.get_block_state(state)
+        with self.progress_bar(total=block_state.num_inference_steps) as progress_bar:
+            for i, t in enumerate(block_state.timesteps):
+                components, block_state = self.loop_step(components, block_state, i=i, t=t)
+                progress_bar.update()
+        self.set_block_state(state, block_state)
+        return components, state
