@@ -97,6 +97,10 @@ class BlockState:
         msg = f"BlockState has no value {name!r}; it holds: {sorted(self.__dict__)}"
         raise AttributeError(msg)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Any name may be set: a block adds its outputs as attributes (this also tells type checkers so).
+        self.__dict__[name] = value
+
     def __repr__(self) -> str:
         body = "".join(f"  {key}: {summarize(value)}\n" for key, value in self.__dict__.items())
         return f"BlockState(\n{body})"

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import torch
-from diffusers import AutoencoderKL
+from typing import Any
 
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+import torch
+
+from blocks.common import VaeDecodeStep
+from modular import BlockState, InputParam
 
 from .utils import IMAGE_PROCESSOR, MODEL_NAME, default_size, latent_size, unpack_latents
 
 __all__ = ["FluxDecodeStep"]
 
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
-
-class FluxDecodeStep(ModularPipelineBlocks):
+class FluxDecodeStep(VaeDecodeStep):
     """Unpack and decode the latents with the VAE, then post-process them into images."""
 
     model_name = MODEL_NAME
+    image_processor = IMAGE_PROCESSOR
+    latents_description = "The denoised packed latents."
 
     @property
     def description(self) -> str:
@@ -28,40 +30,12 @@ class FluxDecodeStep(ModularPipelineBlocks):
         )
 
     @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    def extra_inputs(self) -> list[InputParam]:
+        return [InputParam.template("height"), InputParam.template("width")]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam(
-                "latents", type_hint=torch.Tensor, required=True, description="The denoised packed latents."
-            ),
-            InputParam.template("height"),
-            InputParam.template("width"),
-            InputParam.template("output_type"),
-        ]
-
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam.template("images")]
-
-    @torch.no_grad()
-    def __call__(self, components, state):
-        block_state = self.get_block_state(state)
-        output_type = block_state.output_type
-        if output_type not in OUTPUT_TYPES:
-            msg = f"{type(self).__name__}: output_type must be one of {list(OUTPUT_TYPES)} (got {output_type!r})"
-            raise ValueError(msg)
-        latents = block_state.latents
-        if output_type == "latent":
-            block_state.images = latents
-        else:
-            vae = components.vae
-            height, width = default_size(components, block_state.height, block_state.width)
-            latents = unpack_latents(latents, *latent_size(components, height, width))
-            latents = latents / vae.config.scaling_factor + vae.config.shift_factor
-            image = vae.decode(latents, return_dict=False)[0]
-            block_state.images = components.image_processor.postprocess(image, output_type=output_type)
-        self.set_block_state(state, block_state)
-        return components, state
+    def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
+        vae = components.vae
+        height, width = default_size(components, block_state.height, block_state.width)
+        latents = unpack_latents(block_state.latents, *latent_size(components, height, width))
+        latents = latents / vae.config.scaling_factor + vae.config.shift_factor
+        return vae.decode(latents, return_dict=False)[0]

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import torch
-from diffusers import AutoencoderKL
+from typing import Any
 
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+import torch
+
+from blocks.common import VaeDecodeStep
+from modular import BlockState, InputParam
 
 from .encoders import IMAGE_PROCESSOR
 from .utils import MODEL_NAME
 
 __all__ = ["StableDiffusionDecodeStep"]
 
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
-
-class StableDiffusionDecodeStep(ModularPipelineBlocks):
+class StableDiffusionDecodeStep(VaeDecodeStep):
     """Decode latents with the VAE and post-process them into PIL images, numpy arrays or tensors."""
 
     model_name = MODEL_NAME
+    image_processor = IMAGE_PROCESSOR
 
     @property
     def description(self) -> str:
@@ -29,39 +30,16 @@ class StableDiffusionDecodeStep(ModularPipelineBlocks):
         )
 
     @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    def extra_inputs(self) -> list[InputParam]:
+        return [InputParam.template("generator")]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam("latents", type_hint=torch.Tensor, required=True, description="The denoised latents."),
-            InputParam.template("output_type"),
-            InputParam.template("generator"),
-        ]
+    def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
+        vae = components.vae
+        latents = block_state.latents / vae.config.scaling_factor
+        return vae.decode(latents, return_dict=False, generator=block_state.generator)[0]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam.template("images")]
-
-    @torch.no_grad()
-    def __call__(self, components, state):
-        block_state = self.get_block_state(state)
-        output_type = block_state.output_type
-        if output_type not in OUTPUT_TYPES:
-            msg = f"{type(self).__name__}: output_type must be one of {list(OUTPUT_TYPES)} (got {output_type!r})"
-            raise ValueError(msg)
-        latents = block_state.latents
-        if output_type == "latent":
-            block_state.images = latents
-        else:
-            vae = components.vae
-            image = vae.decode(
-                latents / vae.config.scaling_factor, return_dict=False, generator=block_state.generator
-            )[0]
-            # No safety checker runs, so every image is denormalized from [-1, 1].
-            block_state.images = components.image_processor.postprocess(
-                image, output_type=output_type, do_denormalize=[True] * image.shape[0]
-            )
-        self.set_block_state(state, block_state)
-        return components, state
+    def postprocess(self, components: Any, image: torch.Tensor, output_type: str) -> Any:
+        # No safety checker runs, so every image is denormalized from [-1, 1].
+        return components.image_processor.postprocess(
+            image, output_type=output_type, do_denormalize=[True] * image.shape[0]
+        )

@@ -1,0 +1,69 @@
+"""The decode step every family ends with: latents in, images out in the requested output type."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import AutoencoderKL
+
+from modular import BlockState, ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam, PipelineState
+
+__all__ = ["OUTPUT_TYPES", "VaeDecodeStep"]
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+class VaeDecodeStep(ModularPipelineBlocks):
+    """Checks ``output_type``, passes latents through for ``"latent"``, else decodes and post-processes.
+
+    A family sets ``image_processor`` (its processor's ComponentSpec) and implements
+    :meth:`decode` (latents -> image tensor [B, 3, H, W] in [-1, 1]); it may add inputs with
+    ``extra_inputs`` and change :meth:`postprocess`.
+    """
+
+    image_processor: ComponentSpec
+    latents_description = "The denoised latents."
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [ComponentSpec("vae", AutoencoderKL), self.image_processor]
+
+    @property
+    def extra_inputs(self) -> list[InputParam]:
+        return []
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam(
+                "latents", type_hint=torch.Tensor, required=True, description=self.latents_description
+            ),
+            InputParam.template("output_type"),
+            *self.extra_inputs,
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [OutputParam.template("images")]
+
+    def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement decode(components, block_state)")
+
+    def postprocess(self, components: Any, image: torch.Tensor, output_type: str) -> Any:
+        return components.image_processor.postprocess(image, output_type=output_type)
+
+    @torch.no_grad()
+    def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
+        block_state = self.get_block_state(state)
+        output_type = block_state.output_type
+        if output_type not in OUTPUT_TYPES:
+            msg = f"{type(self).__name__}: output_type must be one of {list(OUTPUT_TYPES)} (got {output_type!r})"
+            raise ValueError(msg)
+        if output_type == "latent":
+            block_state.images = block_state.latents
+        else:
+            image = self.decode(components, block_state)
+            block_state.images = self.postprocess(components, image, output_type)
+        self.set_block_state(state, block_state)
+        return components, state
