@@ -8,9 +8,10 @@ from diffusers import UNet2DConditionModel
 from blocks.stable_diffusion.denoise import (
     StableDiffusionDenoiseLoopWrapper,
     StableDiffusionLoopAfterDenoiser,
+    StableDiffusionLoopBeforeDenoiser,
     guidance_scale_embedding,
 )
-from blocks.stable_diffusion.utils import SCHEDULER, do_classifier_free_guidance
+from blocks.stable_diffusion.utils import do_classifier_free_guidance
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks
 
 from .utils import MODEL_NAME, guidance_scale_input
@@ -29,32 +30,14 @@ def _tensor(name: str, description: str, required: bool = False) -> InputParam:
     return InputParam(name, type_hint=torch.Tensor, required=required, description=description)
 
 
-class StableDiffusionXLLoopBeforeDenoiser(ModularPipelineBlocks):
-    """Loop step: duplicate the latents for guidance and scale them for the scheduler."""
+class StableDiffusionXLLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser):
+    """Loop step: duplicate the latents for guidance and scale them for the scheduler (SDXL's guidance default)."""
 
     model_name = MODEL_NAME
 
     @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: makes latent_model_input from latents (doubled when guidance is on), scaled "
-            "with the scheduler's scale_model_input for timestep t."
-        )
-
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_UNET, SCHEDULER]
-
-    @property
     def inputs(self) -> list[InputParam]:
         return [_tensor("latents", "The latents being denoised.", required=True), guidance_scale_input()]
-
-    def __call__(self, components, block_state, i, t):
-        latents = block_state.latents
-        if do_classifier_free_guidance(components, block_state.guidance_scale):
-            latents = torch.cat([latents] * 2)
-        block_state.latent_model_input = components.scheduler.scale_model_input(latents, t)
-        return components, block_state
 
 
 class StableDiffusionXLLoopDenoiser(ModularPipelineBlocks):
