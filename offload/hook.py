@@ -40,6 +40,11 @@ class OffloadHook(ModelHook):
     def __repr__(self) -> str:
         return f"OffloadHook(model_id={self.model_id!r}, device={self.engine.execution_device})"
 
+    @property
+    def execution_device(self) -> torch.device:
+        """Where the model runs; pipelines read it (as from accelerate's hooks) to place their tensors."""
+        return self.engine.execution_device
+
     def pre_forward(self, module, *args, **kwargs):
         self.engine.ensure_resident(self.model_id)
         device = self.engine.execution_device

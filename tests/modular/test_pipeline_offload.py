@@ -64,3 +64,19 @@ def test_denoiser_stays_resident_while_the_text_encoder_makes_room(repo):
     unet_id = cm.get_id(pipe.unet)
     loads = [entry for entry in cm.offload_log if entry.model_id == unet_id and entry.bytes_to_device]
     assert len(loads) == 1
+
+
+def test_blocks_place_tensors_where_the_hooked_models_run(repo, monkeypatch):
+    """Under offload, pipe._execution_device is the engine's device (not where the host copies sit).
+
+    diffusers' VAE encode/decode trigger the hook without moving their inputs, so the blocks must
+    create latents on the execution device themselves.
+    """
+    cm = ComponentsManager()
+    pipe = _pipeline(repo, cm)
+    cm.enable_auto_cpu_offload(device=SimulatedDevice("1GB"), memory_reserve_margin=0)
+    engine = cm.offload_engine
+    # Pretend the engine runs models elsewhere than the host copies (as on CUDA).
+    monkeypatch.setattr(type(engine), "execution_device", property(lambda self: torch.device("meta")))
+    assert pipe.vae._hf_hook.execution_device == torch.device("meta")
+    assert pipe._execution_device == torch.device("meta")
