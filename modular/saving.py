@@ -27,7 +27,7 @@ def index_dict(
     """The index in the peer's shape; components in ``saved`` point at ``saved_to/<name>``."""
     data: dict[str, Any] = {
         "_blocks_class_name": pipe._blocks_class_name,
-        "_class_name": type(pipe).__name__,
+        "_class_name": _peer_pipeline_class_name(pipe),
         "_diffusers_version": diffusers.__version__,
     }
     if pipe._workflow:
@@ -43,6 +43,20 @@ def index_dict(
             )
         data[name] = entry
     return data
+
+
+def _peer_pipeline_class_name(pipe: ModularPipeline) -> str:
+    """The pipeline class the peer builds for these blocks, by their ``model_name`` as the peer does.
+
+    The peer makes the pipeline class an index names: its family classes (``StableDiffusionXLModularPipeline``)
+    carry what its blocks need (``vae_scale_factor``), so naming our own class would leave it unable to run.
+    """
+    try:
+        from diffusers.modular_pipelines.modular_pipeline import MODULAR_PIPELINE_MAPPING
+    except ImportError:  # a peer without the table: its generic class still loads the index
+        return "ModularPipeline"
+    map_fn = MODULAR_PIPELINE_MAPPING.get(pipe.blocks.model_name)
+    return map_fn(dict(pipe._config)) if map_fn is not None else "ModularPipeline"
 
 
 def _save_component(obj: Any, folder: Path) -> None:

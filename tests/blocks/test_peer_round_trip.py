@@ -1,0 +1,214 @@
+"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux and Z-Image.
+
+peer -> ours: the peer's pipeline on a tiny classic repo loads and saves; ours reads that folder, picks
+our family's blocks, takes every spec from the index, loads, and equals the classic pipeline.
+ours -> peer: ours saves; the peer reads that folder into its own family pipeline, loads every
+component, and runs on them (Flux and CFG-free Z-Image bit for bit; SDXL only to ~1e-5, see below).
+"""
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from diffusers import FluxPipeline
+from diffusers.guiders import ClassifierFreeGuidance
+from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
+
+import blocks.flux
+import blocks.stable_diffusion_xl
+import blocks.z_image
+import modular
+from components.load_id import LOAD_ID_FIELDS
+from modular.index import MODULAR_INDEX
+
+from .flux.conftest import classic_from as flux_classic
+from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
+from .z_image.conftest import classic_from as zimage_classic
+
+
+def _generator() -> torch.Generator:
+    return torch.Generator("cpu").manual_seed(0)
+
+
+def _check_sdxl(pipe, peer, inputs):
+    """SDXL: at the same guidance scale the peer agrees with ours to 1e-4, not bit for bit.
+
+    The peer runs the conditional and unconditional UNet passes as separate batches; the classic
+    pipeline (and ours, equal to it) runs them as one batch of two, so the float sums differ (~1e-5).
+    The peer's default guidance scale is 7.5, the classic one 5.0: both get 5.0 here.
+    """
+    peer.update_components(guider=ClassifierFreeGuidance(guidance_scale=5.0))
+    theirs = peer(generator=_generator(), output="latents", **inputs)
+    ours = pipe(generator=_generator(), output="latents", guidance_scale=5.0, **inputs)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+
+
+def _check_flux(pipe, peer, inputs):
+    """Flux: the peer's latents equal ours bit for bit, once ours (packed, as classic) are unpacked."""
+    theirs = peer(generator=_generator(), output="latents", **inputs)
+    packed = pipe(generator=_generator(), output="latents", **inputs)
+    ours = FluxPipeline._unpack_latents(packed, inputs["height"], inputs["width"], peer.vae_scale_factor)
+    assert torch.equal(ours, theirs)
+
+
+def _check_z_image(pipe, peer, inputs):
+    """Z-Image: the peer with guidance off (its default) equals ours with guidance_scale=0 bit for bit.
+
+    With guidance on they differ: the classic formula (which ours follows) at scale s is the peer's
+    classifier-free guidance at s + 1, and even then they agree only to ~5e-6.
+    """
+    peer.update_components(guider=ClassifierFreeGuidance(guidance_scale=5.0, enabled=False))
+    theirs = peer(generator=_generator(), output="latents", **inputs)
+    ours = pipe(generator=_generator(), output="latents", guidance_scale=0.0, **inputs)
+    assert torch.equal(ours, theirs)
+
+
+@attrs.frozen
+class Case:
+    family: modular.BlockFamily
+    classic_from: Callable[[Any, str], Any]
+    inputs: dict[str, Any]  # text-to-image inputs that suit the tiny repo
+    check_peer: Callable[[Any, Any, dict[str, Any]], None]  # the peer's output against ours
+
+
+CASES = {
+    "sdxl": Case(blocks.stable_diffusion_xl.FAMILY, sdxl_classic, {"height": 64, "width": 64}, _check_sdxl),
+    "flux": Case(blocks.flux.FAMILY, flux_classic, {"height": 32, "width": 32}, _check_flux),
+    "z_image": Case(blocks.z_image.FAMILY, zimage_classic, {"height": 32, "width": 32}, _check_z_image),
+}
+for _case in CASES.values():
+    modular.register_family(_case.family)
+
+
+def _inputs(case: Case) -> dict[str, Any]:
+    return {"prompt": "a cat", "num_inference_steps": 2, "output_type": "latent", **case.inputs}
+
+
+def _type_entry(cls: type | None) -> list[str | None]:
+    """``[library, class]`` as an index writes it."""
+    return [None, None] if cls is None else [cls.__module__.split(".")[0], cls.__name__]
+
+
+def _index(folder) -> dict[str, Any]:
+    return json.loads((folder / MODULAR_INDEX).read_text())
+
+
+def _component_entries(index: dict[str, Any]) -> dict[str, list]:
+    return {k: v for k, v in index.items() if not k.startswith("_") and isinstance(v, list)}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case_and_repo(request, tmp_path_factory):
+    case = CASES[request.param]
+    return case, case.family.make_tiny_repo(tmp_path_factory.mktemp(request.param) / "tiny")
+
+
+@pytest.fixture(scope="module")
+def peer_saved(case_and_repo, tmp_path_factory):
+    """The folder the peer's pipeline on the tiny repo saves to."""
+    _, repo = case_and_repo
+    peer = PeerPipeline.from_pretrained(str(repo))
+    peer.load_components(torch_dtype=torch.float32)
+    folder = tmp_path_factory.mktemp("peer-saved")
+    peer.save_pretrained(str(folder), overwrite_modular_index=True)
+    return type(peer).__name__, folder
+
+
+@pytest.fixture(scope="module")
+def ours_saved(case_and_repo, tmp_path_factory):
+    """Our pipeline on the tiny repo (loaded), and the folder it saves to."""
+    _, repo = case_and_repo
+    pipe = modular.ModularPipeline.from_pretrained(repo)
+    pipe.load_components(torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    folder = tmp_path_factory.mktemp("ours-saved") / "saved"
+    pipe.save_pretrained(folder)
+    return pipe, folder
+
+
+# ----- peer -> ours -----
+
+
+def test_ours_reads_the_peers_index_with_our_family_blocks(case_and_repo, peer_saved):
+    """The peer's saved index selects our family's blocks class of the same name."""
+    case, _ = case_and_repo
+    _, folder = peer_saved
+    pipe = modular.ModularPipeline.from_pretrained(folder)
+    assert type(pipe.blocks) is case.family.blocks_class
+    assert type(pipe.blocks).__name__ == _index(folder)["_blocks_class_name"]
+
+
+def test_our_specs_and_config_equal_the_peers_index(peer_saved):
+    """Every spec of ours equals its index entry (repo, subfolder, variant, revision, type); configs too."""
+    _, folder = peer_saved
+    index = _index(folder)
+    pipe = modular.ModularPipeline.from_pretrained(folder)
+    entries = _component_entries(index)
+    for name in pipe.pretrained_component_names:
+        spec, fields = pipe.get_component_spec(name), entries[name][2]
+        assert {k: getattr(spec, k) for k in LOAD_ID_FIELDS} == {k: fields[k] for k in LOAD_ID_FIELDS}, name
+        assert _type_entry(spec.type_hint) == fields["type_hint"], name
+    # Entries we have no component for are only ones the peer itself did not load (e.g. SDXL's controlnet).
+    for name, entry in entries.items():
+        if name not in pipe.component_names:
+            assert entry[0:2] == [None, None], name
+    configs = {k: v for k, v in index.items() if not k.startswith("_") and k not in entries}
+    assert configs == {k: pipe.config[k] for k in configs}
+
+
+def test_components_from_the_peers_index_load_and_equal_the_classic_pipeline(case_and_repo, peer_saved):
+    """Ours loads every component the peer saved and its output equals the classic pipeline's bit for bit."""
+    case, _ = case_and_repo
+    _, folder = peer_saved
+    entries = _component_entries(_index(folder))
+    pipe = modular.ModularPipeline.from_pretrained(folder)
+    pipe.load_components(torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.null_component_names == []
+    for name in pipe.pretrained_component_names:
+        assert _type_entry(type(pipe.components[name])) == entries[name][0:2], name
+    ours = pipe(generator=_generator(), output="images", **_inputs(case))
+    theirs = case.classic_from(pipe, "text2image")(generator=_generator(), **_inputs(case)).images
+    assert torch.equal(ours, theirs)
+
+
+# ----- ours -> peer -----
+
+
+def test_our_index_names_the_peers_pipeline_and_blocks_classes(peer_saved, ours_saved):
+    """Our index's _class_name and _blocks_class_name are what the peer writes for the same repo."""
+    peer_class_name, peer_folder = peer_saved
+    _, folder = ours_saved
+    ours, peers = _index(folder), _index(peer_folder)
+    assert ours["_class_name"] == peers["_class_name"] == peer_class_name
+    assert ours["_blocks_class_name"] == peers["_blocks_class_name"]
+
+
+def test_the_peer_reads_our_index_and_loads_every_component(ours_saved):
+    """The peer builds its family pipeline from our index; its specs equal our entries and all load."""
+    _, folder = ours_saved
+    index = _index(folder)
+    peer = PeerPipeline.from_pretrained(str(folder))
+    assert type(peer).__name__ == index["_class_name"]
+    assert type(peer.blocks).__name__ == index["_blocks_class_name"]
+    entries = _component_entries(index)
+    for name, (_, _, fields) in entries.items():
+        spec = peer.get_component_spec(name)
+        assert {k: getattr(spec, k) for k in LOAD_ID_FIELDS} == {k: fields[k] for k in LOAD_ID_FIELDS}, name
+        assert _type_entry(spec.type_hint) == fields["type_hint"], name
+    peer.load_components(names=list(entries), torch_dtype=torch.float32)
+    for name, entry in entries.items():
+        assert _type_entry(type(getattr(peer, name))) == entry[0:2], name
+
+
+def test_the_peer_on_our_saved_repo_runs_as_ours_does(case_and_repo, ours_saved):
+    """The peer, loaded from our saved repo, gives ours's latents (how exactly: see each family's check)."""
+    case, _ = case_and_repo
+    pipe, folder = ours_saved
+    peer = PeerPipeline.from_pretrained(str(folder))
+    peer.load_components(torch_dtype=torch.float32)
+    peer.set_progress_bar_config(disable=True)
+    case.check_peer(pipe, peer, _inputs(case))
