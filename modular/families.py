@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BlockFamily", "register_family", "available_families", "family_for_index"]
+__all__ = ["BlockFamily", "available_families", "family_for_index", "family_of_blocks", "register_family"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,9 @@ class BlockFamily:
         variants: Other blocks classes of the family (e.g. a refiner's), known by name in saved indexes.
         choose_blocks: ``choose_blocks(index) -> blocks class`` for a classic index whose contents,
             not only its ``_class_name``, decide (e.g. a refiner repo without ``text_encoder``).
+        peer_pipeline_class: The pipeline class diffusers' modular system builds for this family
+            (``"FluxModularPipeline"``). Saved indexes name it as ``_class_name``, so the peer builds
+            the class that carries what its own blocks need and can run what we save.
     """
 
     name: str
@@ -52,6 +55,7 @@ class BlockFamily:
     tiny_repo_inputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_inputs)
     variants: tuple[type, ...] = attrs.field(default=(), converter=_types)
     choose_blocks: Callable[[Mapping[str, Any]], type] | None = None
+    peer_pipeline_class: str = "ModularPipeline"
 
     @property
     def all_blocks_classes(self) -> tuple[type, ...]:
@@ -100,9 +104,9 @@ def family_for_index(index: dict, source: str) -> BlockFamily:
     families = available_families().values()
     blocks_name = index.get("_blocks_class_name")
     class_name = index.get("_class_name")
-    for family in families:
-        if blocks_name and any(cls.__name__ == blocks_name for cls in family.all_blocks_classes):
-            return family
+    by_blocks = family_of_blocks(blocks_name) if blocks_name else None
+    if by_blocks is not None:
+        return by_blocks
     for family in families:
         if class_name in family.classic_pipelines:
             return family
@@ -116,3 +120,11 @@ def family_for_index(index: dict, source: str) -> BlockFamily:
         "(entry point group 'modular.blocks'), or build the blocks yourself and call blocks.init_pipeline(repo)"
     )
     raise ValueError(msg)
+
+
+def family_of_blocks(blocks_class_name: str) -> BlockFamily | None:
+    """The family one of whose blocks classes has this name, if any."""
+    for family in available_families().values():
+        if any(cls.__name__ == blocks_class_name for cls in family.all_blocks_classes):
+            return family
+    return None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import diffusers
 
+from .families import family_of_blocks
 from .index import MODULAR_INDEX, spec_to_entry
 
 if TYPE_CHECKING:
@@ -46,17 +47,9 @@ def index_dict(
 
 
 def _peer_pipeline_class_name(pipe: ModularPipeline) -> str:
-    """The pipeline class the peer builds for these blocks, by their ``model_name`` as the peer does.
-
-    The peer makes the pipeline class an index names: its family classes (``StableDiffusionXLModularPipeline``)
-    carry what its blocks need (``vae_scale_factor``), so naming our own class would leave it unable to run.
-    """
-    try:
-        from diffusers.modular_pipelines.modular_pipeline import MODULAR_PIPELINE_MAPPING
-    except ImportError:  # a peer without the table: its generic class still loads the index
-        return "ModularPipeline"
-    map_fn = MODULAR_PIPELINE_MAPPING.get(pipe.blocks.model_name)
-    return map_fn(dict(pipe._config)) if map_fn is not None else "ModularPipeline"
+    """The pipeline class diffusers' modular system should build for these blocks (the family says)."""
+    family = family_of_blocks(pipe._blocks_class_name)
+    return family.peer_pipeline_class if family is not None else "ModularPipeline"
 
 
 def _save_component(obj: Any, folder: Path) -> None:

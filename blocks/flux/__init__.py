@@ -44,6 +44,7 @@ FAMILY = BlockFamily(
     blocks_class=FluxAutoBlocks,
     classic_pipelines=("FluxPipeline", "FluxImg2ImgPipeline", "FluxControlPipeline"),
     make_tiny_repo=make_tiny_repo,
+    peer_pipeline_class="FluxModularPipeline",
 )
 
 __all__ = [

@@ -72,6 +72,7 @@ FAMILY = BlockFamily(
     make_tiny_repo=make_tiny_repo,
     variants=(StableDiffusionXLRefinerBlocks,),
     choose_blocks=_blocks_for_classic_index,
+    peer_pipeline_class="StableDiffusionXLModularPipeline",
 )
 
 __all__ = [

@@ -35,6 +35,7 @@ FAMILY = BlockFamily(
     # The classic default is 1024 px; the tiny transformer's rope tables cover 32 positions per side.
     tiny_repo_inputs={"height": 32, "width": 32},
     make_tiny_repo=make_tiny_repo,
+    peer_pipeline_class="ZImageModularPipeline",
 )
 
 __all__ = [
