@@ -55,8 +55,8 @@ class ModularPipeline:
         self._specs: dict[str, ComponentSpec] = {spec.name: spec for spec in blocks.expected_components}
         self._config: dict[str, Any] = {spec.name: spec.default for spec in blocks.expected_configs}
         self._components: dict[str, Any] = dict.fromkeys(self._specs)
-        self._blocks_class_name = getattr(blocks, "_family_blocks_class_name", type(blocks).__name__)
-        self._workflow = getattr(blocks, "_family_workflow", None)
+        self._blocks_class_name = type(blocks).__name__
+        self._workflow: str | None = None
         self.pretrained_model_name_or_path = None
         if pretrained_model_name_or_path is not None:
             repo = str(pretrained_model_name_or_path)
@@ -93,14 +93,10 @@ class ModularPipeline:
         repo = str(pretrained_model_name_or_path)
         kind, index = read_index(repo, revision=revision, token=token)
         family = family_for_index(index, repo)
-        blocks = family.blocks_for(index)()
+        full_blocks = family.blocks_for(index)()
         workflow = workflow or index.get("_workflow")
-        if workflow is not None:
-            pruned = blocks.get_workflow(workflow)
-            pruned._family_blocks_class_name = type(blocks).__name__
-            pruned._family_workflow = workflow
-            blocks = pruned
-        return cls(
+        blocks = full_blocks.get_workflow(workflow) if workflow is not None else full_blocks
+        pipe = cls(
             blocks,
             repo,
             components_manager=components_manager,
@@ -110,6 +106,10 @@ class ModularPipeline:
             trust_remote_code=trust_remote_code,
             _index=(kind, index),
         )
+        # A pruned workflow is saved as the family's blocks plus the workflow's name, so it comes back pruned.
+        pipe._blocks_class_name = type(full_blocks).__name__
+        pipe._workflow = workflow
+        return pipe
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
         """Write every loaded component and a ``modular_model_index.json``; all or nothing."""
