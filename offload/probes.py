@@ -136,6 +136,15 @@ def resolve_probe(device: object) -> MemoryProbe:
         raise TypeError(msg)
     if device.type == "cpu":
         return HostProbe()
+    backend = getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if callable(is_available) and not is_available():
+        msg = (
+            f"device {str(device)!r}: torch.{device.type}.is_available() is False on this machine. Pass a "
+            "device that exists, device='cpu' to keep every model on the host, or a SimulatedDevice('8GB') "
+            "to run every offload decision against a byte budget."
+        )
+        raise ValueError(msg)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return DeviceProbe(device)

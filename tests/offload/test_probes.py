@@ -45,3 +45,12 @@ def test_cpu_is_a_host_probe_and_bad_types_are_rejected():
         resolve_probe(3.5)
     with pytest.raises(ValueError, match="is not a torch device string"):
         resolve_probe("warp-drive")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_a_device_this_machine_lacks_is_a_clear_error():
+    """device='cuda' without CUDA raises a ValueError naming the device and the alternatives."""
+    with pytest.raises(
+        ValueError, match=r"device 'cuda': torch.cuda.is_available\(\) is False on this machine"
+    ):
+        resolve_probe("cuda")
