@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from diffusers import UNet2DConditionModel
 
@@ -142,11 +144,16 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
             )
         return block_state.timestep_cond
 
+    def unet_conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The text embeddings of the (guidance-doubled) batch, negatives first, and extra UNet inputs."""
+        embeds = block_state.prompt_embeds
+        if do_classifier_free_guidance(components, block_state.guidance_scale):
+            embeds = torch.cat([block_state.negative_prompt_embeds, embeds])
+        return embeds, {}
+
     def __call__(self, components, block_state, i, t):
         guided = do_classifier_free_guidance(components, block_state.guidance_scale)
-        embeds = block_state.prompt_embeds
-        if guided:
-            embeds = torch.cat([block_state.negative_prompt_embeds, embeds])
+        embeds, extra = self.unet_conditions(components, block_state)
         noise_pred = components.unet(
             block_state.latent_model_input,
             t,
@@ -154,6 +161,7 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
             timestep_cond=self._timestep_cond(components, block_state),
             cross_attention_kwargs=block_state.cross_attention_kwargs,
             return_dict=False,
+            **extra,
         )[0]
         if guided:
             uncond, text = noise_pred.chunk(2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from diffusers import UNet2DConditionModel
 
@@ -9,10 +11,10 @@ from blocks.stable_diffusion.denoise import (
     StableDiffusionDenoiseLoopWrapper,
     StableDiffusionLoopAfterDenoiser,
     StableDiffusionLoopBeforeDenoiser,
-    guidance_scale_embedding,
+    StableDiffusionLoopDenoiser,
 )
 from blocks.stable_diffusion.utils import do_classifier_free_guidance
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks
+from modular import ComponentSpec, InputParam
 
 from .utils import MODEL_NAME, guidance_scale_input
 
@@ -40,7 +42,7 @@ class StableDiffusionXLLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser):
         return [_tensor("latents", "The latents being denoised.", required=True), guidance_scale_input()]
 
 
-class StableDiffusionXLLoopDenoiser(ModularPipelineBlocks):
+class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
     """Loop step: the UNet with text embeddings, pooled embeddings and time ids; classifier-free guidance."""
 
     model_name = MODEL_NAME
@@ -52,10 +54,6 @@ class StableDiffusionXLLoopDenoiser(ModularPipelineBlocks):
             "(text_embeds: pooled_prompt_embeds, time_ids: add_time_ids), negatives first when guidance is on; "
             "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
         )
-
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_UNET]
 
     @property
     def inputs(self) -> list[InputParam]:
@@ -73,7 +71,7 @@ class StableDiffusionXLLoopDenoiser(ModularPipelineBlocks):
             InputParam.template("cross_attention_kwargs"),
         ]
 
-    def _conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def unet_conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, Any]]:
         """The text embeddings and added conditions of the (guidance-doubled) batch, made once per call."""
         if "unet_conditions" not in block_state:
             embeds = block_state.prompt_embeds
@@ -84,49 +82,8 @@ class StableDiffusionXLLoopDenoiser(ModularPipelineBlocks):
                 time_ids = torch.cat([block_state.negative_add_time_ids, time_ids])
             device = components._execution_device
             added = {"text_embeds": pooled.to(device), "time_ids": time_ids.to(device)}
-            block_state.unet_conditions = (embeds.to(device), added)
+            block_state.unet_conditions = (embeds.to(device), {"added_cond_kwargs": added})
         return block_state.unet_conditions
-
-    def _timestep_cond(self, components, block_state) -> torch.Tensor | None:
-        proj_dim = components.unet.config.time_cond_proj_dim
-        if proj_dim is None:
-            return None
-        if "timestep_cond" not in block_state:
-            batch = block_state.latents.shape[0]
-            scale = torch.tensor(block_state.guidance_scale - 1).repeat(batch)
-            block_state.timestep_cond = guidance_scale_embedding(scale, proj_dim, torch.float32).to(
-                device=block_state.latents.device, dtype=block_state.latents.dtype
-            )
-        return block_state.timestep_cond
-
-    def __call__(self, components, block_state, i, t):
-        embeds, added = self._conditions(components, block_state)
-        noise_pred = components.unet(
-            block_state.latent_model_input,
-            t,
-            encoder_hidden_states=embeds,
-            timestep_cond=self._timestep_cond(components, block_state),
-            cross_attention_kwargs=block_state.cross_attention_kwargs,
-            added_cond_kwargs=added,
-            return_dict=False,
-        )[0]
-        if do_classifier_free_guidance(components, block_state.guidance_scale):
-            uncond, text = noise_pred.chunk(2)
-            noise_pred = uncond + block_state.guidance_scale * (text - uncond)
-            if block_state.guidance_rescale > 0.0:
-                noise_pred = _rescale_noise_cfg(noise_pred, text, block_state.guidance_rescale)
-        block_state.noise_pred = noise_pred
-        return components, block_state
-
-
-def _rescale_noise_cfg(
-    noise_cfg: torch.Tensor, noise_pred_text: torch.Tensor, rescale: float
-) -> torch.Tensor:
-    """Match the guided prediction's spread to the text prediction's (Lin et al. 2023, sec. 3.4), then blend."""
-    dims = list(range(1, noise_pred_text.ndim))
-    std_text = noise_pred_text.std(dim=dims, keepdim=True)
-    std_cfg = noise_cfg.std(dim=dims, keepdim=True)
-    return rescale * (noise_cfg * (std_text / std_cfg)) + (1 - rescale) * noise_cfg
 
 
 class StableDiffusionXLLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):

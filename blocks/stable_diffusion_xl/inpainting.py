@@ -6,7 +6,10 @@ import torch
 from diffusers import AutoencoderKL, UNet2DConditionModel
 from diffusers.utils.torch_utils import randn_tensor
 
-from blocks.stable_diffusion.denoise import StableDiffusionDenoiseLoopWrapper
+from blocks.stable_diffusion.denoise import (
+    StableDiffusionDenoiseLoopWrapper,
+    StableDiffusionInpaintLoopAfterDenoiser,
+)
 from blocks.stable_diffusion.encoders import IMAGE_PROCESSOR, MASK_PROCESSOR
 from blocks.stable_diffusion.utils import (
     SCHEDULER,
@@ -17,7 +20,6 @@ from blocks.stable_diffusion.utils import (
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .denoise import (
-    StableDiffusionXLLoopAfterDenoiser,
     StableDiffusionXLLoopBeforeDenoiser,
     StableDiffusionXLLoopDenoiser,
 )
@@ -289,36 +291,14 @@ class StableDiffusionXLInpaintLoopBeforeDenoiser(StableDiffusionXLLoopBeforeDeno
         return components, block_state
 
 
-class StableDiffusionXLInpaintLoopAfterDenoiser(StableDiffusionXLLoopAfterDenoiser):
-    """Loop step for inpainting: the scheduler step, then, for a 4-channel UNet, paste back the kept area."""
+class StableDiffusionXLInpaintLoopAfterDenoiser(StableDiffusionInpaintLoopAfterDenoiser):
+    """Loop step for inpainting: as Stable Diffusion's, with SDXL's guidance default."""
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_UNET, SCHEDULER]
+    model_name = MODEL_NAME
 
     @property
     def inputs(self) -> list[InputParam]:
-        return [
-            *super().inputs,
-            _tensor("mask", "The mask at latent size.", required=True),
-            _tensor("image_latents", "Scaled VAE latents of the image."),
-            _tensor("noise", "The noise the latents started from."),
-            guidance_scale_input(),
-        ]
-
-    def __call__(self, components, block_state, i, t):
-        components, block_state = super().__call__(components, block_state, i, t)
-        if components.unet.config.in_channels != 4:
-            return components, block_state
-        mask = block_state.mask
-        if do_classifier_free_guidance(components, block_state.guidance_scale):
-            mask, _ = mask.chunk(2)
-        kept = block_state.image_latents
-        if i < len(block_state.timesteps) - 1:
-            next_t = block_state.timesteps[i + 1]
-            kept = components.scheduler.add_noise(kept, block_state.noise, torch.tensor([next_t]))
-        block_state.latents = (1 - mask) * kept + mask * block_state.latents
-        return components, block_state
+        return [p if p.name != "guidance_scale" else guidance_scale_input() for p in super().inputs]
 
 
 class StableDiffusionXLInpaintDenoiseStep(StableDiffusionDenoiseLoopWrapper):
