@@ -225,7 +225,24 @@ class ModularPipeline:
                     cm.remove(component_id)
 
     def to(self, *args: Any, **kwargs: Any) -> ModularPipeline:
-        """Move every model (``torch.nn.Module`` component) like ``module.to(...)``."""
+        """Move every model (``torch.nn.Module`` component) like ``module.to(...)``.
+
+        Raises:
+            ValueError: auto offload places these models (moving them by hand would bypass it).
+        """
+        cm = self._components_manager
+        engine = cm.offload_engine if cm is not None else None
+        if cm is not None and engine is not None:
+            hooked = [
+                n for n, obj in self._components.items() if (cid := cm.get_id(obj)) and engine.has_hook(cid)
+            ]
+            if hooked:
+                msg = (
+                    f"pipe.to(...): auto offload places {hooked} on its own; moving or converting them by hand "
+                    "would bypass it. Call components_manager.disable_auto_cpu_offload() first, then .to(...), "
+                    "then enable it again."
+                )
+                raise ValueError(msg)
         for obj in self._components.values():
             if isinstance(obj, torch.nn.Module):
                 obj.to(*args, **kwargs)

@@ -80,3 +80,17 @@ def test_blocks_place_tensors_where_the_hooked_models_run(repo, monkeypatch):
     monkeypatch.setattr(type(engine), "execution_device", property(lambda self: torch.device("meta")))
     assert pipe.vae._hf_hook.execution_device == torch.device("meta")
     assert pipe._execution_device == torch.device("meta")
+
+
+def test_to_is_refused_while_auto_offload_places_the_models(repo):
+    """pipe.to() under auto offload raises, naming the models and the fix; nothing moves."""
+    cm = ComponentsManager()
+    pipe = _pipeline(repo, cm)
+    cm.enable_auto_cpu_offload(device=SimulatedDevice("1GB"), memory_reserve_margin=0)
+    with pytest.raises(
+        ValueError, match=r"auto offload places \[.*'unet'.*\] on its own.*disable_auto_cpu_offload"
+    ):
+        pipe.to(torch.float16)
+    assert pipe.unet.dtype == torch.float32
+    cm.disable_auto_cpu_offload()
+    assert pipe.to(torch.float16).unet.dtype == torch.float16
