@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from offload.storage import module_nbytes
+
 from .load_id import get_load_id
 
 __all__ = [
@@ -44,26 +46,9 @@ def _tensors(module: torch.nn.Module):
 
 
 def storage_bytes(module: torch.nn.Module) -> int:
-    """Bytes held by the module's tensors, each underlying storage counted once.
-
-    Counting storages (not ``numel * element_size``) is right for tied weights, views, and quantized
-    weights whose packed storage is smaller than their logical shape. Meta tensors hold no bytes.
-    """
-    sizes: dict[tuple[Any, ...], int] = {}
-    for tensor in _tensors(module):
-        if tensor.device.type == "meta":
-            continue
-        try:
-            storage = tensor.untyped_storage()
-            key: tuple[Any, ...] = (str(storage.device), storage.data_ptr())
-            nbytes = storage.nbytes()
-        except (RuntimeError, NotImplementedError, TypeError):
-            # Tensor subclasses without a plain storage: fall back to their logical size.
-            key, nbytes = ("tensor", id(tensor)), tensor.numel() * tensor.element_size()
-        if key[1] == 0:
-            key = ("tensor", id(tensor))
-        sizes[key] = max(sizes.get(key, 0), nbytes)
-    return sum(sizes.values())
+    """Bytes held by the module's weights: each storage once, quantized weights by their packed
+    storage, meta tensors (which hold no memory) not at all."""
+    return module_nbytes(module, count_meta=False)
 
 
 def module_devices(module: torch.nn.Module) -> list[str]:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["module_nbytes", "module_tensors"]
+__all__ = ["module_nbytes", "module_tensors", "plain_tensors"]
 
 
 def module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -19,22 +19,38 @@ def module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
         yield name, tensor
 
 
-def module_nbytes(module: torch.nn.Module) -> int:
+def plain_tensors(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The tensors that hold ``tensor``'s bytes: itself, or, for a wrapper subclass such as a quantized
+    weight (torchao, quanto: the ``__tensor_flatten__`` protocol), its inner tensors, recursively."""
+    if not hasattr(type(tensor), "__tensor_flatten__"):
+        yield tensor
+        return
+    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+    for name in names:
+        yield from plain_tensors(getattr(tensor, name))
+
+
+def module_nbytes(module: torch.nn.Module, count_meta: bool = True) -> int:
     """Return the bytes of the unique untyped storages behind ``module``'s parameters and buffers.
 
     Tied weights and views of one storage count once; a storage counts whole even if only a slice is
-    used, because moving it moves all of it. Meta tensors (data pointer 0) count by storage object.
+    used, because moving it moves all of it. A quantized weight counts its packed storage, not its
+    logical shape. Meta tensors (data pointer 0) count by storage object, or not at all with
+    ``count_meta=False`` (they hold no memory; the simulated benchmarks size models with them).
     """
     total = 0
     seen: set[object] = set()
     alive = []  # keep storage objects alive so that id() stays unique while counting
-    for _, tensor in module_tensors(module):
-        storage = tensor.untyped_storage()
-        alive.append(storage)
-        pointer = storage.data_ptr()
-        key = (tensor.device, pointer) if pointer else ("object", id(storage))
-        if key in seen:
-            continue
-        seen.add(key)
-        total += storage.nbytes()
+    for _, outer in module_tensors(module):
+        for tensor in plain_tensors(outer):
+            if tensor.device.type == "meta" and not count_meta:
+                continue
+            storage = tensor.untyped_storage()
+            alive.append(storage)
+            pointer = storage.data_ptr()
+            key = (tensor.device, pointer) if pointer else ("object", id(storage))
+            if key in seen:
+                continue
+            seen.add(key)
+            total += storage.nbytes()
     return total
