@@ -16,7 +16,17 @@ if TYPE_CHECKING:
 
     from .pipeline import ModularPipeline
 
-__all__ = ["ModularPipelineBlocks"]
+__all__ = ["PRODUCED", "ModularPipelineBlocks"]
+
+
+class _Produced:
+    """Stands for a value an earlier block will produce, while planning which blocks run."""
+
+    def __repr__(self) -> str:
+        return "PRODUCED"
+
+
+PRODUCED = _Produced()
 
 
 class ModularPipelineBlocks:
@@ -87,10 +97,13 @@ class ModularPipelineBlocks:
         return self
 
     def _leaf_blocks(self, active: dict[str, Any], prefix: str, into: list) -> None:
-        """Append ``(name, block)`` for each block that runs given ``active`` inputs, in order."""
+        """Append ``(name, block)`` for each block that runs given ``active`` inputs, in order.
+
+        Values that blocks will produce are not known before the run: they stand as ``PRODUCED``.
+        """
         into.append((prefix, self))
         for name in self.intermediate_output_names:
-            active.setdefault(name, True)
+            active.setdefault(name, PRODUCED)
 
     @property
     def available_workflows(self) -> list[str]:

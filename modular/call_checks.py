@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from .block import ModularPipelineBlocks
+from .conditional import ConditionalPipelineBlocks
 from .errors import (
     ComponentNotLoadedError,
     InputTypeError,
@@ -22,16 +23,21 @@ from .typecheck import type_name, value_matches
 __all__ = ["CallPlan", "plan_call", "walk_leaves"]
 
 
-def walk_leaves(block: ModularPipelineBlocks, name: str = "") -> Iterator[tuple[str, ModularPipelineBlocks]]:
-    """Every block that declares its own work (leaves and loop children), depth first, in order."""
+def walk_leaves(
+    block: ModularPipelineBlocks, name: str = "", into_choices: bool = True
+) -> Iterator[tuple[str, ModularPipelineBlocks]]:
+    """Every block that declares its own work (leaves and loop children), depth first, in order.
+
+    With ``into_choices=False`` a conditional block is one unit: its branch is chosen at run time.
+    """
     children = block.sub_blocks
-    if not children:
+    if not children or (not into_choices and isinstance(block, ConditionalPipelineBlocks)):
         yield name, block
         return
     if hasattr(block, "loop_step"):
         yield name, block  # the loop itself declares loop_expected_components and loop_inputs
     for child_name, child in children.items():
-        yield from walk_leaves(child, child_name)
+        yield from walk_leaves(child, child_name, into_choices)
 
 
 @attrs.frozen
@@ -85,7 +91,7 @@ def plan_call(blocks: ModularPipelineBlocks, given: dict[str, Any], components: 
     """The execution plan for these inputs; raises for missing inputs and unloaded components."""
     present = {key: value for key, value in given.items() if value is not None}
     executed = blocks.get_execution_blocks(**present)
-    leaves = tuple(walk_leaves(executed)) if executed is not None else ()
+    leaves = tuple(walk_leaves(executed, into_choices=False)) if executed is not None else ()
     produced: set[str] = set()
     uses: list[str] = []
     for name, leaf in leaves:
@@ -101,7 +107,8 @@ def plan_call(blocks: ModularPipelineBlocks, given: dict[str, Any], components: 
         produced.update(leaf.intermediate_output_names)
         for param in getattr(leaf, "loop_intermediate_outputs", []):
             produced.add(param.name)
-        # A block with children here is a loop (see walk_leaves): its own components are the loop's.
+        # A block with children here is a loop (its own components are the loop's) or a choice made
+        # at run time (which branch, and so which components, is not known before the run).
         specs = (
             list(leaf.expected_components)
             if not leaf.sub_blocks

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from .block import ModularPipelineBlocks
+from .block import PRODUCED, ModularPipelineBlocks
 from .composition import branch_inputs, spec_problems
 from .params import InputParam
 from .sequential import CompositeBlocks, run_child
@@ -46,6 +46,10 @@ class ConditionalPipelineBlocks(CompositeBlocks):
         """Whether no child may run (then none of the children's inputs is required)."""
         return self.default_block_name is None
 
+    def _decides_on_values(self) -> bool:
+        """Whether select_block looks at trigger values (not only at which are present)."""
+        return True
+
     @property
     def inputs(self) -> list[InputParam]:
         params = branch_inputs(self._children())
@@ -64,6 +68,11 @@ class ConditionalPipelineBlocks(CompositeBlocks):
         return spec_problems(self._children())
 
     def _leaf_blocks(self, active: dict[str, Any], prefix: str, into: list) -> None:
+        if self._decides_on_values() and any(active.get(t) is PRODUCED for t in self.trigger_inputs):
+            # The choice depends on a value no block has made yet: it is made at run time, so the plan
+            # keeps this block whole (it may produce any branch's outputs).
+            ModularPipelineBlocks._leaf_blocks(self, active, prefix, into)
+            return
         name = self._select(active)
         if name is not None:
             self._sub_blocks[name]._leaf_blocks(active, name, into)
@@ -112,3 +121,7 @@ class AutoPipelineBlocks(ConditionalPipelineBlocks):
 
     def _can_skip(self) -> bool:
         return None not in self.block_trigger_inputs
+
+    def _decides_on_values(self) -> bool:
+        # The stock rule looks at presence only; a subclass with its own select_block may look at values.
+        return type(self).select_block is not AutoPipelineBlocks.select_block

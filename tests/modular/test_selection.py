@@ -2,7 +2,13 @@
 
 import pytest
 
-from modular import ConditionalPipelineBlocks, SequentialPipelineBlocks
+from modular import (
+    ConditionalPipelineBlocks,
+    InputParam,
+    ModularPipelineBlocks,
+    OutputParam,
+    SequentialPipelineBlocks,
+)
 
 from .toy_blocks import AddOne, Double, DoubleOrNegate, Negate
 
@@ -95,3 +101,44 @@ def test_auto_blocks_need_one_trigger_per_branch():
 
     with pytest.raises(ValueError, match="block_trigger_inputs has 1 entries for 2 sub-blocks"):
         Mismatched()
+
+
+class NeedsExtra(ModularPipelineBlocks):
+    """z = y + extra (extra required)"""
+
+    @property
+    def inputs(self):
+
+        return [
+            InputParam("y", type_hint=int, required=True),
+            InputParam("extra", type_hint=int, required=True),
+        ]
+
+    @property
+    def intermediate_outputs(self):
+        return [OutputParam("z", type_hint=int)]
+
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        block_state.z = block_state.y + block_state.extra
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+class ByProducedValue(ConditionalPipelineBlocks):
+    """Adds extra when y is truthy, else doubles: decided on a value an earlier block makes."""
+
+    block_classes = [NeedsExtra, Double]
+    block_names = ["needs_extra", "double"]
+    block_trigger_inputs = ["y"]
+
+    def select_block(self, y=None):
+        return "needs_extra" if y else "double"
+
+
+def test_a_choice_on_a_produced_value_is_left_to_run_time():
+    """A custom select_block on a value an earlier block makes is not guessed before the run."""
+    blocks = SequentialPipelineBlocks.from_blocks_dict({"add": AddOne, "branch": ByProducedValue})
+    pipe = blocks.init_pipeline()
+    assert pipe(x=-1, output="z") == 0  # y == 0 -> double; 'extra' is not demanded up front
+    assert pipe(x=1, extra=5, output="z") == 7
