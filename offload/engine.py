@@ -332,7 +332,11 @@ class OffloadEngine:
     # -- forward with out-of-memory retry ------------------------------------------------------
     def run_forward(self, model_id: str, forward: Callable, args: tuple, kwargs: dict):
         """Run ``forward``; on out-of-memory evict every other model and run it once more."""
-        self._running[model_id] += 1
+        with self._lock:
+            self._running[model_id] += 1  # from here on no other thread may evict it
+            if not self._ledger.is_resident(model_id):
+                # Another thread evicted it between the hook's placement and this forward.
+                self._place(model_id)
         try:
             try:
                 return forward(*args, **kwargs)
@@ -352,9 +356,10 @@ class OffloadEngine:
                 )
                 raise OffloadOutOfMemoryError(msg) from error
         finally:
-            self._running[model_id] -= 1
-            if not self._running[model_id]:
-                del self._running[model_id]
+            with self._lock:
+                self._running[model_id] -= 1
+                if not self._running[model_id]:
+                    del self._running[model_id]
 
     def _evict_all_but(self, model_id: str) -> None:
         with self._lock:

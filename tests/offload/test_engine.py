@@ -266,3 +266,25 @@ def test_the_log_prints_a_table():
     assert cells[3][-1] == "evict: NextUseStrategy"
     assert lines[-1] == "total: to device 200 B, to host 0 B, evictions 1"
     assert engine.log.total_bytes_to_host == 0
+
+
+def test_a_model_evicted_between_its_hook_and_its_forward_is_placed_again():
+    """If another thread evicts a model after its hook placed it, the forward places it again first."""
+    from offload import OffloadEngine, SimulatedDevice
+    from tests.offload.helpers import call, sized
+
+    engine = OffloadEngine(SimulatedDevice(1000), memory_reserve_margin=0)
+    model = sized(400)
+    engine.attach("m", model)
+    hook = model._hf_hook
+    original = hook.pre_forward
+
+    def place_then_lose(module, *args, **kwargs):
+        result = original(module, *args, **kwargs)
+        engine.evict("m")  # what a concurrent call could do in this window
+        return result
+
+    hook.pre_forward = place_then_lose
+    call(model)
+    assert engine.is_resident("m")
+    assert [d.reason for d in engine.log].count("fits") == 2
