@@ -13,4 +13,4 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     # torch 2.13.0 is the pinned CPU build on our machines; elsewhere any torch>=2.4 works.
     "$VENV/bin/python" -m pip install -q torch==2.13.0 || "$VENV/bin/python" -m pip install -q "torch>=2.4"
 fi
-"$VENV/bin/python" -m pip install -q -e ".[test]"
+"$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[test]"
