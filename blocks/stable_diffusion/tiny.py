@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from blocks.common.bpe import bytes_to_unicode
+
 __all__ = ["make_tiny_repo", "make_tiny_tokenizer"]
 
 # Special tokens sit at fixed ids so that the text model's config can name them.
@@ -39,26 +41,12 @@ _SCHEDULER_CONFIG = {
 _VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _bytes_to_unicode() -> list[str]:
-    """The printable stand-ins byte-level BPE uses for the 256 byte values, in byte order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
 def _vocab_and_merges() -> tuple[dict[str, int], list[str]]:
     """A ~600-token CLIP-style vocabulary: specials, every byte alone and word-final, and word merges."""
     vocab: dict[str, int] = {_BOS: _BOS_ID, _EOS: _EOS_ID}
-    for char in _bytes_to_unicode():
+    for char in bytes_to_unicode():
         vocab.setdefault(char, len(vocab))
-    for char in _bytes_to_unicode():
+    for char in bytes_to_unicode():
         vocab.setdefault(char + "</w>", len(vocab))
     merges: list[str] = []
     for word in _WORDS:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from blocks.common.bpe import bytes_to_unicode
+
 __all__ = ["make_tiny_repo", "make_tiny_tokenizer", "CHAT_TEMPLATE"]
 
 _PAD = "<|endoftext|>"
@@ -45,27 +47,13 @@ _SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shi
 _VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _bytes_to_unicode() -> list[str]:
-    """The printable stand-ins byte-level BPE uses for the 256 byte values, in byte order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
 def _vocab_and_merges() -> tuple[dict[str, int], list[str]]:
     """A ~300-token byte-level vocabulary: specials, every byte, and merges for a few words."""
     vocab: dict[str, int] = {token: index for index, token in enumerate(_SPECIALS)}
-    for char in _bytes_to_unicode():
+    for char in bytes_to_unicode():
         vocab.setdefault(char, len(vocab))
     merges: list[str] = []
-    space = _bytes_to_unicode()[ord(" ")]  # "Ġ": a word after a space starts with it
+    space = bytes_to_unicode()[ord(" ")]  # "Ġ": a word after a space starts with it
     for word in _WORDS:
         # Merge left to right: ((c a) t); each merge's result becomes a token. Then the word after a
         # space: "Ġ" + "cat" (merging the word first keeps the space from splitting it).
