@@ -1,24 +1,36 @@
-"""The command line: ``modular run`` (the main job) and ``modular inspect`` (a pipeline, without weights)."""
+"""The command line: ``modular run`` (the main job) and ``modular inspect`` (a pipeline, without weights).
+
+Every error is one line on stderr, ``modular: error: <type>: <message>``, and exit status 2 (130 when
+interrupted); ``--debug`` or ``MODULAR_DEBUG=1`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .families import BlockFamily
+    from .pipeline import ModularPipeline
 
 __all__ = ["main"]
 
 DEFAULT_FAMILY = "stable-diffusion"
+ERROR_STATUS = 2  # what argparse exits with for a bad argument: one status for every refused run
+INTERRUPTED_STATUS = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
 
 
-def _family(name: str):
+def _family(name: str) -> BlockFamily:
     from .families import available_families
 
     families = available_families()
     if name not in families:
         msg = f"unknown family {name!r}; installed families: {sorted(families)}"
-        raise SystemExit(msg)
+        raise ValueError(msg)
     return families[name]
 
 
@@ -26,8 +38,16 @@ def _tiny_repo(family_name: str, folder: Path) -> Path:
     family = _family(family_name)
     if family.make_tiny_repo is None:
         msg = f"family {family_name!r} ships no tiny-repo builder; pass --repo"
-        raise SystemExit(msg)
+        raise ValueError(msg)
     return Path(family.make_tiny_repo(folder))
+
+
+def _family_name(pipe: ModularPipeline, fallback: str) -> str:
+    """The family of the pipeline that ran (a ``--repo`` need not be of the ``--family`` given)."""
+    from .families import family_of_blocks
+
+    family = family_of_blocks(pipe.blocks_class_name)
+    return family.name if family is not None else fallback
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,11 +68,12 @@ def run(args: argparse.Namespace) -> int:
         images = pipe(
             prompt=args.prompt, num_inference_steps=args.steps, generator=generator, output="images", **extra
         )
+    family_name = _family_name(pipe, args.family)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for number, image in enumerate(images):
-        path = out / f"{args.family}-seed{args.seed}-{number}.png"
+        path = out / f"{family_name}-seed{args.seed}-{number}.png"
         image.save(path)
         paths.append(path)
     print(manager)
@@ -78,6 +99,19 @@ def inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"must be a positive whole number (got {text!r})"
+        raise argparse.ArgumentTypeError(msg) from None
+    if value < 1:
+        msg = f"must be at least 1 (got {value})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modular", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -95,9 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"block family for the tiny repo (default {DEFAULT_FAMILY})",
         )
         sub.add_argument("--workflow", help="prune to one named workflow, e.g. text2image")
+        sub.add_argument(
+            "--debug", action="store_true", help="show the traceback of an error (or set MODULAR_DEBUG=1)"
+        )
     run_parser = commands.choices["run"]
     run_parser.add_argument("--prompt", default="a photo of an astronaut riding a horse")
-    run_parser.add_argument("--steps", type=int, default=2)
+    run_parser.add_argument("--steps", type=positive_int, default=2, help="denoising steps, at least 1")
     run_parser.add_argument("--seed", type=int, default=0)
     run_parser.add_argument("--out", default="out", help="folder for the images (default ./out)")
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -115,11 +152,34 @@ def _quiet_libraries() -> None:
     diffusers_logging.set_verbosity_error()
 
 
+def _one_line(error: BaseException) -> str:
+    """``<type>: <first line of the message>``; a KeyError's message without the quotes str() adds."""
+    if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str):
+        text = error.args[0]
+    else:
+        text = str(error)
+    lines = text.strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command; returns the exit status (0, 2 for any error, 130 when interrupted)."""
     args = build_parser().parse_args(argv)
-    if args.command == "inspect" or args.quiet:
-        _quiet_libraries()
-    return {"run": run, "inspect": inspect}[args.command](args)
+    debug = args.debug or os.environ.get("MODULAR_DEBUG", "") not in ("", "0")
+    try:
+        if args.command == "inspect" or args.quiet:
+            _quiet_libraries()
+        return {"run": run, "inspect": inspect}[args.command](args)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("modular: interrupted", file=sys.stderr)
+        return INTERRUPTED_STATUS
+    except Exception as error:  # the command line's one place that turns any error into its one line
+        if debug:
+            raise
+        print(f"modular: error: {_one_line(error)}", file=sys.stderr)
+        return ERROR_STATUS
 
 
 if __name__ == "__main__":

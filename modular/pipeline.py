@@ -132,6 +132,14 @@ class ModularPipeline:
         return self._blocks
 
     @property
+    def blocks_class_name(self) -> str:
+        """The name of the blocks class this pipeline stands for, as a saved index names it.
+
+        After ``from_pretrained(..., workflow=...)`` it is the family's full blocks, not the pruned ones.
+        """
+        return self._blocks_class_name
+
+    @property
     def components_manager(self) -> ComponentsManager | None:
         return self._components_manager
 
@@ -167,9 +175,22 @@ class ModularPipeline:
     def _set_component(self, name: str, obj: Any) -> None:
         self._components[name] = obj
         cm = self._components_manager
-        # An object the manager already tracks (perhaps under another name) is used as it is.
-        if cm is not None and obj is not None and cm.get_id(obj) is None:
-            cm.add(name, obj, collection=self._collection)
+        if cm is None or obj is None:
+            return
+        # From-config components (image processors, guiders) are each pipeline's own and are registered with
+        # the pipeline as owner, so the manager drops them once the pipeline is garbage-collected. They are not
+        # shared by (class, config) equality: a guider keeps per-call state and can be changed in place
+        # (``guider.guidance_scale = 5``), and a shared one would couple pipelines that run at the same time.
+        # Weights are what is worth sharing, and from_pretrained components are, by load ID.
+        # Tests: tests/modular/test_pipeline_lifetime.py.
+        owner = self if self._specs[name].default_creation_method == "from_config" else None
+        known = cm.get_id(obj)
+        if known is None:
+            cm.add(name, obj, collection=self._collection, owner=owner)
+        elif owner is not None and known == f"{name}_{id(obj)}":
+            # Another pipeline's from-config object: it stays registered while either pipeline lives.
+            cm.add(name, obj, owner=owner)
+        # Otherwise the object is tracked already (perhaps under another name) and is used as it is.
 
     def load_components(self, names: list[str] | str | None = None, **kwargs: Any) -> None:
         """Load components (all with a repo when ``names`` is None).

@@ -1,5 +1,7 @@
 """ComponentsManager: registry, collections, look-ups, search and model info."""
 
+import gc
+
 import pytest
 import torch
 from diffusers import PNDMScheduler
@@ -102,6 +104,80 @@ def test_remove_from_unknown_collection(cm):
     component_id = cm.add("unet", module(), collection="a")
     with pytest.raises(ComponentNotFoundError, match=f"Collection 'b' does not hold '{component_id}'"):
         cm.remove_from_collection(component_id, "b")
+
+
+class Owner:
+    """Stands in for a pipeline: something that holds components and supports weak references."""
+
+
+def test_registration_with_owner_is_dropped_when_the_owner_is_collected(cm):
+    """add(..., owner=o) registers the component until o is garbage-collected."""
+    owner = Owner()
+    component_id = cm.add("scheduler", PNDMScheduler(), collection="sd", owner=owner)
+    assert component_id in cm and cm.collections == {"sd": [component_id]}
+    del owner
+    gc.collect()
+    assert component_id not in cm
+    assert len(cm) == 0 and cm.collections == {}
+
+
+def test_registration_lasts_while_any_owner_lives(cm):
+    """A second owner keeps the registration until both owners are gone."""
+    first, second = Owner(), Owner()
+    component = PNDMScheduler()
+    component_id = cm.add("scheduler", component, owner=first)
+    assert cm.add("scheduler", component, owner=second) == component_id
+    del first
+    gc.collect()
+    assert component_id in cm
+    del second
+    gc.collect()
+    assert component_id not in cm
+
+
+def test_adding_without_owner_keeps_the_registration(cm):
+    """add() without owner makes an owned registration permanent; an owner given later changes nothing."""
+    first, second = Owner(), Owner()
+    component = PNDMScheduler()
+    component_id = cm.add("scheduler", component, owner=first)
+    cm.add("scheduler", component)
+    cm.add("scheduler", component, owner=second)
+    del first, second
+    gc.collect()
+    assert cm.get_one(component_id=component_id) is component
+
+
+def test_owned_registration_removed_by_hand_stays_removed(cm):
+    """A late owner finalizer leaves a new registration of the same object alone."""
+    owner = Owner()
+    component = PNDMScheduler()
+    component_id = cm.add("scheduler", component, owner=owner)
+    cm.remove(component_id)
+    assert cm.add("scheduler", component) == component_id
+    del owner
+    gc.collect()
+    assert component_id in cm
+
+
+def test_owner_finalizer_only_queues(cm):
+    """A collected owner changes the registry at the manager's next call, never from the garbage collector."""
+    owner = Owner()
+    component_id = cm.add("scheduler", PNDMScheduler(), owner=owner)
+    del owner
+    gc.collect()
+    assert component_id in cm._entries  # the collector may run while the registry is being iterated
+    assert component_id not in cm
+
+
+def test_owner_must_support_weak_references(cm):
+    """An owner that cannot be weakly referenced is a TypeError that says why; nothing is registered."""
+    with pytest.raises(TypeError) as info:
+        cm.add("scheduler", PNDMScheduler(), owner=3)
+    assert str(info.value) == (
+        "Cannot add 'scheduler' with owner=int: an owner must support weak references "
+        "(the registration is dropped when the owner is garbage-collected)."
+    )
+    assert len(cm) == 0
 
 
 def test_get_one(cm):
