@@ -7,7 +7,9 @@ component, and runs on them (Flux and CFG-free Z-Image bit for bit; SDXL only to
 """
 
 import json
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -197,7 +199,10 @@ def test_the_peer_reads_our_index_and_loads_every_component(ours_saved):
     entries = _component_entries(index)
     for name, (_, _, fields) in entries.items():
         spec = peer.get_component_spec(name)
-        assert {k: getattr(spec, k) for k in LOAD_ID_FIELDS} == {k: fields[k] for k in LOAD_ID_FIELDS}, name
+        # A saved component's entry has no repo, only its subfolder: "the folder this index is read from".
+        assert fields["pretrained_model_name_or_path"] is None, name
+        expected = {k: fields[k] for k in LOAD_ID_FIELDS} | {"pretrained_model_name_or_path": str(folder)}
+        assert {k: getattr(spec, k) for k in LOAD_ID_FIELDS} == expected, name
         assert _type_entry(spec.type_hint) == fields["type_hint"], name
     peer.load_components(names=list(entries), torch_dtype=torch.float32)
     for name, entry in entries.items():
@@ -211,4 +216,19 @@ def test_the_peer_on_our_saved_repo_runs_as_ours_does(case_and_repo, ours_saved)
     peer = PeerPipeline.from_pretrained(str(folder))
     peer.load_components(torch_dtype=torch.float32)
     peer.set_progress_bar_config(disable=True)
+    case.check_peer(pipe, peer, _inputs(case))
+
+
+def test_the_peer_loads_our_saved_folder_after_it_is_moved(case_and_repo, ours_saved, tmp_path):
+    """A folder we saved, moved elsewhere (the original gone), loads its own weights in the peer and runs."""
+    case, _ = case_and_repo
+    pipe, _ = ours_saved
+    pipe.save_pretrained(tmp_path / "first")
+    moved = Path(shutil.move(tmp_path / "first", tmp_path / "elsewhere" / "moved"))
+    assert not (tmp_path / "first").exists()
+    peer = PeerPipeline.from_pretrained(str(moved))
+    peer.load_components(torch_dtype=torch.float32)
+    peer.set_progress_bar_config(disable=True)
+    for name in _component_entries(_index(moved)):
+        assert peer.get_component_spec(name).pretrained_model_name_or_path == str(moved), name
     case.check_peer(pipe, peer, _inputs(case))
