@@ -6,11 +6,14 @@ __all__ = [
     "ComponentLoadError",
     "ComponentNotFoundError",
     "CorruptWeightsError",
+    "MissingComponentFileError",
     "PickleWeightsError",
+    "PipelineTypeError",
     "RemoteCodeError",
     "RepoNotFoundError",
     "RevisionNotFoundError",
     "SubfolderNotFoundError",
+    "SubfolderOutsideRepoError",
     "VariantNotFoundError",
 ]
 
@@ -27,6 +30,14 @@ class SubfolderNotFoundError(ComponentLoadError, FileNotFoundError):
     """The repo exists but has no such subfolder."""
 
 
+class SubfolderOutsideRepoError(ComponentLoadError):
+    """The subfolder is absolute or climbs out of its repo with '..'."""
+
+
+class MissingComponentFileError(ComponentLoadError, FileNotFoundError):
+    """The component folder exists but lacks the config file or the weight files its class loads from."""
+
+
 class VariantNotFoundError(ComponentLoadError, FileNotFoundError):
     """The component folder has weights, but none for the requested variant."""
 
@@ -40,7 +51,15 @@ class CorruptWeightsError(ComponentLoadError):
 
 
 class PickleWeightsError(ComponentLoadError):
-    """Only pickle weights (.bin/.pt/.ckpt) exist and the caller did not opt in with use_pickle=True."""
+    """Pickle weights (.bin/.pt/.ckpt) could be read and the caller did not opt in with use_pickle=True.
+
+    Raised when a component folder has only pickle weights for the variant, or holds pickle files in a
+    nested folder.
+    """
+
+
+class PipelineTypeError(ComponentLoadError, TypeError):
+    """A component's type is a whole pipeline: its loader would read other folders' files, unchecked."""
 
 
 class RemoteCodeError(ComponentLoadError):

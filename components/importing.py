@@ -9,10 +9,31 @@ import os
 
 from .errors import ComponentLoadError, RemoteCodeError
 
-__all__ = ["TRUSTED_LIBRARIES", "import_type", "resolve_type_from_folder"]
+__all__ = ["TRUSTED_LIBRARIES", "import_type", "is_pipeline_type", "resolve_type_from_folder"]
 
 #: Libraries whose classes load without ``trust_remote_code=True``.
 TRUSTED_LIBRARIES = ("diffusers", "transformers")
+
+#: Index files that a pipeline class reads: a class whose config is one of these loads a whole repo.
+PIPELINE_INDEX_FILES = ("model_index.json", "modular_model_index.json")
+
+
+def is_pipeline_type(cls: type) -> bool:
+    """Whether ``cls`` is a whole pipeline rather than one component.
+
+    A pipeline's ``from_pretrained`` loads every component folder of a repo by itself, so the checks made on
+    one component folder (safetensors only, no remote code) would not cover what it reads. A pipeline is a
+    class whose config file is a pipeline index (diffusers' ``DiffusionPipeline``, its ``AutoPipelineFor*``
+    classes and ``ModularPipeline``), or a class with ``load_components`` (a modular pipeline).
+    """
+    try:
+        config_name = getattr(cls, "config_name", None)
+        load_components = getattr(cls, "load_components", None)
+    except ImportError:
+        # diffusers' placeholders for classes whose backend is missing raise on any attribute; loading one
+        # would raise the same ImportError, which says what to install.
+        return False
+    return config_name in PIPELINE_INDEX_FILES or callable(load_components)
 
 
 def import_type(library: str, class_name: str, trust_remote_code: bool = False) -> type:

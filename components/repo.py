@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ntpath
 import os
+import posixpath
 import re
 
 import attrs
@@ -10,9 +12,14 @@ from huggingface_hub import constants, snapshot_download
 from huggingface_hub import errors as hub_errors
 from huggingface_hub.file_download import repo_folder_name
 
-from .errors import RepoNotFoundError, RevisionNotFoundError, SubfolderNotFoundError
+from .errors import (
+    RepoNotFoundError,
+    RevisionNotFoundError,
+    SubfolderNotFoundError,
+    SubfolderOutsideRepoError,
+)
 
-__all__ = ["Location", "describe", "resolve_location"]
+__all__ = ["Location", "describe", "resolve_location", "subfolder_escape"]
 
 # Weight formats we never need: skipping them keeps a hub fetch to the component's own files.
 _FOREIGN_FORMATS = ["*.msgpack", "*.h5", "*.onnx", "*.onnx_data", "*.tflite", "*.ot", "*.gguf"]
@@ -27,6 +34,22 @@ def describe(repo: str | None, subfolder: str, variant: str | None, revision: st
     if revision is not None:
         details.append(f"revision {revision!r}")
     return f"{repo!r} ({', '.join(details)})"
+
+
+def subfolder_escape(subfolder: str) -> str | None:
+    """Why ``subfolder`` would lead outside its repo, or ``None`` when it stays inside.
+
+    A subfolder is a relative path below the repo root: an absolute path (POSIX or Windows, a drive such as
+    ``C:`` included) or a ``..`` part (with ``/`` or ``\\`` as separator) leaves the repo.
+    """
+    drive = ntpath.splitdrive(subfolder)[0]
+    if drive and not drive.startswith(("/", "\\")):
+        return f"it names a drive ({drive!r})"
+    if posixpath.isabs(subfolder) or ntpath.isabs(subfolder):
+        return "it is an absolute path"
+    if ".." in re.split(r"[/\\]", subfolder):
+        return "it has a '..' part"
+    return None
 
 
 @attrs.frozen
@@ -126,11 +149,19 @@ def resolve_location(
     only ``<subfolder>/*`` is fetched, the cache and offline mode are respected, and ``token`` is passed on.
 
     Raises:
+        SubfolderOutsideRepoError: the subfolder is absolute or has a ``..`` part.
         RepoNotFoundError: not a folder, and not on the hub (or not cached when offline).
         RevisionNotFoundError: the repo is there but the revision is not.
         SubfolderNotFoundError: the repo has no such subfolder.
     """
     where = describe(repo, subfolder, variant, revision)
+    escape = subfolder_escape(subfolder)
+    if escape is not None:
+        msg = (
+            f"Repo {where}: the subfolder must be a folder inside the repo, but {escape}. Give the folder that "
+            f"holds the component as the repo (pretrained_model_name_or_path) and a subfolder inside it."
+        )
+        raise SubfolderOutsideRepoError(msg)
     expanded = os.path.expanduser(repo)
     if os.path.isdir(expanded):
         root, from_hub = expanded, False
@@ -152,6 +183,11 @@ def resolve_location(
         )
         from_hub = True
     folder = os.path.join(root, subfolder) if subfolder else root
+    inside = os.path.normpath(os.path.abspath(root))
+    if os.path.commonpath([inside, os.path.normpath(os.path.abspath(folder))]) != inside:
+        # subfolder_escape refuses every way out we know of; this guards the join itself.
+        msg = f"Repo {where}: subfolder {subfolder!r} resolves to {folder}, outside the repo at {root}."
+        raise SubfolderOutsideRepoError(msg)
     if not os.path.isdir(folder):
         present = sorted(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)))
         msg = (

@@ -10,12 +10,13 @@ from typing import Any
 import attrs
 import torch
 
-from .importing import resolve_type_from_folder
+from .errors import ComponentLoadError, PipelineTypeError
+from .importing import is_pipeline_type, resolve_type_from_folder
 from .load_id import LOAD_ID_FIELDS, NULL_LOAD_ID, decode_load_id, format_load_id, get_load_id, tag_load_id
 from .repo import describe, resolve_location
-from .weights import check_weights
+from .weights import check_config, check_weights, loads_weights
 
-__all__ = ["LOAD_OPTIONS", "ComponentSpec", "ConfigSpec", "normalize_dtype"]
+__all__ = ["LOAD_OPTIONS", "ComponentSpec", "ConfigSpec", "check_loadable_type", "normalize_dtype"]
 
 logger = logging.getLogger(__name__)
 
@@ -266,8 +267,9 @@ class ComponentSpec:
 
         Raises:
             TypeError: an unknown keyword.
-            ComponentLoadError: (and its subclasses) the repo, subfolder, variant, revision or weights are
-                missing, corrupt, or refused.
+            ComponentLoadError: (and its subclasses) the repo, subfolder, variant, revision, config or weights
+                are missing, corrupt, or refused; the subfolder leaves the repo; the type is a whole pipeline
+                (PipelineTypeError) or has no ``from_pretrained``.
         """
         overrides = {key: kwargs.pop(key) for key in LOAD_ID_FIELDS if key in kwargs}
         if "repo" in kwargs:
@@ -295,6 +297,8 @@ class ComponentSpec:
         use_pickle = bool(kwargs.pop("use_pickle", False))
         trust_remote_code = bool(kwargs.pop("trust_remote_code", False))
         where = describe(repo, spec.subfolder, spec.variant, spec.revision)
+        if spec.type_hint is not None:
+            check_loadable_type(spec.name, spec.type_hint, where)
         location = resolve_location(
             repo,
             spec.subfolder,
@@ -305,16 +309,20 @@ class ComponentSpec:
             cache_dir=kwargs.pop("cache_dir", None),
             use_pickle=use_pickle,
         )
-        type_hint, remote = spec.type_hint, False
+        type_hint = spec.type_hint
         if type_hint is None:
-            type_hint, remote = resolve_type_from_folder(location.folder, where, trust_remote_code)
-        check_weights(location.folder, where, spec.variant, use_pickle)
+            type_hint, _ = resolve_type_from_folder(location.folder, where, trust_remote_code)
+            check_loadable_type(spec.name, type_hint, where)
+        # Every type is checked, whatever its loader: the config it reads, and the weight files beside it.
+        with_weights = loads_weights(type_hint)
+        check_config(location.folder, where, type_hint)
+        check_weights(location.folder, where, spec.variant, use_pickle, needs_weights=with_weights)
 
         options: dict[str, Any] = {}
         if spec.subfolder:
             options["subfolder"] = spec.subfolder
         # Models take weights options; tokenizers and schedulers would store unknown ones in their config.
-        if issubclass(type_hint, torch.nn.Module) or (remote and type_hint.__name__ == "AutoModel"):
+        if with_weights:
             if spec.variant is not None:
                 options["variant"] = spec.variant
             if dtype is not None:
@@ -329,6 +337,35 @@ class ComponentSpec:
         component = loader.from_pretrained(location.root, **options)
         tag_load_id(component, spec.load_id)
         return component
+
+
+def check_loadable_type(name: str, cls: type, where: str) -> None:
+    """Checks that ``cls`` loads one component with ``from_pretrained``, before anything is read.
+
+    Raises:
+        PipelineTypeError: ``cls`` is a whole pipeline, whose loader reads every folder of a repo (and their
+            weights, pickle files included) past the checks made here on one component folder.
+        ComponentLoadError: ``cls`` has no ``from_pretrained``.
+    """
+    if is_pipeline_type(cls):
+        msg = (
+            f"Component {name!r} from {where} is declared as {cls.__module__}.{cls.__qualname__}, a whole "
+            f"pipeline, not a component: loading it would load another repo's components unchecked. Declare the "
+            f"component's own class (e.g. a model, scheduler or tokenizer class) or type_hint=None, and load "
+            f"the other pipeline's components through its own index."
+        )
+        raise PipelineTypeError(msg)
+    try:
+        loader = getattr(cls, "from_pretrained", None)
+    except ImportError:  # diffusers' placeholder for a class whose backend is missing: let it raise on load
+        return
+    if not callable(loader):
+        msg = (
+            f"Component {name!r} from {where} is declared as {cls.__module__}.{cls.__qualname__}, which has no "
+            f"from_pretrained to load it with. Declare a class that loads from a repo, or build the component "
+            f"with ComponentSpec.create()."
+        )
+        raise ComponentLoadError(msg)
 
 
 @attrs.frozen

@@ -6,9 +6,9 @@ import json
 import os
 import struct
 
-from .errors import CorruptWeightsError, PickleWeightsError, VariantNotFoundError
+from .errors import CorruptWeightsError, MissingComponentFileError, PickleWeightsError, VariantNotFoundError
 
-__all__ = ["check_weights", "check_safetensors", "file_variant"]
+__all__ = ["check_config", "check_weights", "check_safetensors", "file_variant", "loads_weights"]
 
 _SAFETENSORS = (".safetensors",)
 _PICKLE = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -24,6 +24,47 @@ def file_variant(filename: str) -> str | None:
     if len(parts) <= 2:
         return None
     return parts[-2].split("-")[0]
+
+
+def loads_weights(cls: type) -> bool:
+    """Whether ``cls.from_pretrained`` reads weight files, and so takes ``use_safetensors``, ``variant``, ``dtype``.
+
+    True for models (``torch.nn.Module``) and for the libraries' model auto classes (diffusers' and
+    transformers' ``AutoModel*``), which pass those options on to the model class they pick.
+    """
+    import torch
+    from diffusers import AutoModel
+
+    bases: tuple[type, ...] = (torch.nn.Module, AutoModel)
+    try:
+        from transformers.models.auto.auto_factory import _BaseAutoModelClass
+    except ImportError:  # pragma: no cover - the base moved; models are still caught as nn.Module
+        pass
+    else:
+        bases += (_BaseAutoModelClass,)
+    return issubclass(cls, bases)
+
+
+def check_config(folder: str, where: str, cls: type) -> None:
+    """Checks that a component folder holds the config file ``cls`` reads, before the library looks for it.
+
+    The file is ``cls.config_name`` for diffusers classes (``config.json``, ``scheduler_config.json``) and
+    ``config.json`` for other classes that load weights; other classes (tokenizers, processors) pass.
+
+    Raises:
+        MissingComponentFileError: the config file is not there.
+    """
+    config_name = getattr(cls, "config_name", None)
+    if not isinstance(config_name, str):
+        config_name = "config.json" if loads_weights(cls) else None
+    if config_name is None or os.path.isfile(os.path.join(folder, config_name)):
+        return
+    present = sorted(os.listdir(folder))
+    msg = (
+        f"{where} has no {config_name} (files present: {present}); {cls.__name__} reads its config from it. "
+        f"Check the repo and subfolder, or save the component there again with save_pretrained()."
+    )
+    raise MissingComponentFileError(msg)
 
 
 def check_safetensors(path: str) -> None:
@@ -62,19 +103,42 @@ def check_safetensors(path: str) -> None:
         raise CorruptWeightsError(msg)
 
 
-def check_weights(folder: str, where: str, variant: str | None, use_pickle: bool) -> None:
+def check_weights(
+    folder: str, where: str, variant: str | None, use_pickle: bool, needs_weights: bool = False
+) -> None:
     """Checks a component folder before loading: the variant exists, the format is allowed, files are whole.
 
-    A folder without weight files (a tokenizer, a scheduler) passes.
+    A folder without weight files (a tokenizer, a scheduler) passes unless ``needs_weights``. Without
+    ``use_pickle``, a pickle file in a folder nested inside ``folder`` is refused too, whatever sits beside
+    it: only a loader that reads more than its own folder (which ``ComponentSpec.load`` refuses) would read
+    it, and it must not.
 
     Raises:
+        MissingComponentFileError: ``needs_weights`` and the folder has no weight file at all.
         VariantNotFoundError: weights exist, but none for ``variant`` (or only variants when none is asked).
-        PickleWeightsError: only pickle weights exist for the variant and ``use_pickle`` is False.
+        PickleWeightsError: only pickle weights exist for the variant, or a nested folder holds pickle files,
+            and ``use_pickle`` is False.
         CorruptWeightsError: a safetensors file that would be loaded is truncated.
     """
     names = sorted(os.listdir(folder))
     weights = [name for name in names if name.endswith(_SAFETENSORS + _PICKLE)]
+    if not use_pickle:
+        nested = _nested_pickle_files(folder)
+        if nested:
+            msg = (
+                f"{where} holds pickle files in nested folders ({nested}); pickle files can run code when "
+                f"loaded, so they are refused by default. Remove or convert them to safetensors, or pass "
+                f"use_pickle=True if you trust the repo."
+            )
+            raise PickleWeightsError(msg)
     if not weights:
+        if needs_weights:
+            allowed = "*.safetensors or, with use_pickle=True, *.bin/*.pt/*.pth/*.ckpt"
+            msg = (
+                f"{where} has no weight file ({allowed}); files present: {names}. Check the repo and "
+                f"subfolder, or save the component there again with save_pretrained()."
+            )
+            raise MissingComponentFileError(msg)
         return
     chosen = [name for name in weights if file_variant(name) == variant]
     if not chosen:
@@ -100,3 +164,24 @@ def check_weights(folder: str, where: str, variant: str | None, use_pickle: bool
         raise PickleWeightsError(msg)
     for name in safetensors:
         check_safetensors(os.path.join(folder, name))
+
+
+def _nested_pickle_files(folder: str) -> list[str]:
+    """Pickle files in the folders below ``folder`` (not in it), as paths relative to it."""
+    found: list[str] = []
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a symlink loop
+            dirnames.clear()
+            continue
+        seen.add(real)
+        dirnames.sort()
+        if dirpath == folder:
+            continue
+        found.extend(
+            os.path.relpath(os.path.join(dirpath, name), folder)
+            for name in sorted(filenames)
+            if name.endswith(_PICKLE)
+        )
+    return found

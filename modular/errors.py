@@ -9,6 +9,7 @@ __all__ = [
     "UnknownInputError",
     "UnknownOutputError",
     "ComponentNotLoadedError",
+    "IndexFileError",
 ]
 
 
@@ -43,3 +44,21 @@ class UnknownOutputError(KeyError):
 
 class ComponentNotLoadedError(ValueError):
     """A block needs a component that has not been loaded yet."""
+
+
+class IndexFileError(ValueError):
+    """An index file (``modular_model_index.json``, ``model_index.json``) that cannot be read as one.
+
+    Raised before anything is imported, loaded or registered; the message names the file and lists every
+    problem found, each naming its entry.
+    """
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            message = f"{path}: {self.problems[0]}"
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            message = f"{path}: the index file has {len(self.problems)} problems:\n{lines}"
+        super().__init__(message)
