@@ -10,8 +10,10 @@ from .conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
 from .errors import (
     BlockCompositionError,
     ComponentNotLoadedError,
+    IndexFileError,
     InputTypeError,
     MissingInputError,
+    SaveTargetInUseError,
     UnknownInputError,
     UnknownOutputError,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "ComponentsManager",
     "ConditionalPipelineBlocks",
     "ConfigSpec",
+    "IndexFileError",
     "InputParam",
     "InputTypeError",
     "LoopSequentialPipelineBlocks",
@@ -40,6 +43,7 @@ __all__ = [
     "ModularPipelineBlocks",
     "OutputParam",
     "PipelineState",
+    "SaveTargetInUseError",
     "SequentialPipelineBlocks",
     "UnknownInputError",
     "UnknownOutputError",

@@ -10,6 +10,7 @@ __all__ = [
     "UnknownOutputError",
     "ComponentNotLoadedError",
     "IndexFileError",
+    "SaveTargetInUseError",
 ]
 
 
@@ -62,3 +63,7 @@ class IndexFileError(ValueError):
             lines = "\n".join(f"  - {p}" for p in self.problems)
             message = f"{path}: the index file has {len(self.problems)} problems:\n{lines}"
         super().__init__(message)
+
+
+class SaveTargetInUseError(ValueError):
+    """A save would replace files that a loaded component reads (or may still read) its weights from."""

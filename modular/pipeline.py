@@ -112,7 +112,15 @@ class ModularPipeline:
         return pipe
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write every loaded component and a ``modular_model_index.json``; all or nothing."""
+        """Write every loaded component and a ``modular_model_index.json`` into ``save_directory``.
+
+        Only the component folders it writes and the index are added or replaced; other files stay. A kill at
+        any point leaves the old complete save or the new one (see ``modular/saving.py``).
+
+        Raises:
+            ValueError: an empty path.
+            SaveTargetInUseError: the save would replace files a loaded component reads its weights from.
+        """
         from .saving import save_pipeline
 
         save_pipeline(self, save_directory)

@@ -41,6 +41,7 @@ import diffusers
 
 from components.load_id import NULL_LOAD_ID, decode_load_id, get_load_id
 
+from .errors import SaveTargetInUseError
 from .families import family_of_blocks
 from .index import MODULAR_INDEX, spec_to_entry
 
@@ -50,15 +51,11 @@ if sys.platform != "win32":
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
 
-__all__ = ["SaveTargetInUseError", "index_dict", "recover_interrupted_save", "save_pipeline"]
+__all__ = ["index_dict", "recover_interrupted_save", "save_pipeline"]
 
 _STAGING = ".modular-saving-"
 _BACKUP = ".old-"
 _PLAN = "plan.json"
-
-
-class SaveTargetInUseError(ValueError):
-    """A save would replace files that a loaded component reads (or may still read) its weights from."""
 
 
 def index_dict(

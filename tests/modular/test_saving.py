@@ -15,8 +15,8 @@ import modular.saving
 from blocks.stable_diffusion import make_tiny_repo
 from components.load_id import decode_load_id, get_load_id
 from modular import ComponentsManager, ModularPipeline
+from modular.errors import SaveTargetInUseError
 from modular.index import CLASSIC_INDEX, MODULAR_INDEX
-from modular.saving import SaveTargetInUseError
 
 MODELS = ("unet", "vae", "text_encoder")
 SAVED = ("scheduler", "text_encoder", "tokenizer", "unet", "vae")
