@@ -39,36 +39,61 @@ class OffloadSwitch:
         return self._engine
 
     def enable_auto_cpu_offload(
-        self, device: Any = None, memory_reserve_margin: str | int = "3GB", offload_strategy: Any = None
+        self,
+        device: Any = None,
+        memory_reserve_margin: str | int = "3GB",
+        offload_strategy: Any = None,
+        wait_timeout: float = 600.0,
     ) -> None:
         """Turns auto offload on: every model (now and later) is placed by an ``offload.OffloadEngine``.
 
-        Calling it again replaces the engine with one built from the new arguments.
+        Calling it again replaces the engine with one built from the new arguments (after the calls in
+        progress return). Pipelines may run in several threads on one manager: a call whose model needs
+        room held by models other threads are running waits for them (at most ``wait_timeout`` seconds).
 
         Args:
             device: Execution device: ``None`` (the default accelerator), ``"cuda:0"``, a ``torch.device`` or
                 an ``offload.SimulatedDevice``.
             memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
             offload_strategy: An ``offload.OffloadStrategy``; ``None`` for the engine's default.
+            wait_timeout: Seconds a call waits for room held by other threads' running models before it
+                raises ``offload.OffloadTimeoutError``.
+
+        Raises:
+            offload.ModelTooLargeError: a registered model cannot fit on the device even alone (capacity
+                minus margin); auto offload is left as it was.
         """
         from offload import OffloadEngine  # lazily: offload/ is optional until auto offload is used
 
         engine = OffloadEngine(
-            device=device, memory_reserve_margin=memory_reserve_margin, strategy=offload_strategy
+            device=device,
+            memory_reserve_margin=memory_reserve_margin,
+            strategy=offload_strategy,
+            wait_timeout=wait_timeout,
         )
         with self._lock:
+            models = {
+                component_id: entry.component
+                for component_id, entry in self._entries.items()
+                if isinstance(entry.component, torch.nn.Module)
+            }
+            state = "on with the previous settings" if self._engine is not None else "off"
+            engine.check_fit(models, after=f" Auto offload was left {state}.")
             self.disable_auto_cpu_offload()
             try:
-                for component_id, entry in self._entries.items():
-                    if isinstance(entry.component, torch.nn.Module):
-                        engine.attach(component_id, entry.component)
+                for component_id, module in models.items():
+                    engine.attach(component_id, module)
             except BaseException:
                 engine.close()
                 raise
             self._engine = engine
 
     def disable_auto_cpu_offload(self) -> None:
-        """Turns auto offload off: hooks removed, weights back on their host copies. A no-op when off."""
+        """Turns auto offload off: hooks removed, weights back on their host copies. A no-op when off.
+
+        Calls in progress in other threads finish first (this waits for them); a pipeline call between
+        two model calls goes on without offload.
+        """
         with self._lock:
             if self._engine is not None:
                 self._engine.close()

@@ -4,7 +4,13 @@ This package knows modules, ids and byte sizes only; it imports nothing from the
 """
 
 from offload.engine import OffloadEngine
-from offload.errors import ModelTooLargeError, OffloadOutOfMemoryError, StrategyError
+from offload.errors import (
+    ModelTooLargeError,
+    OffloadDeadlockError,
+    OffloadOutOfMemoryError,
+    OffloadTimeoutError,
+    StrategyError,
+)
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadDecision, OffloadLog
 from offload.lru import LRUStrategy
@@ -13,9 +19,9 @@ from offload.plan import ExecutionPlan
 from offload.probes import DeviceProbe, HostProbe, MemoryProbe
 from offload.simulated import SimulatedDevice
 from offload.smallest_set import SmallestSufficientSet
-from offload.storage import module_nbytes
+from offload.storage import module_fingerprint, module_nbytes
 from offload.strategy import OffloadRequest, OffloadStrategy
-from offload.units import format_bytes, parse_bytes
+from offload.units import format_bytes, format_bytes_distinct, parse_bytes
 
 __all__ = [
     "DeviceProbe",
@@ -24,11 +30,13 @@ __all__ = [
     "LRUStrategy",
     "MemoryProbe",
     "ModelTooLargeError",
+    "OffloadDeadlockError",
     "NextUseStrategy",
     "OffloadDecision",
     "OffloadEngine",
     "OffloadLog",
     "OffloadOutOfMemoryError",
+    "OffloadTimeoutError",
     "OffloadRequest",
     "OffloadStrategy",
     "ResidencyLedger",
@@ -36,6 +44,8 @@ __all__ = [
     "SmallestSufficientSet",
     "StrategyError",
     "format_bytes",
+    "format_bytes_distinct",
+    "module_fingerprint",
     "module_nbytes",
     "parse_bytes",
 ]

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["ModelTooLargeError", "OffloadOutOfMemoryError", "StrategyError"]
+__all__ = [
+    "ModelTooLargeError",
+    "OffloadDeadlockError",
+    "OffloadOutOfMemoryError",
+    "OffloadTimeoutError",
+    "StrategyError",
+]
 
 
 class ModelTooLargeError(ValueError):
@@ -11,6 +17,14 @@ class ModelTooLargeError(ValueError):
 
 class OffloadOutOfMemoryError(MemoryError):
     """A forward ran out of device memory, and did again after every other model was evicted."""
+
+
+class OffloadTimeoutError(TimeoutError):
+    """A call waited longer than the engine's ``wait_timeout`` for models running in other threads."""
+
+
+class OffloadDeadlockError(RuntimeError):
+    """Threads wait for room that only each other's running models can free: no waiting can end it."""
 
 
 class StrategyError(ValueError):

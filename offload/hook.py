@@ -1,10 +1,15 @@
 """The forward hook: before a model runs, make it resident, then move its inputs to the device.
 
-It is an accelerate ``ModelHook`` added with ``add_hook_to_module``, so a direct call triggers it and
-so do diffusers' VAE ``encode``/``decode``, which call ``module._hf_hook.pre_forward(module)`` through
+It is an accelerate ``ModelHook`` added with ``add_hook_to_module``, so diffusers' VAE
+``encode``/``decode`` trigger it too: they call ``module._hf_hook.pre_forward(module)`` through
 ``apply_forward_hook`` (they receive no inputs that way; the pipeline sends latents to the device).
-The wrapped forward also catches an out-of-memory error once: the engine evicts every other model
-and the forward runs again.
+
+The module's ``forward``, and every method that calls the hook's ``pre_forward`` itself (found by
+what its code reads, so ``encode``/``decode`` without naming them), are replaced by functions that run
+the whole call through ``OffloadEngine.run_forward``: the model counts as running from start to end
+(no other thread evicts it; ``detach``/``close`` wait for it), and an out-of-memory error is caught
+once: the engine evicts every other model and the call runs again. Those functions hold the hook
+themselves rather than reading ``module._hf_hook`` after the forward, as accelerate's does.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class OffloadHook(ModelHook):
         self.model_id = model_id
         # The forward accelerate wrapped, restored on removal.
         self.original_forward: Callable[..., Any] | None = None
+        # Other methods replaced on the instance (diffusers' encode/decode), removed on removal.
+        self.wrapped_methods: list[str] = []
 
     def __repr__(self) -> str:
         return f"OffloadHook(model_id={self.model_id!r}, device={self.engine.execution_device})"
@@ -63,8 +70,24 @@ def check_no_foreign_hook(module: torch.nn.Module, model_id: str) -> None:
         raise ValueError(msg)
 
 
+def _calls_the_hook(function: object) -> bool:
+    """True for a method that triggers the hook itself, as diffusers' ``apply_forward_hook`` wrapper does."""
+    code = getattr(function, "__code__", None)
+    return code is not None and {"_hf_hook", "pre_forward"} <= set(code.co_names)
+
+
+def _hook_calling_methods(module: torch.nn.Module) -> list[str]:
+    """Names of the methods of ``module``'s class, other than forward, that call the hook themselves."""
+    names: dict[str, bool] = {}
+    for klass in type(module).__mro__:  # read statically: no property or descriptor runs
+        for name, attribute in vars(klass).items():
+            if name not in names:
+                names[name] = name != "forward" and not name.startswith("__") and _calls_the_hook(attribute)
+    return [name for name, calls in names.items() if calls]
+
+
 def install_hook(module: torch.nn.Module, hook: OffloadHook) -> None:
-    """Add ``hook`` to ``module`` and wrap the original forward with the out-of-memory retry.
+    """Add ``hook`` to ``module``; its forward and hook-calling methods then run through the engine.
 
     Raises:
         ValueError: ``module`` already carries another accelerate hook.
@@ -76,16 +99,35 @@ def install_hook(module: torch.nn.Module, hook: OffloadHook) -> None:
     hook.original_forward = original
     engine, model_id = hook.engine, hook.model_id
 
-    @functools.wraps(original)
-    def forward_with_retry(*args, **kwargs):
-        return engine.run_forward(model_id, original, args, kwargs)
+    def pre_forward(*args, **kwargs):
+        return hook.pre_forward(module, *args, **kwargs)
 
-    module._old_forward = forward_with_retry  # type: ignore[assignment]  # a plain attribute (see above)
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        return hook.post_forward(module, engine.run_forward(model_id, original, args, kwargs, pre_forward))
+
+    module.forward = forward  # an instance attribute, as accelerate sets it
+    for name in _hook_calling_methods(module):
+        module.__dict__[name] = _through_engine(hook, getattr(module, name))
+        hook.wrapped_methods.append(name)
+
+
+def _through_engine(hook: OffloadHook, bound: Callable[..., Any]) -> Callable[..., Any]:
+    """``bound`` (a method that calls the hook's pre_forward itself) run as one call of the hooked model."""
+
+    @functools.wraps(bound)
+    def method(*args, **kwargs):
+        return hook.engine.run_forward(hook.model_id, bound, args, kwargs)
+
+    return method
 
 
 def remove_hook(module: torch.nn.Module) -> None:
-    """Remove the offload hook from ``module`` and restore its own forward."""
+    """Remove the offload hook from ``module`` and restore its own forward and methods."""
     hook = getattr(module, "_hf_hook", None)
-    if isinstance(hook, OffloadHook) and hook.original_forward is not None:
-        module._old_forward = hook.original_forward  # type: ignore[assignment]  # a plain attribute, as in install_hook
+    if isinstance(hook, OffloadHook):
+        for name in hook.wrapped_methods:
+            module.__dict__.pop(name, None)
+        if hook.original_forward is not None:
+            module._old_forward = hook.original_forward  # type: ignore[assignment]  # a plain attribute
     remove_hook_from_module(module)

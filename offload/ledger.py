@@ -13,8 +13,9 @@ import logging
 import attrs
 import torch
 
+from offload.changes import install_registration_counter, registrations, unwatch, watch
 from offload.probes import MemoryProbe
-from offload.storage import module_nbytes
+from offload.storage import module_fingerprint, module_nbytes
 
 __all__ = ["ResidencyLedger"]
 
@@ -30,6 +31,10 @@ class _Entry:
     host: dict[object, torch.Tensor] = attrs.field(factory=dict)
     # Slots given a new device Parameter where the tensor type cannot change in place: (owner, name, original).
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = attrs.field(factory=list)
+    # What the weights looked like when last measured, and the registration count read just before.
+    fingerprint: tuple[int, int, int] = (0, 0, 0)
+    generation: int = -1
+    watched: list[int] = attrs.field(factory=list)  # ids of its submodules, watched for registrations
 
 
 def _buffer_slots(module: torch.nn.Module):
@@ -52,6 +57,7 @@ class ResidencyLedger:
         self._resident_bytes = 0
         self.peak_resident_bytes = 0
         self._pin = probe.moves_weights and probe.execution_device.type == "cuda"
+        install_registration_counter()
 
     # -- queries -------------------------------------------------------------------------------
     def __contains__(self, model_id: str) -> bool:
@@ -88,8 +94,10 @@ class ResidencyLedger:
 
         A module whose weights sit on an accelerator is copied to the host once, here.
         """
+        generation = registrations()
         entry = _Entry(module=module, nbytes=module_nbytes(module))
         moved_back = self._to_host(module) if self.probe.moves_weights else 0
+        self._measured(entry, generation)
         self._entries[model_id] = entry
         if self.probe.always_resident:
             self._set_resident(model_id, entry, True)
@@ -99,7 +107,7 @@ class ResidencyLedger:
         """Evict ``model_id`` if resident and forget it; its weights stay on the host copy."""
         if self._entries[model_id].resident:
             self.evict(model_id)
-        del self._entries[model_id]
+        unwatch(self._entries.pop(model_id).watched)
 
     def make_resident(self, model_id: str) -> int:
         """Put ``model_id`` on the device. Returns host-to-device bytes (0 if already resident)."""
@@ -121,9 +129,27 @@ class ResidencyLedger:
         self._set_resident(model_id, entry, False)
         return copied
 
+    def changed(self, model_id: str) -> bool:
+        """True if ``model_id``'s weights were added, removed, swapped or resized since it was measured.
+
+        One integer comparison unless a submodule of an attached model registered a parameter, buffer or
+        submodule since the last check (``offload.changes``); then one walk of the model
+        (``module_fingerprint``). Removals (``del``) register nothing and are seen at the next check that
+        walks, or at ``refresh``.
+        """
+        entry = self._entries[model_id]
+        generation = registrations()
+        if generation == entry.generation:
+            return False
+        if self._fingerprint(entry) != entry.fingerprint:
+            return True
+        entry.generation = generation
+        return False
+
     def refresh(self, model_id: str) -> int:
         """Re-read ``model_id``'s size and bring its host copy up to date. Returns device-to-host bytes."""
         entry = self._entries[model_id]
+        generation = registrations()
         copied = 0
         if self.probe.moves_weights:
             copied = self._sync_host(entry) if entry.resident else self._to_host(entry.module)
@@ -133,9 +159,27 @@ class ResidencyLedger:
             self.probe.on_resident(model_id, nbytes)
             self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
         entry.nbytes = nbytes
+        self._measured(entry, generation)
         return copied
 
     # -- internals -----------------------------------------------------------------------------
+    def _measured(self, entry: _Entry, generation: int) -> None:
+        """Remember what ``entry``'s weights look like now; ``generation`` was read before looking."""
+        watched = [id(module) for module in entry.module.modules()]
+        watch(watched)
+        unwatch(entry.watched)
+        entry.watched = watched
+        entry.fingerprint, entry.generation = self._fingerprint(entry), generation
+
+    def _fingerprint(self, entry: _Entry) -> tuple[int, int, int]:
+        # A Parameter that _upload put in a slot stands for the original it keeps as the host copy.
+        substitute = {}
+        for owner, name, original in entry.swapped:
+            swapped_in = owner._parameters[name]
+            if swapped_in is not None:
+                substitute[id(swapped_in)] = id(original)
+        return module_fingerprint(entry.module, substitute)
+
     def _set_resident(self, model_id: str, entry: _Entry, resident: bool) -> None:
         entry.resident = resident
         if resident:

@@ -24,7 +24,9 @@ class OffloadDecision:
         bytes_to_host: Device-to-host bytes moved by this decision (0 unless weights changed on the device).
         free_before: Free device bytes (before the margin) when the decision started.
         free_after: Free device bytes after it.
-        reason: ``"fits"``, ``"evict: <strategy>"``, ``"oom retry"``, ``"refresh"`` or ``"detach"``.
+        reason: ``"fits"``, ``"evict: <strategy>"``, ``"oom retry"``, ``"refresh"``, ``"remeasure"`` (its
+            weights were added, swapped or resized: measured again, taken off the device first if it was on),
+            ``"evict"`` or ``"detach"``.
     """
 
     time: float

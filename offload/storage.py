@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["module_nbytes", "module_tensors", "plain_tensors"]
+__all__ = ["module_fingerprint", "module_nbytes", "module_tensors", "plain_tensors"]
 
 
 def module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -54,3 +54,30 @@ def module_nbytes(module: torch.nn.Module, count_meta: bool = True) -> int:
             seen.add(key)
             total += storage.nbytes()
     return total
+
+
+def module_fingerprint(
+    module: torch.nn.Module, substitute: dict[int, int] | None = None
+) -> tuple[int, int, int]:
+    """A cheap summary that changes when ``module``'s weights change shape: ``(tensors, identity, bytes)``.
+
+    ``identity`` sums the ids of the submodules and of the parameter objects (``substitute`` maps the id of
+    a parameter the ledger put in a slot to the id of the one it stands for); buffers count by slot and
+    size only, since the ledger gives them new objects on the device. Adding a LoRA, swapping a
+    submodule, assigning a new parameter or resizing one's data all change it; a same-shape change of
+    values does not (that is what ``refresh_host_copy`` is for).
+    """
+    substitute = substitute or {}
+    count = identity = size = 0
+    for owner in module.modules():
+        identity += id(owner)
+        for param in owner._parameters.values():
+            if param is not None:
+                count += 1
+                identity += substitute.get(id(param), id(param))
+                size += param.nbytes
+        for buffer in owner._buffers.values():
+            if buffer is not None:
+                count += 1
+                size += buffer.nbytes
+    return count, identity, size

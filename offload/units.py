@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["GB", "MB", "format_bytes", "parse_bytes"]
+__all__ = ["GB", "MB", "format_bytes", "format_bytes_distinct", "parse_bytes"]
 
 GB = 1024**3
 """Bytes in one printed "GB" (the components table's and the peer's convention)."""
@@ -70,13 +70,32 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def format_bytes(nbytes: float) -> str:
+def format_bytes(nbytes: float, digits: int = 2) -> str:
     """Return ``nbytes`` for people, in the components table's units (``GB`` = 1024**3 bytes).
 
-    ``"22.17 GB"`` from 0.01 GB, ``"1.50 MB"`` (``MB`` = 1024**2 bytes) from 1 MB, ``"400 B"`` below.
+    ``"22.17 GB"`` from 0.01 GB, ``"1.50 MB"`` (``MB`` = 1024**2 bytes) from 1 MB, ``"400 B"`` below;
+    ``digits`` decimals for GB and MB.
     """
     if abs(nbytes) >= GB / 100:
-        return f"{nbytes / GB:.2f} GB"
+        return f"{nbytes / GB:.{digits}f} GB"
     if abs(nbytes) >= MB:
-        return f"{nbytes / MB:.2f} MB"
+        return f"{nbytes / MB:.{digits}f} MB"
     return f"{int(nbytes)} B"
+
+
+def format_bytes_distinct(*values: int) -> list[str]:
+    """Format ``values`` for one message so that different sizes never print alike.
+
+    Decimals grow from 2 to 6 until every two different values print differently; if some still do not,
+    each value gets its exact bytes in parentheses.
+
+    Example:
+        >>> format_bytes_distinct(2632704, 2631000)
+        ['2.511 MB', '2.509 MB']
+    """
+    distinct = len(set(values))
+    for digits in range(2, 7):
+        texts = [format_bytes(value, digits) for value in values]
+        if len(set(texts)) == distinct:
+            return texts
+    return [f"{format_bytes(value)} ({value} B)" if value >= MB else format_bytes(value) for value in values]

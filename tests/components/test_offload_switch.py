@@ -13,12 +13,16 @@ class RecordingEngine:
 
     instances = []
 
-    def __init__(self, device=None, memory_reserve_margin="3GB", strategy=None):
+    def __init__(self, device=None, memory_reserve_margin="3GB", strategy=None, wait_timeout=600.0):
         self.args = (device, memory_reserve_margin, strategy)
+        self.wait_timeout = wait_timeout
         self.calls = []
         self.log = "the log"
         self.execution_device = torch.device("cuda:0")
         RecordingEngine.instances.append(self)
+
+    def check_fit(self, modules, after=""):
+        self.checked = list(modules)
 
     def attach(self, model_id, module):
         self.calls.append(("attach", model_id))
@@ -57,9 +61,12 @@ def test_enable_attaches_models_only(fake_engine):
     cm = ComponentsManager()
     unet_id = cm.add("unet", torch.nn.Linear(2, 2))
     cm.add("scheduler", PNDMScheduler())
-    cm.enable_auto_cpu_offload(device="cuda:0", memory_reserve_margin="1GB", offload_strategy="s")
+    cm.enable_auto_cpu_offload(
+        device="cuda:0", memory_reserve_margin="1GB", offload_strategy="s", wait_timeout=5
+    )
     engine = fake_engine.instances[0]
-    assert engine.args == ("cuda:0", "1GB", "s")
+    assert engine.args == ("cuda:0", "1GB", "s") and engine.wait_timeout == 5
+    assert engine.checked == [unet_id]
     assert engine.calls == [("attach", unet_id)]
     assert cm.auto_offload_enabled and cm.offload_engine is engine
 

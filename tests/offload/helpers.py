@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from diffusers import AutoencoderKL
 
 from offload import MemoryProbe
 
@@ -12,6 +13,20 @@ def sized(nbytes: int) -> torch.nn.Linear:
     module = torch.nn.Linear(nbytes // 4, 1, bias=False)
     torch.nn.init.normal_(module.weight, generator=torch.Generator().manual_seed(nbytes))
     return module
+
+
+def tiny_vae() -> AutoencoderKL:
+    """A diffusers AutoencoderKL of a few kilobytes (one block of 8 channels, attention in the mid block)."""
+    torch.manual_seed(0)
+    return AutoencoderKL(
+        block_out_channels=(8,),
+        down_block_types=("DownEncoderBlock2D",),
+        up_block_types=("UpDecoderBlock2D",),
+        latent_channels=4,
+        norm_num_groups=8,
+        layers_per_block=1,
+        sample_size=16,
+    ).eval()
 
 
 def call(module: torch.nn.Module) -> torch.Tensor:

@@ -288,3 +288,27 @@ def test_a_model_evicted_between_its_hook_and_its_forward_is_placed_again():
     call(model)
     assert engine.is_resident("m")
     assert [d.reason for d in engine.log].count("fits") == 2
+
+
+def test_sizes_in_the_too_large_message_differ_when_they_are_close():
+    """'needs X but at most Y' prints X and Y with enough digits to tell them apart."""
+    engine, modules = engine_with(2631000, {"big": 2632704})
+    with pytest.raises(ModelTooLargeError, match=r"needs 2\.511 MB but at most 2\.509 MB can be made free"):
+        call(modules["big"])
+
+
+def test_set_plan_refuses_a_model_that_cannot_fit_alone_before_anything_moves():
+    """A plan naming a model bigger than budget minus margin raises ModelTooLargeError; plan and residents stay."""
+    engine, modules = engine_with(1000, {"a": 400, "big": 1200, "huge": 5000}, margin=200)
+    call(modules["a"])
+    engine.set_plan(["a"])
+    with pytest.raises(ModelTooLargeError) as info:
+        engine.set_plan(["a", "big", "huge", "big"])
+    assert str(info.value) == (
+        "set_plan: the call would use models 'big' (1200 B) and 'huge' (5000 B), which cannot fit on sim "
+        "(budget 1000 B) even alone: at most 800 B can be made free for one model (memory_reserve_margin "
+        "200 B). Use a larger device, a smaller memory_reserve_margin, or load the models in a smaller dtype "
+        "or quantized. Nothing was moved."
+    )
+    assert engine._plan.model_ids == ("a",)
+    assert engine.resident_ids() == ["a"] and len(engine.log) == 1

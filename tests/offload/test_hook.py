@@ -3,22 +3,9 @@
 import inspect
 
 import torch
-from diffusers import AutoencoderKL
 
 from offload import OffloadEngine, SimulatedDevice
-
-
-def tiny_vae() -> AutoencoderKL:
-    torch.manual_seed(0)
-    return AutoencoderKL(
-        block_out_channels=(8,),
-        down_block_types=("DownEncoderBlock2D",),
-        up_block_types=("UpDecoderBlock2D",),
-        latent_channels=4,
-        norm_num_groups=8,
-        layers_per_block=1,
-        sample_size=16,
-    ).eval()
+from tests.offload.helpers import tiny_vae
 
 
 def test_vae_encode_and_decode_trigger_the_hook():
@@ -57,3 +44,24 @@ def test_detach_restores_the_original_forward_after_use():
     engine.detach("m")
     assert module.forward.__func__ is torch.nn.Linear.forward
     assert not hasattr(module, "_hf_hook") and not hasattr(module, "_old_forward")
+
+
+def test_vae_decode_counts_as_running_for_its_whole_call():
+    """While diffusers' decode() runs (not through forward), the VAE is running: no other thread evicts it."""
+    vae = tiny_vae()
+    engine = OffloadEngine(SimulatedDevice("1GB"), memory_reserve_margin=0)
+    engine.attach("vae", vae)
+    seen = []
+    decoder_forward = vae.decoder.forward
+
+    def watching(*args, **kwargs):
+        seen.append(engine.running_ids())
+        return decoder_forward(*args, **kwargs)
+
+    vae.decoder.forward = watching
+    with torch.no_grad():
+        vae.decode(torch.zeros(1, 4, 16, 16))
+    assert seen == [["vae"]]
+    assert engine.running_ids() == []
+    engine.detach("vae")
+    assert "decode" not in vae.__dict__ and "encode" not in vae.__dict__

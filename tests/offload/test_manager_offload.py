@@ -140,9 +140,35 @@ def test_table_shows_device_cells():
 
 
 def test_a_model_too_large_fails_clearly_through_the_manager():
-    """Calling a model bigger than the budget raises ModelTooLargeError naming its manager id."""
+    """Calling a model added under offload that is bigger than the budget raises, naming its manager id."""
     from offload import ModelTooLargeError
 
-    cm, models, ids = manager_with(100, {"big": 400})
-    with pytest.raises(ModelTooLargeError, match=f"model '{ids['big']}' needs 400 B"):
-        call(models["big"])
+    cm, _, _ = manager_with(100, {})
+    big = sized(400)
+    big_id = cm.add("big", big)
+    with pytest.raises(ModelTooLargeError, match=f"model '{big_id}' needs 400 B"):
+        call(big)
+
+
+def test_enable_refuses_models_that_cannot_fit_alone_and_changes_nothing():
+    """enable_auto_cpu_offload lists every model bigger than capacity minus margin; offload stays as it was."""
+    from offload import ModelTooLargeError
+
+    cm = ComponentsManager()
+    models = {name: sized(n) for name, n in {"small": 400, "big": 1200, "huge": 5000}.items()}
+    ids = {name: cm.add(name, model) for name, model in models.items()}
+    with pytest.raises(ModelTooLargeError) as info:
+        cm.enable_auto_cpu_offload(SimulatedDevice(1000), memory_reserve_margin=200)
+    assert str(info.value) == (
+        f"models '{ids['big']}' (1200 B) and '{ids['huge']}' (5000 B) cannot fit on sim (budget 1000 B) even "
+        "alone: at most 800 B can be made free for one model (memory_reserve_margin 200 B). Use a larger "
+        "device, a smaller memory_reserve_margin, or load the models in a smaller dtype or quantized. Auto "
+        "offload was left off."
+    )
+    assert not cm.auto_offload_enabled
+    assert all(not hasattr(model, "_hf_hook") for model in models.values())
+    cm.enable_auto_cpu_offload(SimulatedDevice(10_000), memory_reserve_margin=0)
+    engine = cm.offload_engine
+    with pytest.raises(ModelTooLargeError, match=r"Auto offload was left on with the previous settings\.$"):
+        cm.enable_auto_cpu_offload(SimulatedDevice(1000), memory_reserve_margin=0)
+    assert cm.offload_engine is engine and engine.has_hook(ids["huge"])

@@ -51,3 +51,13 @@ def test_format_bytes_picks_a_readable_unit():
     assert format_bytes(3 * 2**19) == "1.50 MB"
     assert format_bytes(2**20 - 1) == "1048575 B"
     assert format_bytes(12_000) == "12000 B"
+
+
+def test_sizes_in_one_message_get_decimals_until_they_differ():
+    """Two different sizes never print alike: decimals grow, then exact bytes are added."""
+    from offload import format_bytes_distinct
+
+    assert format_bytes_distinct(2632704, 2631000) == ["2.511 MB", "2.509 MB"]
+    assert format_bytes_distinct(3 * 2**30, 2**30, 3 * 2**30) == ["3.00 GB", "1.00 GB", "3.00 GB"]
+    assert format_bytes_distinct(2**30 + 1, 2**30) == ["1.00 GB (1073741825 B)", "1.00 GB (1073741824 B)"]
+    assert format_bytes_distinct(900, 800) == ["900 B", "800 B"]
