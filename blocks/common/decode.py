@@ -9,9 +9,9 @@ from diffusers import AutoencoderKL
 
 from modular import BlockState, ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam, PipelineState
 
-__all__ = ["OUTPUT_TYPES", "VaeDecodeStep"]
+from .checks import OUTPUT_TYPES, output_type_problem
 
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+__all__ = ["OUTPUT_TYPES", "VaeDecodeStep"]
 
 
 class VaeDecodeStep(ModularPipelineBlocks):
@@ -57,8 +57,11 @@ class VaeDecodeStep(ModularPipelineBlocks):
     def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
         block_state = self.get_block_state(state)
         output_type = block_state.output_type
-        if output_type not in OUTPUT_TYPES:
-            msg = f"{type(self).__name__}: output_type must be one of {list(OUTPUT_TYPES)} (got {output_type!r})"
+        # The family's check-inputs step refuses a bad output_type before any model runs; this
+        # guards the step used on its own.
+        problem = output_type_problem(output_type)
+        if problem:
+            msg = f"{type(self).__name__}: {problem}"
             raise ValueError(msg)
         if output_type == "latent":
             block_state.images = block_state.latents

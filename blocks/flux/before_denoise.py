@@ -18,9 +18,11 @@ from .utils import (
     latent_image_ids,
     latent_size,
     pack_latents,
+    transformer_channels_problem,
 )
 
 __all__ = [
+    "LATENTS",
     "FluxPrepareLatentsStep",
     "FluxControlPrepareLatentsStep",
     "FluxImg2ImgPrepareLatentsStep",
@@ -44,11 +46,14 @@ _LATENT_OUTPUTS = [
 ]
 
 
+LATENTS = InputParam.template("latents", note="packed, [B, tokens, C * 4]")
+
+
 def _latent_inputs() -> list[InputParam]:
     return [
         InputParam.template("height"),
         InputParam.template("width"),
-        InputParam.template("latents", note="packed, [B, tokens, C * 4]"),
+        LATENTS,
         InputParam.template("generator"),
         BATCH,
         InputParam.template("num_images_per_prompt"),
@@ -85,19 +90,11 @@ class FluxPrepareLatentsStep(ModularPipelineBlocks):
 
     def _channels(self, components) -> int:
         config = components.transformer.config
-        out_channels = config.out_channels or config.in_channels
-        if config.in_channels != out_channels * self.inputs_per_latent:
-            kind, fix = (
-                ("a control transformer", "pass control_image")
-                if config.in_channels == 2 * out_channels
-                else ("not a control transformer", "load a control transformer (e.g. FLUX.1-Canny-dev)")
-            )
-            msg = (
-                f"{type(self).__name__}: the transformer takes {config.in_channels} input channels for "
-                f"{out_channels} output channels, {kind}; {fix}"
-            )
+        problem = transformer_channels_problem(config, self.inputs_per_latent)
+        if problem:
+            msg = f"{type(self).__name__}: {problem}"
             raise ValueError(msg)
-        return out_channels // 4
+        return (config.out_channels or config.in_channels) // 4
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from diffusers import AutoencoderKL
 
-from blocks.stable_diffusion.utils import retrieve_latents
+from blocks.common.vae import retrieve_latents
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
+from .before_denoise import LATENTS
 from .utils import (
     BATCH,
     DTYPE,
@@ -16,6 +17,7 @@ from .utils import (
     check_generators,
     default_size,
     encode_vae_image,
+    image_processor_for_vae,
     pack_latents,
 )
 
@@ -52,7 +54,7 @@ class FluxVaeEncoderStep(ModularPipelineBlocks):
             InputParam.template("image", required=True),
             InputParam.template("height"),
             InputParam.template("width"),
-            InputParam.template("latents"),
+            LATENTS,
             InputParam.template("generator"),
             BATCH,
             InputParam.template("num_images_per_prompt"),
@@ -73,7 +75,7 @@ class FluxVaeEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         height, width = default_size(components, block_state.height, block_state.width)
-        image = components.image_processor.preprocess(block_state.image, height=height, width=width)
+        image = image_processor_for_vae(components).preprocess(block_state.image, height=height, width=width)
         total = block_state.batch_size * block_state.num_images_per_prompt
         check_generators(self, block_state.generator, total)
         image_latents = None
@@ -140,7 +142,7 @@ class FluxControlImageEncoderStep(ModularPipelineBlocks):
         check_generators(self, block_state.generator, total)
         image = block_state.control_image
         if not isinstance(image, torch.Tensor):
-            image = components.image_processor.preprocess(image, height=height, width=width)
+            image = image_processor_for_vae(components).preprocess(image, height=height, width=width)
         # One control image serves every output image; one per prompt is repeated per image of that prompt.
         image = image.repeat_interleave(total if image.shape[0] == 1 else count, dim=0)
         vae = components.vae

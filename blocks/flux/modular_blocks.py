@@ -11,6 +11,7 @@ from .before_denoise import (
     FluxImg2ImgPrepareLatentsStep,
     FluxPrepareLatentsStep,
 )
+from .checks import FluxCheckInputsStep, FluxControlCheckInputsStep, FluxImg2ImgCheckInputsStep
 from .decoders import FluxDecodeStep
 from .denoise import FluxControlDenoiseStep, FluxDenoiseStep
 from .image_encoders import FluxControlImageEncoderStep, FluxVaeEncoderStep
@@ -19,6 +20,7 @@ from .text_encoder import FluxTextEncoderStep
 from .timesteps import FluxImg2ImgSetTimestepsStep, FluxSetTimestepsStep
 
 __all__ = [
+    "FluxAutoCheckInputsStep",
     "FluxAutoVaeEncoderStep",
     "FluxBeforeDenoiseStep",
     "FluxImg2ImgBeforeDenoiseStep",
@@ -27,6 +29,21 @@ __all__ = [
     "FluxAutoDenoiseStep",
     "FluxAutoBlocks",
 ]
+
+
+class FluxAutoCheckInputsStep(AutoPipelineBlocks):
+    """Check the inputs of control, image-to-image or text-to-image before any model runs."""
+
+    block_classes = [FluxControlCheckInputsStep, FluxImg2ImgCheckInputsStep, FluxCheckInputsStep]
+    block_names = ["control_check_inputs", "img2img_check_inputs", "check_inputs"]
+    block_trigger_inputs = ["control_image", "image", None]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Input checks before any model runs: `control_check_inputs` when control_image is given, "
+            "`img2img_check_inputs` when image is given, `check_inputs` otherwise."
+        )
 
 
 class FluxAutoVaeEncoderStep(AutoPipelineBlocks):
@@ -117,6 +134,7 @@ class FluxAutoBlocks(SequentialPipelineBlocks):
     """
 
     block_classes = [
+        FluxAutoCheckInputsStep,
         FluxTextEncoderStep,
         FluxInputStep,
         FluxAutoVaeEncoderStep,
@@ -124,7 +142,15 @@ class FluxAutoBlocks(SequentialPipelineBlocks):
         FluxAutoDenoiseStep,
         FluxDecodeStep,
     ]
-    block_names = ["text_encoder", "input", "vae_encoder", "before_denoise", "denoise", "decode"]
+    block_names = [
+        "check_inputs",
+        "text_encoder",
+        "input",
+        "vae_encoder",
+        "before_denoise",
+        "denoise",
+        "decode",
+    ]
     _workflow_map = {
         "text2image": {"prompt": True},
         "image2image": {"image": True, "prompt": True},

@@ -11,11 +11,23 @@ from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputPara
 
 from .utils import MODEL_NAME
 
-__all__ = ["FluxTextEncoderStep"]
+__all__ = ["FluxTextEncoderStep", "NEGATIVE_PROMPT", "PROMPT_2", "PROMPT_EMBEDS", "TRUE_CFG_SCALE"]
 
 logger = logging.getLogger(__name__)
 
 MAX_SEQUENCE_LENGTH = 512
+
+PROMPT_2 = InputParam(
+    "prompt_2", type_hint=str | list[str], description="The prompt for T5 (default: prompt)."
+)
+NEGATIVE_PROMPT = InputParam.template("negative_prompt", note="used with true_cfg_scale > 1")
+PROMPT_EMBEDS = InputParam.template("prompt_embeds", note="T5, [B, S, D]")
+TRUE_CFG_SCALE = InputParam(
+    "true_cfg_scale",
+    type_hint=float,
+    default=1.0,
+    description="True classifier-free guidance scale; above 1 with a negative prompt runs it.",
+)
 
 
 def _as_list(text: str | list[str]) -> list[str]:
@@ -50,10 +62,10 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
         text = str | list[str]
         return [
             InputParam.template("prompt"),
-            InputParam("prompt_2", type_hint=text, description="The prompt for T5 (default: prompt)."),
-            InputParam.template("negative_prompt", note="used with true_cfg_scale > 1"),
+            PROMPT_2,
+            NEGATIVE_PROMPT,
             InputParam("negative_prompt_2", type_hint=text, description="The negative prompt for T5."),
-            InputParam.template("prompt_embeds", note="T5, [B, S, D]"),
+            PROMPT_EMBEDS,
             InputParam(
                 "pooled_prompt_embeds",
                 type_hint=torch.Tensor,
@@ -65,12 +77,7 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
                 type_hint=torch.Tensor,
                 description="Precomputed pooled CLIP embeddings of the negative prompt.",
             ),
-            InputParam(
-                "true_cfg_scale",
-                type_hint=float,
-                default=1.0,
-                description="True classifier-free guidance scale; above 1 with a negative prompt runs it.",
-            ),
+            TRUE_CFG_SCALE,
             InputParam(
                 "max_sequence_length",
                 type_hint=int,

@@ -10,12 +10,21 @@ from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputPara
 
 from .utils import BATCH, MODEL_NAME, SCHEDULER, default_sigmas, default_size, latent_size, scheduler_mu
 
-__all__ = ["set_flux_timesteps", "FluxSetTimestepsStep", "FluxImg2ImgSetTimestepsStep"]
+__all__ = [
+    "NUM_INFERENCE_STEPS",
+    "SIGMAS",
+    "STRENGTH",
+    "kept_steps",
+    "set_flux_timesteps",
+    "FluxSetTimestepsStep",
+    "FluxImg2ImgSetTimestepsStep",
+]
 
-_STEPS = InputParam.template("num_inference_steps", default=28)
-_SIGMAS = InputParam(
+NUM_INFERENCE_STEPS = InputParam.template("num_inference_steps", default=28)
+SIGMAS = InputParam(
     "sigmas", type_hint=list[float], description="Custom sigmas (default: linspace(1, 1 / steps, steps))."
 )
+STRENGTH = InputParam.template("strength", default=None, description="In [0, 1]; default 0.6.")
 _OUTPUTS = [
     OutputParam("timesteps", type_hint=torch.Tensor, description="The timesteps to denoise at."),
     OutputParam("num_inference_steps", type_hint=int, description="The number of denoising steps."),
@@ -38,6 +47,11 @@ def set_flux_timesteps(
     return scheduler.timesteps, len(scheduler.timesteps)
 
 
+def kept_steps(steps: int, strength: float) -> int:
+    """How many of `steps` steps image-to-image runs at `strength`: the classic pipeline counts in floats."""
+    return steps - int(max(steps - min(steps * strength, steps), 0))
+
+
 class FluxSetTimestepsStep(ModularPipelineBlocks):
     """Set the timesteps for text-to-image and control, shifted by the packed latents' length."""
 
@@ -57,8 +71,8 @@ class FluxSetTimestepsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            _STEPS,
-            _SIGMAS,
+            NUM_INFERENCE_STEPS,
+            SIGMAS,
             InputParam("latents", type_hint=torch.Tensor, required=True, description="The packed latents."),
         ]
 
@@ -102,9 +116,9 @@ class FluxImg2ImgSetTimestepsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            _STEPS,
-            _SIGMAS,
-            InputParam.template("strength", default=None, description="In [0, 1]; default 0.6."),
+            NUM_INFERENCE_STEPS,
+            SIGMAS,
+            STRENGTH,
             InputParam.template("height"),
             InputParam.template("width"),
             BATCH,
@@ -134,7 +148,7 @@ class FluxImg2ImgSetTimestepsStep(ModularPipelineBlocks):
         _, steps = set_flux_timesteps(
             scheduler, steps, sigmas, (height // 2) * (width // 2), components._execution_device
         )
-        start = int(max(steps - min(steps * strength, steps), 0))
+        start = steps - kept_steps(steps, strength)
         if steps - start < 1:
             msg = (
                 f"{type(self).__name__}: strength {strength} with num_inference_steps {steps} leaves "

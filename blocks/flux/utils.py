@@ -9,7 +9,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.image_processor import VaeImageProcessor
 
-from blocks.stable_diffusion.utils import retrieve_latents, vae_scale_factor
+from blocks.common.vae import processor_for_vae, retrieve_latents, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "BATCH",
     "DTYPE",
     "vae_scale_factor",
+    "image_processor_for_vae",
     "default_size",
     "latent_size",
     "calculate_shift",
@@ -30,6 +31,7 @@ __all__ = [
     "latent_image_ids",
     "encode_vae_image",
     "check_generators",
+    "transformer_channels_problem",
 ]
 
 MODEL_NAME = "flux"
@@ -41,7 +43,8 @@ SCHEDULER = ComponentSpec(
 )
 
 # Flux packs 2x2 latent patches, so images are sized in multiples of twice the VAE scale: 16 for FLUX.1's
-# 8x VAE with 16 latent channels, the values the classic pipelines derive from the VAE.
+# 8x VAE with 16 latent channels. Made from config before the VAE is known, so the blocks resize with
+# the loaded VAE's values instead (image_processor_for_vae), which the classic pipelines derive from it.
 IMAGE_PROCESSOR = ComponentSpec(
     "image_processor",
     VaeImageProcessor,
@@ -54,6 +57,15 @@ DEFAULT_SAMPLE_SIZE = 128
 
 BATCH = InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
 DTYPE = InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs.")
+
+
+def image_processor_for_vae(components: Any) -> Any:
+    """The image processor, sized for the loaded VAE: multiples of twice its scale, its latent channels."""
+    settings = {}
+    vae = getattr(components, "vae", None)
+    if vae is not None:
+        settings["vae_latent_channels"] = vae.config.latent_channels
+    return processor_for_vae(components.image_processor, vae_scale_factor(components) * 2, **settings)
 
 
 def default_size(components: Any, height: int | None, width: int | None) -> tuple[int, int]:
@@ -148,3 +160,16 @@ def check_generators(block: object, generator: Any, total: int) -> None:
             f"of {total} = prompts x num_images_per_prompt); pass one generator or {total}"
         )
         raise ValueError(msg)
+
+
+def transformer_channels_problem(config: Any, inputs_per_latent: int) -> str | None:
+    """What is wrong with a transformer that reads `inputs_per_latent` latents per token (2: control), or None."""
+    out_channels = config.out_channels or config.in_channels
+    if config.in_channels == out_channels * inputs_per_latent:
+        return None
+    kind, fix = (
+        ("a control transformer", "pass control_image")
+        if config.in_channels == 2 * out_channels
+        else ("not a control transformer", "load a control transformer (e.g. FLUX.1-Canny-dev)")
+    )
+    return f"the transformer takes {config.in_channels} input channels for {out_channels} output channels, {kind}; {fix}"

@@ -12,6 +12,11 @@ from .before_denoise import (
     StableDiffusionInpaintPrepareLatentsStep,
     StableDiffusionPrepareLatentsStep,
 )
+from .checks import (
+    StableDiffusionCheckInputsStep,
+    StableDiffusionImg2ImgCheckInputsStep,
+    StableDiffusionInpaintCheckInputsStep,
+)
 from .decoders import StableDiffusionDecodeStep
 from .denoise import (
     StableDiffusionDenoiseLoopWrapper,
@@ -32,6 +37,7 @@ from .inputs import StableDiffusionInputStep
 from .modular_blocks import (
     StableDiffusionAutoBeforeDenoiseStep,
     StableDiffusionAutoBlocks,
+    StableDiffusionAutoCheckInputsStep,
     StableDiffusionAutoDenoiseStep,
     StableDiffusionAutoVaeEncoderStep,
     StableDiffusionBeforeDenoiseStep,
@@ -60,16 +66,20 @@ __all__ = [
     "FAMILY",
     "StableDiffusionAutoBeforeDenoiseStep",
     "StableDiffusionAutoBlocks",
+    "StableDiffusionAutoCheckInputsStep",
     "StableDiffusionAutoDenoiseStep",
     "StableDiffusionAutoVaeEncoderStep",
     "StableDiffusionBeforeDenoiseStep",
+    "StableDiffusionCheckInputsStep",
     "StableDiffusionDecodeStep",
     "StableDiffusionDenoiseLoopWrapper",
     "StableDiffusionDenoiseStep",
     "StableDiffusionImg2ImgBeforeDenoiseStep",
+    "StableDiffusionImg2ImgCheckInputsStep",
     "StableDiffusionImg2ImgPrepareLatentsStep",
     "StableDiffusionImg2ImgSetTimestepsStep",
     "StableDiffusionInpaintBeforeDenoiseStep",
+    "StableDiffusionInpaintCheckInputsStep",
     "StableDiffusionInpaintDenoiseStep",
     "StableDiffusionInpaintLoopAfterDenoiser",
     "StableDiffusionInpaintLoopBeforeDenoiser",

@@ -11,7 +11,7 @@ from transformers import CLIPTextModel, CLIPTokenizer
 
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME, default_size, encode_vae_image, strength_input
+from .utils import MODEL_NAME, default_size, encode_vae_image, image_processor_for_vae, strength_input
 
 __all__ = [
     "StableDiffusionTextEncoderStep",
@@ -21,6 +21,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# Made from config before the VAE is known: the blocks resize with the loaded VAE's scale instead
+# (image_processor_for_vae), as the classic pipelines do; 8 is the scale of SD's own VAE.
 IMAGE_PROCESSOR = ComponentSpec(
     "image_processor",
     VaeImageProcessor,
@@ -177,7 +179,7 @@ class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         device = components._execution_device
-        image = components.image_processor.preprocess(block_state.image)
+        image = image_processor_for_vae(components).preprocess(block_state.image)
         dtype = block_state.dtype or components.vae.dtype
         image = image.to(device=device, dtype=dtype)
         total = block_state.batch_size * block_state.num_images_per_prompt
@@ -263,7 +265,9 @@ class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
         block_state = self.get_block_state(state)
         device = components._execution_device
         height, width = default_size(components, block_state.height, block_state.width)
-        init_image = components.image_processor.preprocess(block_state.image, height=height, width=width)
+        init_image = image_processor_for_vae(components).preprocess(
+            block_state.image, height=height, width=width
+        )
         init_image = init_image.to(dtype=torch.float32)
         image_latents = None
         needs_latents = components.unet.config.in_channels == 4 or (
@@ -276,7 +280,7 @@ class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
                 image_latents = image
             else:
                 image_latents = encode_vae_image(components.vae, image, block_state.generator)
-        mask_condition = components.mask_processor.preprocess(
+        mask_condition = image_processor_for_vae(components, "mask_processor").preprocess(
             block_state.mask_image, height=height, width=width
         )
         block_state.masked_image = init_image * (mask_condition < 0.5)

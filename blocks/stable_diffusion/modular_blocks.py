@@ -9,6 +9,11 @@ from .before_denoise import (
     StableDiffusionInpaintPrepareLatentsStep,
     StableDiffusionPrepareLatentsStep,
 )
+from .checks import (
+    StableDiffusionCheckInputsStep,
+    StableDiffusionImg2ImgCheckInputsStep,
+    StableDiffusionInpaintCheckInputsStep,
+)
 from .decoders import StableDiffusionDecodeStep
 from .denoise import StableDiffusionDenoiseStep, StableDiffusionInpaintDenoiseStep
 from .encoders import (
@@ -24,6 +29,7 @@ from .timesteps import (
 )
 
 __all__ = [
+    "StableDiffusionAutoCheckInputsStep",
     "StableDiffusionAutoVaeEncoderStep",
     "StableDiffusionBeforeDenoiseStep",
     "StableDiffusionImg2ImgBeforeDenoiseStep",
@@ -32,6 +38,25 @@ __all__ = [
     "StableDiffusionAutoDenoiseStep",
     "StableDiffusionAutoBlocks",
 ]
+
+
+class StableDiffusionAutoCheckInputsStep(AutoPipelineBlocks):
+    """Check the inputs of inpainting, image-to-image or text-to-image before any model runs."""
+
+    block_classes = [
+        StableDiffusionInpaintCheckInputsStep,
+        StableDiffusionImg2ImgCheckInputsStep,
+        StableDiffusionCheckInputsStep,
+    ]
+    block_names = ["inpaint_check_inputs", "img2img_check_inputs", "check_inputs"]
+    block_trigger_inputs = ["mask_image", "image", None]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Input checks before any model runs: `inpaint_check_inputs` when mask_image is given, "
+            "`img2img_check_inputs` when image is given, `check_inputs` otherwise."
+        )
 
 
 class StableDiffusionAutoVaeEncoderStep(AutoPipelineBlocks):
@@ -124,6 +149,7 @@ class StableDiffusionAutoBlocks(SequentialPipelineBlocks):
     """
 
     block_classes = [
+        StableDiffusionAutoCheckInputsStep,
         StableDiffusionTextEncoderStep,
         StableDiffusionInputStep,
         StableDiffusionAutoVaeEncoderStep,
@@ -131,7 +157,15 @@ class StableDiffusionAutoBlocks(SequentialPipelineBlocks):
         StableDiffusionAutoDenoiseStep,
         StableDiffusionDecodeStep,
     ]
-    block_names = ["text_encoder", "input", "vae_encoder", "before_denoise", "denoise", "decode"]
+    block_names = [
+        "check_inputs",
+        "text_encoder",
+        "input",
+        "vae_encoder",
+        "before_denoise",
+        "denoise",
+        "decode",
+    ]
     _workflow_map = {
         "text2image": {"prompt": True},
         "image2image": {"image": True, "prompt": True},

@@ -11,6 +11,7 @@ from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputPara
 from .utils import MODEL_NAME, SCHEDULER, strength_input
 
 __all__ = [
+    "SIGMAS",
     "set_scheduler_timesteps",
     "StableDiffusionSetTimestepsStep",
     "StableDiffusionImg2ImgSetTimestepsStep",
@@ -18,6 +19,7 @@ __all__ = [
 ]
 
 _BATCH = InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
+SIGMAS = InputParam("sigmas", type_hint=list[float], description="Custom sigmas.")
 
 
 def set_scheduler_timesteps(scheduler, num_inference_steps, device, timesteps=None, sigmas=None):
@@ -61,7 +63,7 @@ class StableDiffusionSetTimestepsStep(ModularPipelineBlocks):
         return [
             InputParam.template("num_inference_steps"),
             InputParam.template("timesteps"),
-            InputParam("sigmas", type_hint=list[float], description="Custom sigmas."),
+            SIGMAS,
         ]
 
     @property
@@ -106,7 +108,7 @@ class StableDiffusionImg2ImgSetTimestepsStep(ModularPipelineBlocks):
         return [
             InputParam.template("num_inference_steps"),
             InputParam.template("timesteps"),
-            InputParam("sigmas", type_hint=list[float], description="Custom sigmas."),
+            SIGMAS,
             strength_input(),
             _BATCH,
             InputParam.template("num_images_per_prompt"),

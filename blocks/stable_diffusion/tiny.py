@@ -4,7 +4,8 @@
 component, safetensors weights, CLIP tokenizer files) of tiny random models, saved with the
 libraries' own ``save_pretrained``, so that loading it runs the same code as loading a real repo.
 The models are the size diffusers' own fast tests use: a UNet with channels (32, 64), a 5-layer
-CLIP text model of width 32, and a 2-level VAE, so one 64x64 image takes a fraction of a second.
+CLIP text model of width 32, and a 2-level VAE (2 pixels per latent cell; ``vae_levels`` changes it),
+so one 64x64 image takes a fraction of a second.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def make_tiny_tokenizer(folder: str | Path):
     return CLIPTokenizer.from_pretrained(folder)
 
 
-def _tiny_models(inpainting: bool, seed: int) -> dict[str, Any]:
+def _tiny_models(inpainting: bool, seed: int, vae_levels: int = 2) -> dict[str, Any]:
     """Build the random models, each from its own seed so that one change leaves the others as they were."""
     from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
@@ -108,11 +109,11 @@ def _tiny_models(inpainting: bool, seed: int) -> dict[str, Any]:
     )
     torch.manual_seed(seed + 1)
     vae = AutoencoderKL(
-        block_out_channels=(32, 64),
+        block_out_channels=(32, *[64] * (vae_levels - 1)),
         in_channels=3,
         out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        down_block_types=("DownEncoderBlock2D",) * vae_levels,
+        up_block_types=("UpDecoderBlock2D",) * vae_levels,
         latent_channels=4,
         sample_size=64,
     )
@@ -135,7 +136,12 @@ def _tiny_models(inpainting: bool, seed: int) -> dict[str, Any]:
 
 
 def make_tiny_repo(
-    folder: str | Path, variant: str | None = None, *, inpainting: bool = False, seed: int = 0
+    folder: str | Path,
+    variant: str | None = None,
+    *,
+    inpainting: bool = False,
+    seed: int = 0,
+    vae_levels: int = 2,
 ) -> Path:
     """Write a tiny random Stable Diffusion repo in the diffusers layout.
 
@@ -154,6 +160,8 @@ def make_tiny_repo(
         variant: an optional weights variant name such as ``"fp16"``.
         inpainting: write a 9-channel inpainting UNet and name the inpainting pipeline.
         seed: the seed of the random weights.
+        vae_levels: the VAE's resolution levels; its scale factor is ``2 ** (vae_levels - 1)`` pixels per
+            latent cell (2 by default; SD's own VAE has 4 levels, 8 pixels).
 
     Returns:
         The repo folder as a Path.
@@ -162,7 +170,10 @@ def make_tiny_repo(
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    models = _tiny_models(inpainting, seed)
+    if vae_levels < 1:
+        msg = f"make_tiny_repo: vae_levels ({vae_levels}) must be at least 1; pass e.g. 2 or 3"
+        raise ValueError(msg)
+    models = _tiny_models(inpainting, seed, vae_levels)
     with tempfile.TemporaryDirectory() as tok_dir:
         tokenizer = make_tiny_tokenizer(tok_dir)
     pipeline_class = StableDiffusionInpaintPipeline if inpainting else StableDiffusionPipeline

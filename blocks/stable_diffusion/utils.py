@@ -9,12 +9,14 @@ from typing import Any
 import torch
 from diffusers import SchedulerMixin
 
+from blocks.common.vae import processor_for_vae, retrieve_latents, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
 __all__ = [
     "MODEL_NAME",
     "SCHEDULER",
     "vae_scale_factor",
+    "image_processor_for_vae",
     "default_size",
     "do_classifier_free_guidance",
     "retrieve_latents",
@@ -32,12 +34,9 @@ SCHEDULER = ComponentSpec(
 )
 
 
-def vae_scale_factor(components: Any) -> int:
-    """How many pixels one latent cell covers: 2 per VAE down level (8 for SD's 4-level VAE)."""
-    vae = getattr(components, "vae", None)
-    if vae is None:
-        return 8
-    return 2 ** (len(vae.config.block_out_channels) - 1)
+def image_processor_for_vae(components: Any, name: str = "image_processor") -> Any:
+    """The processor component `name`, resizing to multiples of the loaded VAE's scale, as the classic pipelines."""
+    return processor_for_vae(getattr(components, name), vae_scale_factor(components))
 
 
 def default_size(components: Any, height: int | None, width: int | None) -> tuple[int, int]:
@@ -51,16 +50,6 @@ def default_size(components: Any, height: int | None, width: int | None) -> tupl
 def do_classifier_free_guidance(components: Any, guidance_scale: float) -> bool:
     """Guidance runs for a scale above 1, unless the UNet takes the scale as an embedding (LCM-style)."""
     return guidance_scale > 1 and components.unet.config.time_cond_proj_dim is None
-
-
-def retrieve_latents(encoder_output: Any, generator: torch.Generator | None = None) -> torch.Tensor:
-    """A sample of the VAE's latent distribution (drawn with `generator`), or the encoder's plain latents."""
-    if hasattr(encoder_output, "latent_dist"):
-        return encoder_output.latent_dist.sample(generator)
-    if hasattr(encoder_output, "latents"):
-        return encoder_output.latents
-    msg = f"retrieve_latents: the VAE's encode output ({type(encoder_output).__name__}) has neither latent_dist nor latents"
-    raise AttributeError(msg)
 
 
 def encode_vae_image(

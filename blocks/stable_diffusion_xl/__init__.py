@@ -18,6 +18,11 @@ from .before_denoise import (
     StableDiffusionXLPrepareAdditionalConditioningStep,
     StableDiffusionXLPrepareLatentsStep,
 )
+from .checks import (
+    StableDiffusionXLCheckInputsStep,
+    StableDiffusionXLImg2ImgCheckInputsStep,
+    StableDiffusionXLInpaintCheckInputsStep,
+)
 from .decoders import StableDiffusionXLDecodeStep
 from .denoise import (
     StableDiffusionXLDenoiseStep,
@@ -42,6 +47,7 @@ from .inputs import StableDiffusionXLInputStep
 from .modular_blocks import (
     StableDiffusionXLAutoBeforeDenoiseStep,
     StableDiffusionXLAutoBlocks,
+    StableDiffusionXLAutoCheckInputsStep,
     StableDiffusionXLAutoDenoiseStep,
     StableDiffusionXLAutoVaeEncoderStep,
     StableDiffusionXLBeforeDenoiseStep,
@@ -79,16 +85,20 @@ __all__ = [
     "FAMILY",
     "StableDiffusionXLAutoBeforeDenoiseStep",
     "StableDiffusionXLAutoBlocks",
+    "StableDiffusionXLAutoCheckInputsStep",
     "StableDiffusionXLAutoDenoiseStep",
     "StableDiffusionXLAutoVaeEncoderStep",
     "StableDiffusionXLBeforeDenoiseStep",
+    "StableDiffusionXLCheckInputsStep",
     "StableDiffusionXLDecodeStep",
     "StableDiffusionXLDenoiseStep",
     "StableDiffusionXLImg2ImgBeforeDenoiseStep",
+    "StableDiffusionXLImg2ImgCheckInputsStep",
     "StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep",
     "StableDiffusionXLImg2ImgPrepareLatentsStep",
     "StableDiffusionXLImg2ImgSetTimestepsStep",
     "StableDiffusionXLInpaintBeforeDenoiseStep",
+    "StableDiffusionXLInpaintCheckInputsStep",
     "StableDiffusionXLInpaintDenoiseStep",
     "StableDiffusionXLInpaintLoopAfterDenoiser",
     "StableDiffusionXLInpaintLoopBeforeDenoiser",

@@ -7,16 +7,27 @@ from diffusers import AutoencoderKL
 from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 from blocks.stable_diffusion.encoders import IMAGE_PROCESSOR
+from blocks.stable_diffusion.utils import image_processor_for_vae
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import MODEL_NAME, batch_input, dtype_input, encode_image_latents, guidance_scale_input
 
 __all__ = [
+    "PROMPT_2",
+    "NEGATIVE_PROMPT_2",
     "StableDiffusionXLTextEncoderStep",
     "StableDiffusionXLRefinerTextEncoderStep",
     "StableDiffusionXLVaeEncoderStep",
 ]
 
+PROMPT_2 = InputParam(
+    "prompt_2", type_hint=str | list[str], description="The prompt for the second encoder (default: prompt)."
+)
+NEGATIVE_PROMPT_2 = InputParam(
+    "negative_prompt_2",
+    type_hint=str | list[str],
+    description="The negative prompt for the second encoder (default: negative_prompt).",
+)
 _POOLED = "pooled_prompt_embeds"
 _NEG_POOLED = "negative_pooled_prompt_embeds"
 
@@ -64,18 +75,11 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
 
     @property
     def inputs(self) -> list[InputParam]:
-        text = str | list[str]
         return [
             InputParam.template("prompt"),
-            InputParam(
-                "prompt_2", type_hint=text, description="The prompt for the second encoder (default: prompt)."
-            ),
+            PROMPT_2,
             InputParam.template("negative_prompt"),
-            InputParam(
-                "negative_prompt_2",
-                type_hint=text,
-                description="The negative prompt for the second encoder (default: negative_prompt).",
-            ),
+            NEGATIVE_PROMPT_2,
             InputParam.template("prompt_embeds"),
             InputParam.template("negative_prompt_embeds"),
             InputParam(_POOLED, type_hint=torch.Tensor, description="Precomputed pooled prompt embeddings."),
@@ -250,7 +254,7 @@ class StableDiffusionXLVaeEncoderStep(ModularPipelineBlocks):
         bs = self.get_block_state(state)
         bs.image_latents = None
         if bs.latents is None:
-            image = components.image_processor.preprocess(bs.image)
+            image = image_processor_for_vae(components).preprocess(bs.image)
             image = image.to(device=components._execution_device, dtype=bs.dtype or components.vae.dtype)
             total = bs.batch_size * bs.num_images_per_prompt
             generator = bs.generator

@@ -15,6 +15,7 @@ from blocks.stable_diffusion.utils import (
     SCHEDULER,
     default_size,
     do_classifier_free_guidance,
+    image_processor_for_vae,
     vae_scale_factor,
 )
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
@@ -119,10 +120,11 @@ class StableDiffusionXLInpaintVaeEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         bs = self.get_block_state(state)
         height, width = default_size(components, bs.height, bs.width)
-        image = components.image_processor.preprocess(bs.image, height=height, width=width).to(
-            dtype=torch.float32
+        image = image_processor_for_vae(components).preprocess(bs.image, height=height, width=width)
+        image = image.to(dtype=torch.float32)
+        mask = image_processor_for_vae(components, "mask_processor").preprocess(
+            bs.mask_image, height=height, width=width
         )
-        mask = components.mask_processor.preprocess(bs.mask_image, height=height, width=width)
         strength = INPAINT_STRENGTH if bs.strength is None else bs.strength
         dtype = bs.dtype or components.vae.dtype
         bs.image_latents = None

@@ -10,6 +10,11 @@ from .before_denoise import (
     StableDiffusionXLPrepareAdditionalConditioningStep,
     StableDiffusionXLPrepareLatentsStep,
 )
+from .checks import (
+    StableDiffusionXLCheckInputsStep,
+    StableDiffusionXLImg2ImgCheckInputsStep,
+    StableDiffusionXLInpaintCheckInputsStep,
+)
 from .decoders import StableDiffusionXLDecodeStep
 from .denoise import StableDiffusionXLDenoiseStep
 from .encoders import (
@@ -27,6 +32,7 @@ from .inputs import StableDiffusionXLInputStep
 from .timesteps import StableDiffusionXLImg2ImgSetTimestepsStep, StableDiffusionXLSetTimestepsStep
 
 __all__ = [
+    "StableDiffusionXLAutoCheckInputsStep",
     "StableDiffusionXLAutoVaeEncoderStep",
     "StableDiffusionXLBeforeDenoiseStep",
     "StableDiffusionXLImg2ImgBeforeDenoiseStep",
@@ -36,6 +42,25 @@ __all__ = [
     "StableDiffusionXLAutoBlocks",
     "StableDiffusionXLRefinerBlocks",
 ]
+
+
+class StableDiffusionXLAutoCheckInputsStep(AutoPipelineBlocks):
+    """Check the inputs of inpainting, image-to-image or text-to-image before any model runs."""
+
+    block_classes = [
+        StableDiffusionXLInpaintCheckInputsStep,
+        StableDiffusionXLImg2ImgCheckInputsStep,
+        StableDiffusionXLCheckInputsStep,
+    ]
+    block_names = ["inpaint_check_inputs", "img2img_check_inputs", "check_inputs"]
+    block_trigger_inputs = ["mask_image", "image", None]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Input checks before any model runs: `inpaint_check_inputs` when mask_image is given, "
+            "`img2img_check_inputs` when image is given, `check_inputs` otherwise."
+        )
 
 
 class StableDiffusionXLAutoVaeEncoderStep(AutoPipelineBlocks):
@@ -145,6 +170,7 @@ class StableDiffusionXLAutoBlocks(SequentialPipelineBlocks):
     """
 
     block_classes = [
+        StableDiffusionXLAutoCheckInputsStep,
         StableDiffusionXLTextEncoderStep,
         StableDiffusionXLInputStep,
         StableDiffusionXLAutoVaeEncoderStep,
@@ -152,7 +178,15 @@ class StableDiffusionXLAutoBlocks(SequentialPipelineBlocks):
         StableDiffusionXLAutoDenoiseStep,
         StableDiffusionXLDecodeStep,
     ]
-    block_names = ["text_encoder", "input", "vae_encoder", "before_denoise", "denoise", "decode"]
+    block_names = [
+        "check_inputs",
+        "text_encoder",
+        "input",
+        "vae_encoder",
+        "before_denoise",
+        "denoise",
+        "decode",
+    ]
     _workflow_map = {
         "text2image": {"prompt": True},
         "image2image": {"image": True, "prompt": True},
@@ -171,6 +205,7 @@ class StableDiffusionXLRefinerBlocks(SequentialPipelineBlocks):
     """Image-to-image for a refiner-style repo (``text_encoder_2`` only, aesthetic-score conditioning)."""
 
     block_classes = [
+        StableDiffusionXLImg2ImgCheckInputsStep,
         StableDiffusionXLRefinerTextEncoderStep,
         StableDiffusionXLInputStep,
         StableDiffusionXLVaeEncoderStep,
@@ -178,7 +213,15 @@ class StableDiffusionXLRefinerBlocks(SequentialPipelineBlocks):
         StableDiffusionXLDenoiseStep,
         StableDiffusionXLDecodeStep,
     ]
-    block_names = ["text_encoder", "input", "vae_encoder", "before_denoise", "denoise", "decode"]
+    block_names = [
+        "check_inputs",
+        "text_encoder",
+        "input",
+        "vae_encoder",
+        "before_denoise",
+        "denoise",
+        "decode",
+    ]
 
     @property
     def description(self) -> str:

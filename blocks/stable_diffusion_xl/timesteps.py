@@ -10,10 +10,15 @@ from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputPara
 
 from .utils import MODEL_NAME, batch_input, strength_input
 
-__all__ = ["StableDiffusionXLSetTimestepsStep", "StableDiffusionXLImg2ImgSetTimestepsStep"]
+__all__ = [
+    "DENOISING_START",
+    "is_fraction",
+    "StableDiffusionXLSetTimestepsStep",
+    "StableDiffusionXLImg2ImgSetTimestepsStep",
+]
 
 
-def _fraction(value) -> bool:
+def is_fraction(value) -> bool:
     """The classic pipelines honour denoising_start / denoising_end only as a float strictly inside (0, 1)."""
     return isinstance(value, float) and 0 < value < 1
 
@@ -26,13 +31,18 @@ def _cutoff(scheduler, fraction: float) -> int:
 
 def _end_at(scheduler, timesteps: torch.Tensor, denoising_end) -> tuple[torch.Tensor, int]:
     """The timesteps to run when denoising stops early at `denoising_end` (for an ensemble of experts)."""
-    if not _fraction(denoising_end):
+    if not is_fraction(denoising_end):
         return timesteps, len(timesteps)
     cutoff = _cutoff(scheduler, denoising_end)
     count = len([t for t in timesteps if t >= cutoff])
     return timesteps[:count], count
 
 
+DENOISING_START = InputParam(
+    "denoising_start",
+    type_hint=float,
+    description="Start when this fraction of the denoising is done (0 < x < 1); strength is then ignored.",
+)
 _TIMESTEP_INPUTS = [
     InputParam.template("num_inference_steps"),
     InputParam.template("timesteps"),
@@ -108,11 +118,7 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
     def inputs(self) -> list[InputParam]:
         return [
             *_TIMESTEP_INPUTS,
-            InputParam(
-                "denoising_start",
-                type_hint=float,
-                description="Start when this fraction of the denoising is done (0 < x < 1); strength is then ignored.",
-            ),
+            DENOISING_START,
             strength_input(),
             batch_input(),
             InputParam.template("num_images_per_prompt"),
@@ -129,7 +135,7 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
 
     def _start(self, scheduler, steps: int, strength: float, denoising_start) -> int:
         """The index of the first timestep to run."""
-        if not _fraction(denoising_start):
+        if not is_fraction(denoising_start):
             kept = min(int(steps * strength), steps)
             return max(steps - kept, 0) * scheduler.order
         remaining = int((scheduler.timesteps < _cutoff(scheduler, denoising_start)).sum().item())
@@ -145,7 +151,7 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
             msg = f"{type(self).__name__}: strength must be in [0, 1] (got {strength})"
             raise ValueError(msg)
         start, end = bs.denoising_start, bs.denoising_end
-        if _fraction(start) and _fraction(end) and start >= end:
+        if is_fraction(start) and is_fraction(end) and start >= end:
             msg = f"{type(self).__name__}: denoising_start ({start}) must be below denoising_end ({end})"
             raise ValueError(msg)
         scheduler = components.scheduler

@@ -8,6 +8,7 @@ repos (entry point group ``modular.blocks``).
 from modular import BlockFamily
 
 from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
+from .checks import ZImageCheckInputsStep, ZImageImg2ImgCheckInputsStep
 from .decoders import ZImageDecodeStep
 from .denoise import (
     ZImageDenoiseLoopWrapper,
@@ -21,6 +22,7 @@ from .inputs import ZImageInputStep
 from .modular_blocks import (
     ZImageAutoBeforeDenoiseStep,
     ZImageAutoBlocks,
+    ZImageAutoCheckInputsStep,
     ZImageAutoVaeEncoderStep,
     ZImageBeforeDenoiseStep,
     ZImageImg2ImgBeforeDenoiseStep,
@@ -42,12 +44,15 @@ __all__ = [
     "FAMILY",
     "ZImageAutoBeforeDenoiseStep",
     "ZImageAutoBlocks",
+    "ZImageAutoCheckInputsStep",
     "ZImageAutoVaeEncoderStep",
     "ZImageBeforeDenoiseStep",
+    "ZImageCheckInputsStep",
     "ZImageDecodeStep",
     "ZImageDenoiseLoopWrapper",
     "ZImageDenoiseStep",
     "ZImageImg2ImgBeforeDenoiseStep",
+    "ZImageImg2ImgCheckInputsStep",
     "ZImageImg2ImgPrepareLatentsStep",
     "ZImageImg2ImgSetTimestepsStep",
     "ZImageInputStep",

@@ -14,6 +14,7 @@ from .utils import (
     do_classifier_free_guidance,
     embeds_input,
     encode_image_latents,
+    image_processor_for_vae,
     resolve_size,
 )
 
@@ -189,7 +190,7 @@ class ZImageVaeEncoderStep(ModularPipelineBlocks):
     @torch.no_grad()
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
-        image = components.image_processor.preprocess(block_state.image).to(dtype=torch.float32)
+        image = image_processor_for_vae(components).preprocess(block_state.image).to(dtype=torch.float32)
         height = image.shape[-2] if block_state.height is None else block_state.height
         width = image.shape[-1] if block_state.width is None else block_state.width
         block_state.height, block_state.width = resolve_size(self, components, height, width)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from modular import AutoPipelineBlocks, SequentialPipelineBlocks
 
 from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
+from .checks import ZImageCheckInputsStep, ZImageImg2ImgCheckInputsStep
 from .decoders import ZImageDecodeStep
 from .denoise import ZImageDenoiseStep
 from .encoders import ZImageTextEncoderStep, ZImageVaeEncoderStep
@@ -12,12 +13,28 @@ from .inputs import ZImageInputStep
 from .timesteps import ZImageImg2ImgSetTimestepsStep, ZImageSetTimestepsStep
 
 __all__ = [
+    "ZImageAutoCheckInputsStep",
     "ZImageAutoVaeEncoderStep",
     "ZImageBeforeDenoiseStep",
     "ZImageImg2ImgBeforeDenoiseStep",
     "ZImageAutoBeforeDenoiseStep",
     "ZImageAutoBlocks",
 ]
+
+
+class ZImageAutoCheckInputsStep(AutoPipelineBlocks):
+    """Check the inputs of image-to-image or text-to-image before any model runs."""
+
+    block_classes = [ZImageImg2ImgCheckInputsStep, ZImageCheckInputsStep]
+    block_names = ["img2img_check_inputs", "check_inputs"]
+    block_trigger_inputs = ["image", None]
+
+    @property
+    def description(self) -> str:
+        return (
+            "Input checks before any model runs: `img2img_check_inputs` when image is given, `check_inputs` "
+            "otherwise."
+        )
 
 
 class ZImageAutoVaeEncoderStep(AutoPipelineBlocks):
@@ -75,6 +92,7 @@ class ZImageAutoBlocks(SequentialPipelineBlocks):
     """
 
     block_classes = [
+        ZImageAutoCheckInputsStep,
         ZImageTextEncoderStep,
         ZImageInputStep,
         ZImageAutoVaeEncoderStep,
@@ -82,7 +100,15 @@ class ZImageAutoBlocks(SequentialPipelineBlocks):
         ZImageDenoiseStep,
         ZImageDecodeStep,
     ]
-    block_names = ["text_encoder", "input", "vae_encoder", "before_denoise", "denoise", "decode"]
+    block_names = [
+        "check_inputs",
+        "text_encoder",
+        "input",
+        "vae_encoder",
+        "before_denoise",
+        "denoise",
+        "decode",
+    ]
     _workflow_map = {
         "text2image": {"prompt": True},
         "image2image": {"image": True, "prompt": True},

@@ -8,9 +8,19 @@ from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputPara
 
 from .utils import MODEL_NAME, SCHEDULER, calculate_shift, default_sigmas, latent_size, resolve_size
 
-__all__ = ["set_z_image_timesteps", "ZImageSetTimestepsStep", "ZImageImg2ImgSetTimestepsStep"]
+__all__ = [
+    "SIGMAS",
+    "STRENGTH",
+    "STRENGTH_INPUT",
+    "kept_steps",
+    "set_z_image_timesteps",
+    "ZImageSetTimestepsStep",
+    "ZImageImg2ImgSetTimestepsStep",
+]
 
 STRENGTH = 0.6  # the classic image-to-image pipeline's default
+STRENGTH_INPUT = InputParam.template("strength", default=STRENGTH)
+SIGMAS = InputParam("sigmas", type_hint=list[float], description="Custom sigmas (default: 1 .. 1/steps).")
 
 
 def set_z_image_timesteps(components, num_inference_steps: int, sigmas, height: int, width: int):
@@ -32,10 +42,15 @@ def set_z_image_timesteps(components, num_inference_steps: int, sigmas, height: 
     return scheduler.timesteps, len(scheduler.timesteps)
 
 
+def kept_steps(steps: int, strength: float) -> int:
+    """How many of `steps` steps image-to-image runs at `strength`: the classic pipeline counts in floats."""
+    return steps - int(max(steps - min(steps * strength, steps), 0))
+
+
 def _common_inputs() -> list[InputParam]:
     return [
         InputParam.template("num_inference_steps"),
-        InputParam("sigmas", type_hint=list[float], description="Custom sigmas (default: 1 .. 1/steps)."),
+        SIGMAS,
         InputParam.template("height"),
         InputParam.template("width"),
     ]
@@ -108,7 +123,7 @@ class ZImageImg2ImgSetTimestepsStep(ModularPipelineBlocks):
     def inputs(self) -> list[InputParam]:
         return [
             *_common_inputs(),
-            InputParam.template("strength", default=STRENGTH),
+            STRENGTH_INPUT,
             InputParam("batch_size", type_hint=int, required=True, description="Number of prompts."),
             InputParam.template("num_images_per_prompt"),
         ]
@@ -133,8 +148,7 @@ class ZImageImg2ImgSetTimestepsStep(ModularPipelineBlocks):
         _, steps = set_z_image_timesteps(
             components, block_state.num_inference_steps, block_state.sigmas, height, width
         )
-        # As the classic pipeline: keep min(steps * strength, steps) steps, counted in floats.
-        start = int(max(steps - min(steps * strength, steps), 0))
+        start = steps - kept_steps(steps, strength)
         if steps - start < 1:
             msg = (
                 f"{type(self).__name__}: strength {strength} with num_inference_steps {steps} leaves "

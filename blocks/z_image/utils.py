@@ -8,7 +8,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.image_processor import VaeImageProcessor
 
-from blocks.stable_diffusion.utils import retrieve_latents
+from blocks.common.vae import processor_for_vae, retrieve_latents, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "IMAGE_PROCESSOR",
     "DEFAULT_SIZE",
     "vae_scale_factor",
+    "image_processor_for_vae",
     "resolve_size",
     "latent_size",
     "calculate_shift",
@@ -36,7 +37,8 @@ SCHEDULER = ComponentSpec(
 )
 
 # Z-Image's VAE has 4 levels (8 pixels per latent cell) and the transformer patches 2x2 latent cells,
-# so images are handled in multiples of 16 pixels.
+# so images are handled in multiples of 16 pixels. Made from config before the VAE is known, so the
+# blocks resize with the loaded VAE's scale instead (image_processor_for_vae), as the classic pipelines.
 IMAGE_PROCESSOR = ComponentSpec(
     "image_processor",
     VaeImageProcessor,
@@ -48,12 +50,9 @@ IMAGE_PROCESSOR = ComponentSpec(
 DEFAULT_SIZE = 1024
 
 
-def vae_scale_factor(components: Any) -> int:
-    """How many pixels one latent cell covers: 2 per VAE down level (8 for Z-Image's 4-level VAE)."""
-    vae = getattr(components, "vae", None)
-    if vae is None:
-        return 8
-    return 2 ** (len(vae.config.block_out_channels) - 1)
+def image_processor_for_vae(components: Any) -> Any:
+    """The image processor, resizing to multiples of twice the loaded VAE's scale, as the classic pipelines."""
+    return processor_for_vae(components.image_processor, vae_scale_factor(components) * 2)
 
 
 def resolve_size(block: Any, components: Any, height: int | None, width: int | None) -> tuple[int, int]:

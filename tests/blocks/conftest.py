@@ -31,6 +31,12 @@ def sd_inpaint_repo(tmp_path_factory):
     return make_tiny_repo(tmp_path_factory.mktemp("repos") / "tiny-sd-inpaint", inpainting=True)
 
 
+@pytest.fixture(scope="session")
+def sd_vae4_repo(tmp_path_factory):
+    """A tiny SD repo whose VAE has 3 levels: 4 pixels per latent cell."""
+    return make_tiny_repo(tmp_path_factory.mktemp("repos") / "tiny-sd-vae4", vae_levels=3)
+
+
 def load_pipeline(repo):
     """Our SD pipeline on `repo`, every component loaded in float32, progress bars off."""
     pipe = StableDiffusionAutoBlocks().init_pipeline(repo)
@@ -65,14 +71,21 @@ def sd_inpaint_pipe(sd_inpaint_repo):
     return load_pipeline(sd_inpaint_repo)
 
 
-def make_image(seed=0, size=64):
-    """A random RGB PIL image, the same for the same seed."""
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+@pytest.fixture(scope="session")
+def sd_vae4_pipe(sd_vae4_repo):
+    return load_pipeline(sd_vae4_repo)
+
+
+def make_image(seed=0, size=64, height=None):
+    """A random RGB PIL image, `size` wide and `height` (default `size`) high, the same for the same seed."""
+    shape = (size if height is None else height, size, 3)
+    pixels = np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
     return PIL.Image.fromarray(pixels)
 
 
-def make_mask(size=64):
-    """A black L-mode mask with a white square in the middle (white is repainted)."""
-    mask = np.zeros((size, size), dtype=np.uint8)
-    mask[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = 255
+def make_mask(size=64, height=None):
+    """A black L-mode mask with a white rectangle in the middle (white is repainted)."""
+    height = size if height is None else height
+    mask = np.zeros((height, size), dtype=np.uint8)
+    mask[height // 4 : 3 * height // 4, size // 4 : 3 * size // 4] = 255
     return PIL.Image.fromarray(mask)  # 2-D uint8: mode "L"

@@ -25,8 +25,9 @@ def test_workflows_select_the_expected_blocks():
     assert blocks.available_workflows == ["text2image", "image2image", "inpainting"]
     common = ["text_encoder", "input"]
     expected = {
-        "text2image": [*common, "set_timesteps", "prepare_latents", "denoise", "decode"],
+        "text2image": ["check_inputs", *common, "set_timesteps", "prepare_latents", "denoise", "decode"],
         "image2image": [
+            "img2img_check_inputs",
             *common,
             "img2img_vae_encoder",
             "set_timesteps",
@@ -35,6 +36,7 @@ def test_workflows_select_the_expected_blocks():
             "decode",
         ],
         "inpainting": [
+            "inpaint_check_inputs",
             *common,
             "inpaint_vae_encoder",
             "set_timesteps",
@@ -138,27 +140,31 @@ BAD_CALLS = {
     "negative_type": (
         {"prompt": ["a cat"], "negative_prompt": "blurry"},
         TypeError,
-        "StableDiffusionTextEncoderStep: negative_prompt must have the type of prompt (got str for a list prompt)",
+        "StableDiffusionCheckInputsStep: negative_prompt (a str) must have the type of prompt (a list); "
+        "pass both as str or both as list",
     ),
     "negative_count": (
         {"prompt": ["a cat", "a dog"], "negative_prompt": ["blurry"]},
         ValueError,
-        "negative_prompt needs one entry per prompt (got 1 negative prompts for 2 prompts)",
+        "StableDiffusionCheckInputsStep: negative_prompt has 1 entry for 2 prompts; pass one per prompt",
     ),
     "output_type": (
         {"prompt": "a cat", "output_type": "jpeg"},
         ValueError,
-        "StableDiffusionDecodeStep: output_type must be one of ['pil', 'np', 'pt', 'latent'] (got 'jpeg')",
+        "StableDiffusionCheckInputsStep: output_type ('jpeg') must be one of ['pil', 'np', 'pt', 'latent']; "
+        "pass one of those",
     ),
     "strength": (
         {"prompt": "a cat", "image": make_image(), "strength": 1.5},
         ValueError,
-        "StableDiffusionImg2ImgSetTimestepsStep: strength must be in [0, 1] (got 1.5)",
+        "StableDiffusionImg2ImgCheckInputsStep: strength (1.5) must be in [0, 1]; pass 0 to keep the image, "
+        "1 to replace it, or a value between",
     ),
     "no_steps_left": (
         {"prompt": "a cat", "image": make_image(), "strength": 0.1},
         ValueError,
-        "strength 0.1 with num_inference_steps 2 leaves 0 denoising steps",
+        "StableDiffusionImg2ImgCheckInputsStep: strength (0.1) with num_inference_steps (2) leaves 0 "
+        "denoising steps; raise strength or num_inference_steps",
     ),
     "generators": (
         {"prompt": "a cat", "generator": [torch.Generator("cpu")] * 3},

@@ -5,6 +5,8 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, EulerDiscreteScheduler
 
+from blocks.common import vae_scale_factor
+
 from .conftest import classic_from, make_image, make_mask
 
 STEPS = 2
@@ -222,3 +224,33 @@ def test_guidance_embedding_unet_parity(sd_pipe):
         assert_identical(ours, theirs)
     finally:
         sd_pipe.update_components(unet=original)
+
+
+@pytest.mark.parametrize("unet_channels", [9, 4])
+def test_sizes_follow_the_vae_scale_not_8(sd_pipe, sd_inpaint_pipe, unet_channels):
+    """With a VAE of scale 2, a 44x36 image keeps its size in image-to-image, and inpainting makes 44x36,
+    as in the classic pipelines (an image processor fixed at 8 made 40x32)."""
+    pipe = sd_inpaint_pipe if unet_channels == 9 else sd_pipe
+    assert vae_scale_factor(pipe) == 2
+    kwargs = {"prompt": "a cat", "num_inference_steps": 3, "output_type": "np"}
+    if unet_channels == 4:
+        ours, theirs = run_both(pipe, "image2image", image=make_image(size=44, height=36), **kwargs)
+        assert ours.shape == (1, 36, 44, 3)
+        assert_identical(ours, theirs)
+    inpaint = {"image": make_image(size=50), "mask_image": make_mask(size=50), "height": 36, "width": 44}
+    ours, theirs = run_both(pipe, "inpainting", **inpaint, **kwargs)
+    assert ours.shape == (1, 36, 44, 3)
+    assert_identical(ours, theirs)
+
+
+def test_image_processor_takes_the_scale_of_a_3_level_vae(sd_vae4_pipe):
+    """With a VAE of scale 4, image-to-image and inpainting keep 44x36 and equal the classic pipelines."""
+    assert vae_scale_factor(sd_vae4_pipe) == 4
+    kwargs = {"prompt": "a cat", "num_inference_steps": 3, "output_type": "np"}
+    ours, theirs = run_both(sd_vae4_pipe, "image2image", image=make_image(size=44, height=36), **kwargs)
+    assert ours.shape == (1, 36, 44, 3)
+    assert_identical(ours, theirs)
+    inpaint = {"image": make_image(size=50), "mask_image": make_mask(size=50), "height": 36, "width": 44}
+    ours, theirs = run_both(sd_vae4_pipe, "inpainting", **inpaint, **kwargs)
+    assert ours.shape == (1, 36, 44, 3)
+    assert_identical(ours, theirs)

@@ -27,8 +27,9 @@ def test_workflows_select_the_expected_blocks():
     common = ["text_encoder", "input"]
     prepare = ["prepare_latents", "set_timesteps", "prepare_guidance"]
     expected = {
-        "text2image": [*common, *prepare, "denoise", "decode"],
+        "text2image": ["check_inputs", *common, *prepare, "denoise", "decode"],
         "image2image": [
+            "img2img_check_inputs",
             *common,
             "img2img_vae_encoder",
             "set_timesteps",
@@ -36,7 +37,14 @@ def test_workflows_select_the_expected_blocks():
             "prepare_guidance",
         ]
         + ["denoise", "decode"],
-        "control": [*common, "control_image_encoder", *prepare, "control_denoise", "decode"],
+        "control": [
+            "control_check_inputs",
+            *common,
+            "control_image_encoder",
+            *prepare,
+            "control_denoise",
+            "decode",
+        ],
     }
     for workflow, names in expected.items():
         assert list(blocks.get_workflow(workflow).sub_blocks) == names
@@ -143,27 +151,30 @@ BAD_CALLS = {
     "negative_type": (
         {"prompt": ["a cat"], "negative_prompt": "blurry", "true_cfg_scale": 2.0},
         TypeError,
-        ENCODER + "negative_prompt must have the type of prompt (got str for a list prompt)",
+        "FluxCheckInputsStep: negative_prompt (a str) must have the type of prompt (a list); "
+        "pass both as str or both as list",
     ),
     "negative_count": (
         {"prompt": ["a cat", "a dog"], "negative_prompt": ["blurry"], "true_cfg_scale": 2.0},
         ValueError,
-        "negative_prompt needs one entry per prompt (got 1 negative prompts for 2 prompts)",
+        "FluxCheckInputsStep: negative_prompt has 1 entry for 2 prompts; pass one per prompt",
     ),
     "output_type": (
         {"prompt": "a cat", "output_type": "jpeg"},
         ValueError,
-        "FluxDecodeStep: output_type must be one of ['pil', 'np', 'pt', 'latent'] (got 'jpeg')",
+        "FluxCheckInputsStep: output_type ('jpeg') must be one of ['pil', 'np', 'pt', 'latent']; pass one of those",
     ),
     "strength": (
         {"prompt": "a cat", "image": make_image(), "strength": 1.5},
         ValueError,
-        "FluxImg2ImgSetTimestepsStep: strength must be in [0, 1] (got 1.5)",
+        "FluxImg2ImgCheckInputsStep: strength (1.5) must be in [0, 1]; pass 0 to keep the image, 1 to replace it, "
+        "or a value between",
     ),
     "no_steps_left": (
         {"prompt": "a cat", "image": make_image(), "strength": 0.0},
         ValueError,
-        "strength 0.0 with num_inference_steps 2 leaves 0 denoising steps",
+        "FluxImg2ImgCheckInputsStep: strength (0.0) with num_inference_steps (2) leaves 0 denoising steps; "
+        "raise strength or num_inference_steps",
     ),
     "generators": (
         {"prompt": "a cat", "generator": [torch.Generator("cpu")] * 3},
@@ -173,7 +184,7 @@ BAD_CALLS = {
     "control_image_on_plain_transformer": (
         {"prompt": "a cat", "control_image": make_image()},
         ValueError,
-        "FluxControlPrepareLatentsStep: the transformer takes 16 input channels for 16 output channels, "
+        "FluxControlCheckInputsStep: the transformer takes 16 input channels for 16 output channels, "
         "not a control transformer; load a control transformer",
     ),
     "image_type": ({"prompt": "a cat", "image": "cat.png"}, InputTypeError, "input 'image' must be"),
@@ -195,13 +206,13 @@ def test_bad_input_raises_and_leaves_pipeline_working(flux_pipe, case):
 CONTROL_BAD_CALLS = {
     "no_control_image": (
         {"prompt": "a cat"},
-        "FluxPrepareLatentsStep: the transformer takes 32 input channels for 16 output channels, "
+        "FluxCheckInputsStep: the transformer takes 32 input channels for 16 output channels, "
         "a control transformer; pass control_image",
     ),
     "control_image_count": (
         {"prompt": ["a cat", "a dog"], "control_image": [make_image(1), make_image(2), make_image(3)]},
-        "FluxControlImageEncoderStep: 3 control images for a batch of 2 (prompts x num_images_per_prompt); "
-        "pass 1 control image or one per prompt",
+        "FluxControlCheckInputsStep: control_image holds 3 images for 2 prompts; pass 1 control image or one per "
+        "prompt",
     ),
 }
 

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from blocks.common import vae_scale_factor
+
 from .conftest import classic_from, make_image
 
 STEPS = 2
@@ -145,3 +147,32 @@ def test_transformer_without_guidance_embedding(flux_pipe):
         assert_identical(*run_both(flux_pipe, "image2image", image=make_image(), **kwargs))
     finally:
         flux_pipe.update_components(transformer=original)
+
+
+@pytest.mark.parametrize("workflow", ["image2image", "control"])
+def test_image_sizes_follow_the_vae_scale_not_16(flux_pipe, flux_control_pipe, workflow):
+    """With a VAE of scale 2, a 44x36 image-to-image or control call equals the classic one: images are
+    resized to multiples of 4 (an image processor fixed at 16 made 32x32 and failed in torch)."""
+    pipe = flux_control_pipe if workflow == "control" else flux_pipe
+    assert vae_scale_factor(pipe) == 2
+    image = (
+        {"control_image": make_image(1, size=50)} if workflow == "control" else {"image": make_image(size=50)}
+    )
+    kwargs = {"prompt": "a cat", "height": 36, "width": 44, "num_inference_steps": 3, "output_type": "np"}
+    ours, theirs = run_both(pipe, workflow, **image, **kwargs)
+    assert ours.shape == (1, 36, 44, 3)
+    assert_identical(ours, theirs)
+
+
+def test_size_not_a_multiple_is_rounded_down_as_the_classic(flux_pipe, caplog):
+    """height 38 and width 42 (not multiples of 4) make a 36x40 image, as FluxPipeline, with a warning."""
+    kwargs = {"prompt": "a cat", "height": 38, "width": 42, "num_inference_steps": STEPS, "output_type": "np"}
+    with caplog.at_level("WARNING", logger="blocks.common.checks"):
+        ours, theirs = run_both(flux_pipe, "text2image", **kwargs)
+    assert ours.shape == (1, 36, 40, 3)
+    assert_identical(ours, theirs)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "blocks.common.checks"]
+    assert warnings == [
+        "height (38) is not divisible by 4; it is rounded down to 36",
+        "width (42) is not divisible by 4; it is rounded down to 40",
+    ]

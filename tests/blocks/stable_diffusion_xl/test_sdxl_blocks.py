@@ -23,9 +23,25 @@ def test_workflows_select_the_expected_blocks():
     assert blocks.available_workflows == ["text2image", "image2image", "inpainting"]
     prepare = ["set_timesteps", "prepare_latents", "prepare_add_cond"]
     expected = {
-        "text2image": ["text_encoder", "input", *prepare, "denoise", "decode"],
-        "image2image": ["text_encoder", "input", "img2img_vae_encoder", *prepare, "denoise", "decode"],
-        "inpainting": ["text_encoder", "input", "inpaint_vae_encoder", *prepare, "inpaint_denoise", "decode"],
+        "text2image": ["check_inputs", "text_encoder", "input", *prepare, "denoise", "decode"],
+        "image2image": [
+            "img2img_check_inputs",
+            "text_encoder",
+            "input",
+            "img2img_vae_encoder",
+            *prepare,
+            "denoise",
+            "decode",
+        ],
+        "inpainting": [
+            "inpaint_check_inputs",
+            "text_encoder",
+            "input",
+            "inpaint_vae_encoder",
+            *prepare,
+            "inpaint_denoise",
+            "decode",
+        ],
     }
     for workflow, names in expected.items():
         assert list(blocks.get_workflow(workflow).sub_blocks) == names
@@ -104,7 +120,8 @@ BAD_CALLS = {
     "negative_count": (
         {"prompt": ["a cat", "a dog"], "negative_prompt": ["blurry"]},
         ValueError,
-        "negative_prompt needs one entry per prompt (got 1 negative prompts for 2 prompts)",
+        "StableDiffusionXLCheckInputsStep: negative_prompt has 1 entry for 2 prompts; pass one per prompt, "
+        "or one string for all",
     ),
     "prompt_2_count": (
         {"prompt": ["a cat", "a dog"], "prompt_2": "blurry"},
@@ -114,17 +131,20 @@ BAD_CALLS = {
     "output_type": (
         {"prompt": "a cat", "output_type": "jpeg"},
         ValueError,
-        "StableDiffusionXLDecodeStep: output_type must be one of ['pil', 'np', 'pt', 'latent'] (got 'jpeg')",
+        "StableDiffusionXLCheckInputsStep: output_type ('jpeg') must be one of ['pil', 'np', 'pt', 'latent']; "
+        "pass one of those",
     ),
     "strength": (
         {"prompt": "a cat", "image": make_image(), "strength": 1.5},
         ValueError,
-        "StableDiffusionXLImg2ImgSetTimestepsStep: strength must be in [0, 1] (got 1.5)",
+        "StableDiffusionXLImg2ImgCheckInputsStep: strength (1.5) must be in [0, 1]; pass 0 to keep the image, "
+        "1 to replace it, or a value between",
     ),
     "no_steps_left": (
         {"prompt": "a cat", "image": make_image()},
         ValueError,
-        "strength 0.3 with num_inference_steps 2 leaves no denoising steps",
+        "StableDiffusionXLImg2ImgCheckInputsStep: strength (0.3) with num_inference_steps (2) leaves 0 "
+        "denoising steps; raise strength or num_inference_steps",
     ),
     "start_after_end": (
         {"prompt": "a cat", "image": make_image(), "denoising_start": 0.8, "denoising_end": 0.5},

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from blocks.common import vae_scale_factor
+
 from .conftest import classic_from, make_image
 
 STEPS = 2
@@ -233,4 +235,15 @@ def test_float16_vae_is_upcast_like_the_classic(sdxl_pipe, workflow):
         ).images
     finally:
         sdxl_pipe.update_components(vae=original)
+    assert_identical(ours, theirs)
+
+
+def test_image2image_size_follows_the_vae_scale_not_8(sdxl_pipe):
+    """With a VAE of scale 2, a 44x36 image keeps its size in image-to-image, as in the classic pipeline
+    (an image processor fixed at 8 made 40x32)."""
+    assert vae_scale_factor(sdxl_pipe) == 2
+    image = make_image(size=44).crop((0, 0, 44, 36))
+    kwargs = {"prompt": "a cat", "image": image, "num_inference_steps": 4, "output_type": "np"}
+    ours, theirs = run_both(sdxl_pipe, "image2image", **kwargs)
+    assert ours.shape == (1, 36, 44, 3)
     assert_identical(ours, theirs)

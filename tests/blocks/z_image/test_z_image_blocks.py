@@ -26,8 +26,17 @@ def test_workflows_select_the_expected_blocks():
     blocks = ZImageAutoBlocks()
     assert blocks.available_workflows == ["text2image", "image2image"]
     expected = {
-        "text2image": ["text_encoder", "input", "set_timesteps", "prepare_latents", "denoise", "decode"],
+        "text2image": [
+            "check_inputs",
+            "text_encoder",
+            "input",
+            "set_timesteps",
+            "prepare_latents",
+            "denoise",
+            "decode",
+        ],
         "image2image": [
+            "img2img_check_inputs",
             "text_encoder",
             "input",
             "img2img_vae_encoder",
@@ -142,37 +151,41 @@ BAD_CALLS = {
     "negative_count": (
         {"prompt": ["a cat", "a dog"], "negative_prompt": "blurry"},
         ValueError,
-        "negative_prompt needs one entry per prompt (got 1 negative prompts for 2 prompts)",
+        "ZImageCheckInputsStep: negative_prompt has 1 entry for 2 prompts; pass one per prompt",
     ),
     "height": (
         {"prompt": "a cat", "height": 30},
         ValueError,
-        "ZImageSetTimestepsStep: height must be a multiple of 4",
+        "ZImageCheckInputsStep: height (30) must be divisible by 4; pass a multiple of 4 such as 28 or 32",
     ),
     "latents_shape": (
         {"prompt": "a cat", "latents": torch.zeros(1, 16, 8, 8)},
         ValueError,
-        "ZImagePrepareLatentsStep: latents must have shape (1, 16, 16, 16)",
+        "ZImageCheckInputsStep: latents (shape (1, 16, 8, 8)) must have shape (1, 16, 16, 16) for a batch of 1 "
+        "(prompts x num_images_per_prompt) at 32x32 pixels; pass latents of that shape, or none",
     ),
     "output_type": (
         {"prompt": "a cat", "output_type": "jpeg"},
         ValueError,
-        "ZImageDecodeStep: output_type must be one of ['pil', 'np', 'pt', 'latent'] (got 'jpeg')",
+        "ZImageCheckInputsStep: output_type ('jpeg') must be one of ['pil', 'np', 'pt', 'latent']; pass one of those",
     ),
     "strength": (
         {"prompt": "a cat", "image": make_image(), "strength": 1.5},
         ValueError,
-        "ZImageImg2ImgSetTimestepsStep: strength must be in [0, 1] (got 1.5)",
+        "ZImageImg2ImgCheckInputsStep: strength (1.5) must be in [0, 1]; pass 0 to keep the image, 1 to replace "
+        "it, or a value between",
     ),
     "no_steps_left": (
         {"prompt": "a cat", "image": make_image(), "strength": 0.0},
         ValueError,
-        "strength 0.0 with num_inference_steps 2 leaves 0 denoising steps",
+        "ZImageImg2ImgCheckInputsStep: strength (0.0) with num_inference_steps (2) leaves 0 denoising steps; "
+        "raise strength or num_inference_steps",
     ),
     "image_size": (
         {"prompt": "a cat", "image": make_image(), "height": 48},
         ValueError,
-        "leave height and width unset to use the image's size",
+        "ZImageImg2ImgCheckInputsStep: height (48) must be the image's height (32, a multiple of 4): the image is "
+        "not resized; leave height and width unset to use the image's size, or resize the image",
     ),
     "generators": (
         {"prompt": "a cat", "generator": [torch.Generator("cpu")] * 3},

@@ -7,6 +7,8 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from blocks.common import vae_scale_factor
+
 from .conftest import SIZE, classic_from, make_image
 
 STEPS = 2
@@ -177,3 +179,14 @@ def test_pil_output(zimage_pipe):
     )
     assert [image.size for image in ours] == [(SIZE, SIZE)]
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_image2image_size_follows_the_vae_scale_not_16(zimage_pipe):
+    """With a VAE of scale 2, a 44x36 image keeps its size (multiples of 4), as in the classic pipeline
+    (an image processor fixed at 16 made 32x32)."""
+    assert vae_scale_factor(zimage_pipe) == 2
+    image = make_image(size=44).crop((0, 0, 44, 36))
+    kwargs = {"prompt": "a cat", "image": image, "num_inference_steps": 3, "output_type": "np"}
+    ours, theirs = run_both(zimage_pipe, "image2image", **kwargs)
+    assert ours.shape == (1, 36, 44, 3)
+    assert_identical(ours, theirs)

@@ -1,0 +1,252 @@
+"""The first step of every Stable Diffusion workflow: refuse bad inputs before any model runs.
+
+The rules are the classic pipelines' (``check_inputs`` and what their later steps need), checked
+against the loaded UNet's and VAE's configs: text-to-image sizes are multiples of 8 (and of the VAE's
+scale), inpainting sizes multiples of the VAE's scale; image-to-image takes its size from the image.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from blocks.common.checks import (
+    CheckInputsStep,
+    InputProblems,
+    check_at_least_one,
+    check_image,
+    check_image_count,
+    check_latent_memory,
+    check_latents,
+    check_mask,
+    check_one_per_prompt,
+    check_output_type,
+    check_prompt,
+    check_size,
+    check_steps_left,
+    check_strength,
+    image_info,
+    model_dtype,
+    prompt_count,
+)
+from modular import BlockState, InputParam
+
+from .timesteps import SIGMAS, StableDiffusionImg2ImgSetTimestepsStep, StableDiffusionInpaintSetTimestepsStep
+from .utils import MODEL_NAME, default_size, strength_input, vae_scale_factor
+
+__all__ = [
+    "StableDiffusionCheckInputsStep",
+    "StableDiffusionImg2ImgCheckInputsStep",
+    "StableDiffusionInpaintCheckInputsStep",
+    "kept_steps",
+]
+
+
+def kept_steps(steps: int, strength: float) -> int:
+    """How many of `steps` denoising steps image-to-image runs at `strength`, as the classic pipelines."""
+    return min(int(steps * strength), steps)
+
+
+def _vae_channels(components: Any) -> tuple[int, int]:
+    """The VAE's (image channels, latent channels); SD's (3, 4) when no VAE is loaded."""
+    vae = getattr(components, "vae", None)
+    if vae is None:
+        return 3, 4
+    return vae.config.in_channels, vae.config.latent_channels
+
+
+class StableDiffusionCheckInputsStep(CheckInputsStep):
+    """Text-to-image: check prompts, counts, size, latents and output type before any model runs."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; with "
+            "guidance, one negative prompt per prompt), num_inference_steps and num_images_per_prompt (1 or "
+            "more), output_type, height and width (positive multiples of 8 and of the VAE's scale), the shape "
+            "of given latents, and the size of the latents to allocate (at most 64 GiB)."
+        )
+
+    # ----- inputs -----
+    def prompt_inputs(self) -> list[InputParam]:
+        """The prompt inputs, declared as the text encoder step declares them."""
+        return [
+            InputParam.template("prompt"),
+            InputParam.template("negative_prompt"),
+            InputParam.template("prompt_embeds"),
+            InputParam.template("negative_prompt_embeds"),
+            InputParam.template("guidance_scale"),
+        ]
+
+    def workflow_inputs(self) -> list[InputParam]:
+        """The inputs of this workflow's image or size."""
+        return [InputParam.template("height"), InputParam.template("width"), InputParam.template("latents")]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            *self.prompt_inputs(),
+            InputParam.template("num_inference_steps"),
+            InputParam.template("timesteps"),
+            SIGMAS,
+            InputParam.template("num_images_per_prompt"),
+            *self.workflow_inputs(),
+            InputParam.template("output_type"),
+        ]
+
+    # ----- rules -----
+    def check(self, components: Any, block_state: BlockState, problems: InputProblems) -> None:
+        bs = block_state
+        self.check_prompts(components, bs, problems)
+        check_at_least_one(problems, "num_inference_steps", bs.num_inference_steps, "denoising steps")
+        check_at_least_one(problems, "num_images_per_prompt", bs.num_images_per_prompt, "images per prompt")
+        check_output_type(problems, bs.output_type)
+        count = prompt_count(bs.prompt, bs.prompt_embeds)
+        per_prompt = bs.num_images_per_prompt
+        total = count * per_prompt if count and per_prompt is not None and per_prompt >= 1 else None
+        self.check_workflow(components, bs, problems, total)
+
+    def check_prompts(self, components: Any, bs: BlockState, problems: InputProblems) -> None:
+        """No empty prompt list; with guidance, a negative prompt of the prompt's type and count."""
+        check_prompt(problems, "prompt", bs.prompt)
+        if bs.guidance_scale > 1 and bs.negative_prompt_embeds is None:
+            check_one_per_prompt(problems, "negative_prompt", bs.negative_prompt, bs.prompt, same_type=True)
+
+    def size_multiple(self, scale: int) -> int:
+        """What height and width must be multiples of: 8 (StableDiffusionPipeline's rule) and the VAE's scale."""
+        return math.lcm(8, scale)
+
+    def checked_size(
+        self, components: Any, bs: BlockState, problems: InputProblems
+    ) -> tuple[int, int] | None:
+        """Check height and width; the size the call makes (defaults applied), or None when either is bad."""
+        multiple = self.size_multiple(vae_scale_factor(components))
+        before = len(problems)
+        check_size(problems, "height", bs.height, multiple)
+        check_size(problems, "width", bs.width, multiple)
+        if len(problems) > before or getattr(components, "unet", None) is None:
+            return None
+        return default_size(components, bs.height, bs.width)
+
+    def check_workflow(
+        self, components: Any, bs: BlockState, problems: InputProblems, total: int | None
+    ) -> None:
+        """Size, latents and memory of text-to-image."""
+        size = self.checked_size(components, bs, problems)
+        if size is None or total is None:
+            return
+        height, width = size
+        scale = vae_scale_factor(components)
+        channels = components.unet.config.in_channels
+        # Without height and width the classic pipeline takes the given latents' own size.
+        sized = bs.height is not None or bs.width is not None
+        spatial = (height // scale, width // scale) if sized else (None, None)
+        check_latents(problems, bs.latents, (total, channels, *spatial), (height, width) if sized else None)
+        if bs.latents is None:
+            shape = (total, channels, height // scale, width // scale)
+            check_latent_memory(problems, shape, model_dtype(components, "unet"), (height, width))
+
+    def check_strength_and_steps(self, bs: BlockState, problems: InputProblems, default: float) -> None:
+        """strength in [0, 1], leaving at least one denoising step (custom timesteps are counted later)."""
+        check_strength(problems, bs.strength)
+        strength = default if bs.strength is None else bs.strength
+        steps = bs.num_inference_steps
+        custom = bs.timesteps is not None or bs.sigmas is not None
+        if 0 <= strength <= 1 and not custom and steps is not None and not self.starts_late(bs):
+            check_steps_left(problems, strength, steps, kept_steps(steps, strength))
+
+    def starts_late(self, bs: BlockState) -> bool:
+        """Whether denoising starts at a given point instead of by strength (SDXL's denoising_start)."""
+        return False
+
+    def check_reference_image(
+        self, components: Any, bs: BlockState, problems: InputProblems, total: int | None
+    ) -> None:
+        """The image has RGB channels (or latent ones) and a count that divides the batch."""
+        rgb, latent_channels = _vae_channels(components)
+        info = image_info(bs.image)
+        check_image(problems, "image", info, rgb, latent_channels)
+        if total is not None:
+            check_image_count(problems, "image", info.images, total)
+
+
+class StableDiffusionImg2ImgCheckInputsStep(StableDiffusionCheckInputsStep):
+    """Image-to-image: also check the image, strength and the steps it leaves."""
+
+    default_strength = StableDiffusionImg2ImgSetTimestepsStep.default_strength
+
+    @property
+    def description(self) -> str:
+        return (
+            "Checks the inputs of image-to-image before any model runs, and changes nothing: prompts, "
+            "num_inference_steps and num_images_per_prompt (1 or more), output_type, the image (RGB, or the "
+            "VAE's latent channels; a count that divides the batch), strength (in [0, 1], leaving at least one "
+            "step), and the size of the latents (at most 64 GiB)."
+        )
+
+    def workflow_inputs(self) -> list[InputParam]:
+        return [InputParam.template("image"), strength_input()]
+
+    def check_workflow(
+        self, components: Any, bs: BlockState, problems: InputProblems, total: int | None
+    ) -> None:
+        self.check_reference_image(components, bs, problems, total)
+        self.check_strength_and_steps(bs, problems, self.default_strength)
+        info = image_info(bs.image)
+        if total is None or info.height is None or info.width is None:
+            return
+        rgb, latent_channels = _vae_channels(components)
+        # The image's latents (a tensor with latent channels is taken as latents) repeated to the batch.
+        scale = vae_scale_factor(components) if info.channels == rgb else 1
+        shape = (total, latent_channels, info.height // scale, info.width // scale)
+        size = (info.height, info.width) if scale > 1 else None
+        check_latent_memory(problems, shape, model_dtype(components, "unet"), size)
+
+
+class StableDiffusionInpaintCheckInputsStep(StableDiffusionCheckInputsStep):
+    """Inpainting: also check image, mask, strength, and the latents' shape at the resolved size."""
+
+    default_strength = StableDiffusionInpaintSetTimestepsStep.default_strength
+
+    @property
+    def description(self) -> str:
+        return (
+            "Checks the inputs of inpainting before any model runs, and changes nothing: prompts, "
+            "num_inference_steps and num_images_per_prompt (1 or more), output_type, height and width (positive "
+            "multiples of the VAE's scale), image and mask_image (channels, and counts that divide the batch), "
+            "strength (in [0, 1], leaving at least one step), the shape of given latents, and the size of the "
+            "latents (at most 64 GiB)."
+        )
+
+    def workflow_inputs(self) -> list[InputParam]:
+        return [
+            InputParam.template("image"),
+            InputParam.template("mask_image"),
+            InputParam.template("height"),
+            InputParam.template("width"),
+            strength_input(),
+            InputParam.template("latents"),
+        ]
+
+    def size_multiple(self, scale: int) -> int:
+        """StableDiffusionInpaintPipeline's rule: multiples of the VAE's scale."""
+        return scale
+
+    def check_workflow(
+        self, components: Any, bs: BlockState, problems: InputProblems, total: int | None
+    ) -> None:
+        self.check_reference_image(components, bs, problems, total)
+        if total is not None:
+            check_mask(problems, bs.mask_image, total)
+        self.check_strength_and_steps(bs, problems, self.default_strength)
+        size = self.checked_size(components, bs, problems)
+        if size is None or total is None:
+            return
+        height, width = size
+        scale = vae_scale_factor(components)
+        _, latent_channels = _vae_channels(components)
+        shape = (total, latent_channels, height // scale, width // scale)
+        check_latents(problems, bs.latents, shape, (height, width))
+        check_latent_memory(problems, shape, model_dtype(components, "unet"), (height, width))
