@@ -1,40 +1,33 @@
-"""The offload engine: one device, its ledger, a strategy, the plan, the hooks and the log."""
+"""The offload engine: one device, its ledger, a strategy, the plan, the hooks and the log.
+
+The engine is the front door: settings, attach and detach, the plan, queries and one hooked call. Placing
+a model, and waiting for room under threads, is ``offload.placement.Placer``'s job.
+"""
 
 from __future__ import annotations
 
-import itertools
-import logging
 import math
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import torch
 
 from offload import messages
-from offload.calls import CallTracker, Waiter
-from offload.errors import (
-    ModelTooLargeError,
-    OffloadDeadlockError,
-    OffloadOutOfMemoryError,
-    OffloadTimeoutError,
-    StrategyError,
-)
+from offload.calls import CallTracker
+from offload.errors import ModelTooLargeError, OffloadOutOfMemoryError
 from offload.hook import OffloadHook, check_no_foreign_hook, install_hook, remove_hook
 from offload.ledger import ResidencyLedger
-from offload.log import OffloadDecision, OffloadLog
+from offload.log import OffloadLog
 from offload.next_use import NextUseStrategy
+from offload.placement import Placer
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe, resolve_probe
 from offload.storage import module_nbytes
-from offload.strategy import OffloadRequest, SupportsSelectVictims
-from offload.units import format_bytes, format_bytes_distinct, parse_bytes
+from offload.strategy import SupportsSelectVictims
+from offload.units import format_bytes, parse_bytes
 
 __all__ = ["OffloadEngine"]
-
-logger = logging.getLogger(__name__)
 
 
 def _check_strategy(strategy: object) -> SupportsSelectVictims:
@@ -84,27 +77,34 @@ class OffloadEngine:
         wait_timeout: float = 600.0,
     ):
         self._probe = resolve_probe(device)
-        self._margin = parse_bytes(memory_reserve_margin, name="memory_reserve_margin")
-        self._strategy: SupportsSelectVictims = (
-            _check_strategy(strategy) if strategy is not None else NextUseStrategy()
-        )
+        margin = parse_bytes(memory_reserve_margin, name="memory_reserve_margin")
+        checked = _check_strategy(strategy) if strategy is not None else NextUseStrategy()
         self._ledger = ResidencyLedger(self._probe)
         self._hooks: dict[str, OffloadHook] = {}
-        self._plan = ExecutionPlan()
-        self._recent_plans: deque[tuple[str, ...]] = deque(maxlen=32)
-        self._clock = itertools.count(1)
-        self._last_used: dict[str, int] = {}
-        self._wait_timeout = _check_timeout(wait_timeout)
+        timeout = _check_timeout(wait_timeout)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified when room may have been freed
         # Models inside a hooked call (never evicted), threads waiting for room, models being detached.
         self._calls = CallTracker(self._changed)
         self.log = OffloadLog()
+        # Places models: holds the settings, the plan and the use history; called with self._lock held.
+        self._placer = Placer(
+            probe=self._probe,
+            ledger=self._ledger,
+            attached=self._hooks,
+            calls=self._calls,
+            changed=self._changed,
+            log=self.log,
+            margin=margin,
+            strategy=checked,
+            wait_timeout=timeout,
+        )
 
     def __repr__(self) -> str:
+        margin = format_bytes(self._placer.margin)
         return (
-            f"OffloadEngine(device={self._probe.name!r}, memory_reserve_margin={format_bytes(self._margin)!r}, "
-            f"strategy={self._strategy!r}, models={len(self._hooks)}, resident={self.resident_ids()})"
+            f"OffloadEngine(device={self._probe.name!r}, memory_reserve_margin={margin!r}, "
+            f"strategy={self._placer.strategy!r}, models={len(self._hooks)}, resident={self.resident_ids()})"
         )
 
     # -- settings ------------------------------------------------------------------------------
@@ -121,35 +121,35 @@ class OffloadEngine:
     @property
     def memory_reserve_margin(self) -> int:
         """Bytes kept free beyond the weights."""
-        return self._margin
+        return self._placer.margin
 
     @memory_reserve_margin.setter
     def memory_reserve_margin(self, value: int | str) -> None:
         margin = parse_bytes(value, name="memory_reserve_margin")
         with self._changed:
-            self._margin = margin
+            self._placer.margin = margin
             self._changed.notify_all()
 
     @property
     def wait_timeout(self) -> float:
         """Seconds a call waits for room held by running models (and ``close`` for calls) before giving up."""
-        return self._wait_timeout
+        return self._placer.wait_timeout
 
     @wait_timeout.setter
     def wait_timeout(self, value: float) -> None:
-        self._wait_timeout = _check_timeout(value)
+        self._placer.wait_timeout = _check_timeout(value)
 
     @property
     def strategy(self) -> SupportsSelectVictims:
         """The strategy that picks victims."""
-        return self._strategy
+        return self._placer.strategy
 
     def set_strategy(self, strategy: object) -> None:
         """Use ``strategy`` from now on (any object with ``select_victims(request)``); a placement in
         progress finishes with the one it started with."""
         checked = _check_strategy(strategy)
         with self._lock:
-            self._strategy = checked
+            self._placer.strategy = checked
 
     def set_plan(self, model_ids: Sequence[str]) -> None:
         """Set the upcoming uses of one pipeline call, in order, loop bodies once.
@@ -169,17 +169,13 @@ class OffloadEngine:
         with self._lock:
             planned = [m for m in dict.fromkeys(model_ids) if m in self._hooks]
             for model_id in planned:
-                self._remeasure_if_changed(model_id)
-            capacity = self._capacity_alone()
+                self._placer.remeasure_if_changed(model_id)
+            capacity = self._placer.capacity_alone()
             unfit = {m: self._ledger.nbytes(m) for m in planned if self._ledger.nbytes(m) > capacity}
             if unfit:
                 intro = "set_plan: the call would use {models}, which cannot fit"
                 raise self._unfit(unfit, capacity, intro, " Nothing was moved.")
-            loops = self._plan.loops if model_ids == self._plan.model_ids else set()
-            self._plan = ExecutionPlan(model_ids)
-            self._plan.loops = loops
-            if model_ids:
-                self._recent_plans.append(model_ids)
+            self._placer.set_plan(model_ids)
 
     # -- attach / detach -----------------------------------------------------------------------
     def attach(self, model_id: str, module: torch.nn.Module) -> None:
@@ -213,7 +209,7 @@ class OffloadEngine:
                 raise
             self._hooks[model_id] = hook
             if moved_back:
-                self._record(model_id, (), 0, moved_back, self._probe.free_bytes(), "attach")
+                self._placer.record(model_id, (), 0, moved_back, self._probe.free_bytes(), "attach")
 
     def check_fit(self, modules: Mapping[str, torch.nn.Module], after: str = "") -> None:
         """Raise ModelTooLargeError, before anything is attached or moved, if a module cannot fit alone.
@@ -228,7 +224,7 @@ class OffloadEngine:
             return
         total = self._probe.total_bytes()
         with self._lock:
-            capacity = self._capacity_alone() if total is None else total - self._margin
+            capacity = self._placer.capacity_alone() if total is None else total - self._placer.margin
         sizes = {model_id: module_nbytes(module) for model_id, module in modules.items()}
         unfit = {model_id: nbytes for model_id, nbytes in sizes.items() if nbytes > capacity}
         if unfit:
@@ -247,7 +243,7 @@ class OffloadEngine:
             if model_id not in self._hooks:
                 msg = f"model id {model_id!r} is not attached; attached: {sorted(self._hooks)}."
                 raise KeyError(msg)
-            self._calls.await_no_calls([model_id], f"detach({model_id!r})", self._wait_timeout)
+            self._calls.await_no_calls([model_id], f"detach({model_id!r})", self._placer.wait_timeout)
             self._detach_now(model_id)
             self._changed.notify_all()
 
@@ -257,9 +253,9 @@ class OffloadEngine:
         self._ledger.remove(model_id)
         remove_hook(module)
         del self._hooks[model_id]
-        self._last_used.pop(model_id, None)
+        self._placer.forget(model_id)
         if was_resident and not self._probe.always_resident:
-            self._record(model_id, (model_id,), 0, 0, self._probe.free_bytes(), "detach")
+            self._placer.record(model_id, (model_id,), 0, 0, self._probe.free_bytes(), "detach")
 
     def close(self) -> None:
         """Detach every model: no hooks, every weight on the host. Waits for the calls in progress in other
@@ -272,7 +268,7 @@ class OffloadEngine:
         """
         with self._changed:
             model_ids = list(self._hooks)
-            self._calls.await_no_calls(model_ids, "close()", self._wait_timeout)
+            self._calls.await_no_calls(model_ids, "close()", self._placer.wait_timeout)
             for model_id in model_ids:
                 if model_id in self._hooks:  # another thread may have detached it while we waited
                     self._detach_now(model_id)
@@ -315,19 +311,14 @@ class OffloadEngine:
         return f"{where if self.is_resident(model_id) else 'cpu'}({where})"
 
     # -- placement -----------------------------------------------------------------------------
-    def _free_after_margin(self) -> tuple[int, int]:
-        free = self._probe.free_bytes()
-        return free, free - self._margin
-
-    def _capacity_alone(self) -> int:
-        """Bytes one model can have with every model of this engine evicted (after the margin)."""
-        return self._probe.free_bytes() + self._ledger.resident_bytes() - self._margin
-
-    def _device(self) -> str:
-        return messages.device_name(self._probe)
+    @property
+    def _plan(self) -> ExecutionPlan:
+        # The plan in force lives with the placer; tests/offload/test_engine.py reads it under this name.
+        return self._placer.plan
 
     def _unfit(self, sizes: dict[str, int], capacity: int, intro: str, after: str) -> ModelTooLargeError:
-        return ModelTooLargeError(messages.unfit(sizes, capacity, self._device(), self._margin, intro, after))
+        device = messages.device_name(self._probe)
+        return ModelTooLargeError(messages.unfit(sizes, capacity, device, self._placer.margin, intro, after))
 
     def ensure_resident(self, model_id: str) -> None:
         """Make ``model_id`` resident, evicting what the strategy picks. What the hook calls.
@@ -345,176 +336,17 @@ class OffloadEngine:
             StrategyError: the strategy's victims are invalid or free too little (nothing moved).
         """
         with self._lock:
-            if model_id not in self._hooks:
-                msg = f"model id {model_id!r} is not attached; attached: {sorted(self._hooks)}."
-                raise KeyError(msg)
-            self._remeasure_if_changed(model_id)
-            if not self._ledger.is_resident(model_id):
-                self._place(model_id)
-            self._plan.observe(model_id)
-            self._last_used[model_id] = next(self._clock)
-
-    def _remeasure_if_changed(self, model_id: str) -> None:
-        """Measure ``model_id`` again if its weights changed shape; take it off the device first so its
-        host copy covers the new weights (weights created on the device are copied back once)."""
-        if not self._ledger.changed(model_id):
-            return
-        resident = self._ledger.is_resident(model_id) and not self._probe.always_resident
-        mine = self._calls.in_call()[model_id]
-        if resident and (self._calls.running[model_id] > mine or mine > 1):
-            return  # running in another call: measured again once it is between calls
-        free_before = self._probe.free_bytes()
-        old = self._ledger.nbytes(model_id)
-        copied = self._ledger.evict(model_id) if resident else 0
-        copied += self._ledger.refresh(model_id)
-        self._record(model_id, (model_id,) if resident else (), 0, copied, free_before, "remeasure")
-        logger.info(
-            "%s changed: %s -> %s", model_id, format_bytes(old), format_bytes(self._ledger.nbytes(model_id))
-        )
-        self._changed.notify_all()
-
-    def _place(self, model_id: str) -> None:
-        """Place ``model_id``, waiting while the room it needs is held by models running in other threads."""
-        deadline = time.monotonic() + self._wait_timeout
-        me = threading.get_ident()
-        while True:
-            if model_id not in self._hooks:
-                msg = f"model id {model_id!r} was detached while it waited for room on {self._probe.name}."
-                raise KeyError(msg)
-            if self._ledger.is_resident(model_id):
-                return  # placed by another thread's call while this one waited
-            nbytes = self._ledger.nbytes(model_id)
-            free_before, free = self._free_after_margin()
-            if nbytes <= free:
-                self._move_in(model_id, [], free_before, "fits")
-                return
-            residents = self._ledger.residents()
-            order = sorted(residents, key=lambda m: self._last_used.get(m, 0))
-            evictable = {m: residents[m] for m in order if not self._calls.running[m]}
-            room = free + sum(evictable.values())
-            if nbytes <= room:
-                self._evict_for(model_id, nbytes, free, free_before, evictable)
-                return
-            if nbytes > free + sum(residents.values()):
-                capacity = free + sum(residents.values())
-                raise ModelTooLargeError(
-                    messages.too_large(model_id, nbytes, capacity, self._device(), self._margin)
-                )
-            held = {m: size for m, size in residents.items() if m not in evictable}
-            mine = {m: size for m, size in held.items() if self._calls.in_call(me)[m]}
-            if nbytes > room + sum(size for m, size in held.items() if m not in mine):
-                reachable = room + sum(size for m, size in held.items() if m not in mine)
-                raise ModelTooLargeError(
-                    messages.needs_own_running(model_id, nbytes, reachable, mine, self._device())
-                )
-            if self._calls.wait_for_cycle(held, room):
-                raise OffloadDeadlockError(self._cycle_message(model_id, nbytes, held, mine))
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                blockers = [
-                    (m, self._calls.name(thread), held[m])
-                    for thread, models in self._calls.holders(held).items()
-                    if thread != me
-                    for m in models
-                ]
-                raise OffloadTimeoutError(
-                    messages.wait_timeout(
-                        model_id, nbytes, self._wait_timeout, self._device(), blockers, room
-                    )
-                )
-            name = threading.current_thread().name
-            self._calls.waiting[me] = Waiter(model_id, nbytes, name)
-            try:
-                self._changed.wait(remaining)
-            finally:
-                del self._calls.waiting[me]
-
-    def _cycle_message(self, model_id: str, nbytes: int, held: dict[str, int], mine: dict[str, int]) -> str:
-        me = threading.get_ident()
-        others = [
-            (
-                self._calls.name(thread),
-                {m: held[m] for m in models},
-                self._calls.waiting[thread].model_id,
-                self._calls.waiting[thread].nbytes,
-            )
-            for thread, models in self._calls.holders(held).items()
-            if thread != me
-        ]
-        return messages.wait_for_cycle(model_id, nbytes, self._device(), mine, others)
-
-    def _evict_for(
-        self, model_id: str, nbytes: int, free: int, free_before: int, evictable: dict[str, int]
-    ) -> None:
-        request = OffloadRequest(
-            model_id=model_id,
-            nbytes=nbytes,
-            free=free,
-            residents=evictable,
-            upcoming=self._plan.upcoming(model_id) if self._plan else (),
-            recent_plans=tuple(self._recent_plans),
-            last_used={m: self._last_used.get(m, 0) for m in evictable},
-        )
-        victims = list(self._strategy.select_victims(request))
-        self._check_victims(request, victims)
-        reason = f"evict: {getattr(self._strategy, 'name', type(self._strategy).__name__)}"
-        self._move_in(model_id, victims, free_before, reason)
-
-    def _check_victims(self, request: OffloadRequest, victims: list[str]) -> None:
-        name = getattr(self._strategy, "name", type(self._strategy).__name__)
-        unknown = [v for v in victims if v not in request.residents]
-        if unknown or len(set(victims)) != len(victims):
-            msg = (
-                f"strategy {name} returned victims {victims!r} for {request.model_id!r}; each must be one "
-                f"of the evictable residents {list(request.residents)} and appear once (bad: {unknown!r})."
-            )
-            raise StrategyError(msg)
-        freed = sum(request.residents[v] for v in victims)
-        if freed < request.shortfall:
-            freed_text, shortfall = format_bytes_distinct(freed, request.shortfall)
-            wanted, free = format_bytes_distinct(request.nbytes, request.free)
-            msg = (
-                f"strategy {name} returned victims {victims!r} freeing {freed_text}, but "
-                f"{request.model_id!r} needs {shortfall} more free ({wanted} wanted, {free} free after the margin)."
-            )
-            raise StrategyError(msg)
-
-    def _move_in(self, model_id: str, victims: Sequence[str], free_before: int, reason: str) -> None:
-        to_host = sum(self._ledger.evict(v) for v in victims)
-        to_device = self._ledger.make_resident(model_id)
-        self._record(model_id, tuple(victims), to_device, to_host, free_before, reason)
-        if victims:
-            logger.info("%s: evicted %s to make room for %s", reason, ", ".join(victims), model_id)
-
-    def _record(self, model_id, victims, to_device, to_host, free_before, reason) -> None:
-        decision = OffloadDecision(
-            time=time.time(),
-            model_id=model_id,
-            evicted=tuple(victims),
-            bytes_to_device=to_device,
-            bytes_to_host=to_host,
-            free_before=free_before,
-            free_after=self._probe.free_bytes(),
-            reason=reason,
-        )
-        self.log.append(decision)
+            self._placer.ensure_resident(model_id)
 
     def evict(self, model_id: str) -> None:
         """Take ``model_id`` off the device now (nothing is copied back)."""
-        with self._changed:
-            if self._ledger.is_resident(model_id) and not self._probe.always_resident:
-                free_before = self._probe.free_bytes()
-                to_host = self._ledger.evict(model_id)
-                self._record(model_id, (model_id,), 0, to_host, free_before, "evict")
-                self._changed.notify_all()
+        with self._lock:
+            self._placer.evict(model_id)
 
     def refresh_host_copy(self, model_id: str) -> None:
         """Bring ``model_id``'s host copy and size up to date after its weights changed in place."""
-        with self._changed:
-            free_before = self._probe.free_bytes()
-            to_host = self._ledger.refresh(model_id)
-            self._record(model_id, (), 0, to_host, free_before, "refresh")
-            self._changed.notify_all()
+        with self._lock:
+            self._placer.refresh(model_id)
 
     # -- one hooked call -----------------------------------------------------------------------
     def run_forward(
@@ -537,41 +369,31 @@ class OffloadEngine:
         if not attached:
             return forward(*args, **kwargs)
         try:
-            if (
-                pre_forward is not None
-            ):  # else ``forward`` calls the hook's pre_forward itself (encode/decode)
+            # Without pre_forward, ``forward`` calls the hook's pre_forward itself (encode/decode).
+            if pre_forward is not None:
                 args, kwargs = pre_forward(*args, **kwargs)
                 with self._lock:
                     if not self._ledger.is_resident(model_id):
                         # Evicted by hand (engine.evict) after the hook placed it.
-                        self._place(model_id)
+                        self._placer.place(model_id)
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError:
                 pass  # leave the except block so the failed attempt's tensors can be freed
-            self._evict_all_but(model_id)
+            with self._lock:
+                self._placer.evict_all_but(model_id)
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as error:
                 nbytes = self._ledger.nbytes(model_id)
-                _, free = self._free_after_margin()
+                _, free = self._placer.free_after_margin()
                 msg = (
                     f"model {model_id!r} ({format_bytes(nbytes)}) ran out of memory on {self._probe.name} in its "
                     f"forward, and again after every other model was evicted ({format_bytes(free)} free after "
-                    f"memory_reserve_margin {format_bytes(self._margin)}). Use smaller inputs (batch, "
+                    f"memory_reserve_margin {format_bytes(self._placer.margin)}). Use smaller inputs (batch, "
                     "resolution), a larger memory_reserve_margin, or a larger device."
                 )
                 raise OffloadOutOfMemoryError(msg) from error
         finally:
             with self._lock:
                 self._calls.exit(model_id)
-
-    def _evict_all_but(self, model_id: str) -> None:
-        with self._changed:
-            victims = [m for m in self._ledger.residents() if m != model_id and not self._calls.running[m]]
-            free_before = self._probe.free_bytes()
-            to_host = sum(self._ledger.evict(v) for v in victims)
-            if self._probe.execution_device.type == "cuda":
-                torch.cuda.empty_cache()
-            self._record(model_id, tuple(victims), 0, to_host, free_before, "oom retry")
-            self._changed.notify_all()

@@ -175,6 +175,7 @@ def test_close_waits_for_a_running_call_which_finishes_with_its_output():
     a.release.set()
     expected = call(a)
     a.release.clear()
+    a.started.clear()  # set by the call above: the wait below must see the worker's own call start
     engine = engine_with(1000, {"a": a})
     runner = Worker(lambda: call(a))
     runner.start()
