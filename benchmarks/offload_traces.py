@@ -27,8 +27,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from unittest import mock
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offload_bounds import best_online, optimum  # noqa: E402
@@ -42,6 +40,7 @@ from offload import (  # noqa: E402
     SimulatedDevice,
     SmallestSufficientSet,
 )
+from offload.replay import meta_module  # noqa: E402  (modules of exact byte sizes, nothing allocated)
 from offload.units import GB  # noqa: E402  (1024**3, as printed everywhere)
 
 HUB_GB = 10**9  # the Hub lists file sizes in decimal GB
@@ -49,15 +48,6 @@ Use = str | tuple[str, int]  # a component, or (component, loop steps)
 
 
 # -- models and workflows --------------------------------------------------------------------
-def meta_module(nbytes: int) -> torch.nn.Module:
-    """A module whose weights are exactly ``nbytes`` bytes, on the meta device (nothing allocated)."""
-    module = torch.nn.Module()
-    module.weight = torch.nn.Parameter(
-        torch.empty(nbytes, dtype=torch.uint8, device="meta"), requires_grad=False
-    )
-    return module
-
-
 class Workflow:
     """A pipeline's component uses in order; ``(name, steps)`` is a loop body run ``steps`` times."""
 

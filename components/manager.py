@@ -458,3 +458,20 @@ class ComponentsManager(OffloadSwitch):
             return manager_table(self)
 
     __str__ = __repr__
+
+    # ---- classic pipelines ----------------------------------------------------------------------------------
+
+    def components_for(self, pipeline_class: type, collection: str | None = None) -> dict[str, Any]:
+        """The keyword arguments of a classic diffusers pipeline class, from the components held here.
+
+        ``FluxPipeline(**cm.components_for(FluxPipeline))`` builds the classic pipeline on the manager's
+        components (with auto offload on, they stay placed by it). Parameters match components by name, in
+        ``collection`` when given; see ``components.classic.classic_pipeline_kwargs`` for the rules.
+
+        Raises:
+            ValueError: several components of one name are in scope (pass ``collection=``).
+            ComponentNotFoundError: a required component is not held.
+        """
+        from .classic import classic_pipeline_kwargs
+
+        return classic_pipeline_kwargs(self, pipeline_class, collection)

@@ -1,84 +1,54 @@
-"""The command line: ``modular run`` (the main job) and ``modular inspect`` (a pipeline, without weights).
+"""The command line: ``modular run`` (the main job), ``modular inspect`` and ``modular families``.
 
-Every error is one line on stderr, ``modular: error: <type>: <message>``, and exit status 2 (130 when
-interrupted); ``--debug`` or ``MODULAR_DEBUG=1`` shows the traceback instead.
+``modular run`` with no repo runs the built-in scenario: the seed's three FLUX.1 workflows (text-to-image,
+Canny and Depth control) on tiny repos built on the fly, on one ComponentsManager under auto offload,
+printing the manager's table after each workflow and the offload summary at the end.
+``modular run REPO [options] [--then REPO_B [options]] ...`` runs any supported repos on one manager;
+``modular inspect REPO`` shows a pipeline without loading weights; ``modular families`` lists the
+installed block families and their workflows.
+
+Every error is one line on stderr, ``modular: error: <type>: <message>`` (``modular run: error: ...`` for
+a bad argument), and exit status 2 (130 when interrupted); ``--debug`` or ``MODULAR_DEBUG=1`` shows the
+traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import NoReturn
 
-if TYPE_CHECKING:
-    from .families import BlockFamily
-    from .pipeline import ModularPipeline
+from . import cli_run
+from .cli_run import DEFAULT_FAMILY, add_job_arguments, byte_size, family_named, positive_int, tiny_repo
 
-__all__ = ["main"]
+__all__ = ["main", "positive_int"]
 
-DEFAULT_FAMILY = "stable-diffusion"
 ERROR_STATUS = 2  # what argparse exits with for a bad argument: one status for every refused run
 INTERRUPTED_STATUS = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
+THEN = "--then"
+DESCRIPTION = """\
+modular run                            the built-in scenario: three FLUX.1 workflows, one manager, auto offload
+modular run REPO [--then REPO_B ...]   any supported repos on one manager (see modular run --help)
+modular inspect REPO                   a pipeline's blocks, docs and components, without loading weights
+modular families                       the installed block families and their workflows"""
 
 
-def _family(name: str) -> BlockFamily:
-    from .families import available_families
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: ``<prog>: error: <message>``, exit status 2."""
 
-    families = available_families()
-    if name not in families:
-        msg = f"unknown family {name!r}; installed families: {sorted(families)}"
-        raise ValueError(msg)
-    return families[name]
+    hint = ""  # said after an unrecognized argument
 
-
-def _tiny_repo(family_name: str, folder: Path) -> Path:
-    family = _family(family_name)
-    if family.make_tiny_repo is None:
-        msg = f"family {family_name!r} ships no tiny-repo builder; pass --repo"
-        raise ValueError(msg)
-    return Path(family.make_tiny_repo(folder))
-
-
-def _family_name(pipe: ModularPipeline, fallback: str) -> str:
-    """The family of the pipeline that ran (a ``--repo`` need not be of the ``--family`` given)."""
-    from .families import family_of_blocks
-
-    family = family_of_blocks(pipe.blocks_class_name)
-    return family.name if family is not None else fallback
+    def error(self, message: str) -> NoReturn:
+        hint = self.hint if message.startswith("unrecognized arguments") else ""
+        self.exit(ERROR_STATUS, f"{self.prog}: error: {message}{hint}\n")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from components import ComponentsManager
-
-    from .pipeline import ModularPipeline
-
-    with tempfile.TemporaryDirectory() as scratch:
-        repo = args.repo or _tiny_repo(args.family, Path(scratch) / "tiny-repo")
-        extra = {} if args.repo else dict(_family(args.family).tiny_repo_inputs)
-        manager = ComponentsManager()
-        pipe = ModularPipeline.from_pretrained(repo, components_manager=manager, workflow=args.workflow)
-        pipe.load_components(torch_dtype=torch.float32)
-        pipe.set_progress_bar_config(disable=args.quiet)
-        generator = torch.Generator("cpu").manual_seed(args.seed)
-        images = pipe(
-            prompt=args.prompt, num_inference_steps=args.steps, generator=generator, output="images", **extra
-        )
-    family_name = _family_name(pipe, args.family)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for number, image in enumerate(images):
-        path = out / f"{family_name}-seed{args.seed}-{number}.png"
-        image.save(path)
-        paths.append(path)
-    print(manager)
-    for path in paths:
-        print(f"saved {path}")
+    cli_run.run_command(args, args.thens)
     return 0
 
 
@@ -86,7 +56,9 @@ def inspect(args: argparse.Namespace) -> int:
     from .pipeline import ModularPipeline
 
     with tempfile.TemporaryDirectory() as scratch:
-        repo = args.repo or _tiny_repo(args.family, Path(scratch) / "tiny-repo")
+        repo = args.repo or args.repo_flag
+        if repo is None:
+            repo = tiny_repo(family_named(args.family or DEFAULT_FAMILY), Path(scratch) / "tiny-repo")
         pipe = ModularPipeline.from_pretrained(repo, workflow=args.workflow)
         print(repr(pipe.blocks))
         print()
@@ -99,57 +71,117 @@ def inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        msg = f"must be a positive whole number (got {text!r})"
-        raise argparse.ArgumentTypeError(msg) from None
-    if value < 1:
-        msg = f"must be at least 1 (got {value})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+def families(args: argparse.Namespace) -> int:
+    from .families import available_families
+
+    found = available_families()
+    if not found:
+        print("No block family is installed (entry point group 'modular.blocks').")
+        return 0
+    for name, family in sorted(found.items()):
+        extras = [
+            label
+            for label, present in (("tiny repo", family.make_tiny_repo), ("scenario", family.demo))
+            if present
+        ]
+        print(
+            f"{name}: {family.blocks_class.__name__}"
+            + (f" (ships a {' and a '.join(extras)})" if extras else "")
+        )
+        print(f"  workflows: {', '.join(family.workflows) or 'none named'}")
+        print(f"  serves: {', '.join(family.classic_pipelines) or 'its own indexes only'}")
+    return 0
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (or set MODULAR_DEBUG=1)"
+    )
+
+
+def _add_repo(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("repo", nargs="?", metavar="REPO", help=f"a local folder or hub repo id ({what})")
+    parser.add_argument("--repo", dest="repo_flag", metavar="REPO", help="the same as REPO (older spelling)")
+    parser.add_argument(
+        "--family", help=f"without a REPO: that family's tiny random repo (e.g. {DEFAULT_FAMILY})"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="modular", description=__doc__)
+    parser = _Parser(
+        prog="modular", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, helptext in (
-        ("run", "generate images"),
-        ("inspect", "show a pipeline's blocks and components"),
-    ):
-        sub = commands.add_parser(name, help=helptext)
-        sub.add_argument(
-            "--repo", help="a local folder or hub repo id (default: a tiny random repo built on the fly)"
-        )
-        sub.add_argument(
-            "--family",
-            default=DEFAULT_FAMILY,
-            help=f"block family for the tiny repo (default {DEFAULT_FAMILY})",
-        )
-        sub.add_argument("--workflow", help="prune to one named workflow, e.g. text2image")
-        sub.add_argument(
-            "--debug", action="store_true", help="show the traceback of an error (or set MODULAR_DEBUG=1)"
-        )
-    run_parser = commands.choices["run"]
-    run_parser.add_argument("--prompt", default="a photo of an astronaut riding a horse")
-    run_parser.add_argument("--steps", type=positive_int, default=2, help="denoising steps, at least 1")
-    run_parser.add_argument("--seed", type=int, default=0)
-    run_parser.add_argument("--out", default="out", help="folder for the images (default ./out)")
-    run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    run_parser = commands.add_parser(
+        "run",
+        help="generate images: the built-in scenario, or REPO [--then REPO ...]",
+        description=cli_run.RUN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_repo(run_parser, "default: the built-in scenario")
+    add_job_arguments(run_parser)
+    run_parser.add_argument(
+        "--offload",
+        default="auto",
+        metavar="DEVICE",
+        help="auto offload onto DEVICE: auto (CUDA, else a simulated device when there is a budget), cuda, "
+        "cuda:1, sim (a simulated device of --budget), none",
+    )
+    run_parser.add_argument("--budget", type=byte_size, help="device bytes the weights may use, e.g. 8GB")
+    run_parser.add_argument(
+        "--margin", type=byte_size, help="bytes kept free on the device (default 3GB; 0 on a simulated one)"
+    )
+    run_parser.add_argument(
+        "--output", "-o", help="folder for the images and the memory plot (default ./out)"
+    )
+    run_parser.add_argument("--out", help=argparse.SUPPRESS)  # the older spelling: one tiny-repo image
+    run_parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_common(run_parser)
+    inspect_parser = commands.add_parser(
+        "inspect", help="show a pipeline's blocks and components (no weights)"
+    )
+    _add_repo(inspect_parser, f"default: the tiny repo of --family, {DEFAULT_FAMILY}")
+    inspect_parser.add_argument("--workflow", help="prune to one named workflow, e.g. text2image")
+    _add_common(inspect_parser)
+    families_parser = commands.add_parser(
+        "families", help="list the installed block families and their workflows"
+    )
+    _add_common(families_parser)
     return parser
 
 
+def then_parser() -> argparse.ArgumentParser:
+    """The options of a job after ``--then``: a REPO and the job options (run options come first)."""
+    parser = _Parser(prog=f"modular run {THEN}", add_help=False)
+    parser.hint = f" (options of the whole run, such as --budget or --output, go before the first {THEN})"
+    parser.add_argument("repo", metavar="REPO")
+    add_job_arguments(parser)
+    return parser
+
+
+def _split_then(argv: list[str]) -> tuple[list[str], list[list[str]]]:
+    """The arguments before the first ``--then`` and each job's after it (for ``modular run`` only)."""
+    if not argv or argv[0] != "run" or THEN not in argv:
+        return argv, []
+    parts: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == THEN:
+            parts.append([])
+        else:
+            parts[-1].append(arg)
+    return parts[0], parts[1:]
+
+
 def _quiet_libraries() -> None:
-    """Keep the libraries' own progress bars and advice out of the command's output."""
+    """Keep the libraries' own progress bars and notices out of the command's output (ours replace them)."""
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
-    transformers_logging.set_verbosity_error()
-    diffusers_logging.set_verbosity_error()
+    # transformers says, once per class, that a torchvision-backed image processor falls back to PIL when
+    # torchvision is absent (diffusers' classic pipelines import them); the fallback is what we use.
+    logging.getLogger("transformers.utils.import_utils").setLevel(logging.ERROR)
 
 
 def _one_line(error: BaseException) -> str:
@@ -164,12 +196,13 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one command; returns the exit status (0, 2 for any error, 130 when interrupted)."""
-    args = build_parser().parse_args(argv)
+    head, segments = _split_then(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(head)
+    args.thens = [then_parser().parse_args(segment) for segment in segments]
     debug = args.debug or os.environ.get("MODULAR_DEBUG", "") not in ("", "0")
     try:
-        if args.command == "inspect" or args.quiet:
-            _quiet_libraries()
-        return {"run": run, "inspect": inspect}[args.command](args)
+        _quiet_libraries()
+        return {"run": run, "inspect": inspect, "families": families}[args.command](args)
     except KeyboardInterrupt:
         if debug:
             raise

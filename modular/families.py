@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -46,6 +47,8 @@ class BlockFamily:
         peer_pipeline_class: The pipeline class diffusers' modular system builds for this family
             (``"FluxModularPipeline"``). Saved indexes name it as ``_class_name``, so the peer builds
             the class that carries what its own blocks need and can run what we save.
+        demo: ``demo(folder) -> modular.jobs.Demo``: the family's built-in scenario, its repos written
+            under ``folder``; ``modular run`` without a repo runs the first family's that has one.
     """
 
     name: str
@@ -56,6 +59,16 @@ class BlockFamily:
     variants: tuple[type, ...] = attrs.field(default=(), converter=_types)
     choose_blocks: Callable[[Mapping[str, Any]], type] | None = None
     peer_pipeline_class: str = "ModularPipeline"
+    demo: Callable[[Path], Any] | None = None
+
+    @property
+    def workflows(self) -> list[str]:
+        """The named workflows of the family's blocks (empty when it names none)."""
+        blocks = self.blocks_class()
+        try:
+            return list(blocks.available_workflows)
+        except NotImplementedError:
+            return []
 
     @property
     def all_blocks_classes(self) -> tuple[type, ...]:
@@ -110,14 +123,15 @@ def family_for_index(index: dict, source: str) -> BlockFamily:
     for family in families:
         if class_name in family.classic_pipelines:
             return family
-    known = sorted(
-        {c.__name__ for f in families for c in f.all_blocks_classes}
-        | {c for f in families for c in f.classic_pipelines}
+    known = "; ".join(
+        f"{f.name} ({', '.join([*f.classic_pipelines, *(c.__name__ for c in f.all_blocks_classes)])})"
+        for f in sorted(families, key=lambda f: f.name)
     )
     wanted = blocks_name or class_name
     msg = (
-        f"{source}: no block family serves {wanted!r}; known: {known}. Install or register a family "
-        "(entry point group 'modular.blocks'), or build the blocks yourself and call blocks.init_pipeline(repo)"
+        f"{source}: no installed family serves {wanted!r}; installed families: {known or 'none'}. Install or "
+        "register a family (entry point group 'modular.blocks'), or build the blocks yourself and call "
+        "blocks.init_pipeline(repo)"
     )
     raise ValueError(msg)
 

@@ -35,9 +35,10 @@ from .modular_blocks import (
     FluxControlBeforeDenoiseStep,
     FluxImg2ImgBeforeDenoiseStep,
 )
+from .scenario import seed_scenario
 from .text_encoder import FluxTextEncoderStep
 from .timesteps import FluxImg2ImgSetTimestepsStep, FluxSetTimestepsStep
-from .tiny import make_tiny_repo, make_tiny_t5_tokenizer
+from .tiny import make_seed_scale_repo, make_tiny_repo, make_tiny_t5_tokenizer
 
 FAMILY = BlockFamily(
     name="flux",
@@ -45,6 +46,7 @@ FAMILY = BlockFamily(
     classic_pipelines=("FluxPipeline", "FluxImg2ImgPipeline", "FluxControlPipeline"),
     make_tiny_repo=make_tiny_repo,
     peer_pipeline_class="FluxModularPipeline",
+    demo=seed_scenario,
 )
 
 __all__ = [
@@ -75,6 +77,8 @@ __all__ = [
     "FluxSetTimestepsStep",
     "FluxTextEncoderStep",
     "FluxVaeEncoderStep",
+    "make_seed_scale_repo",
     "make_tiny_repo",
     "make_tiny_t5_tokenizer",
+    "seed_scenario",
 ]

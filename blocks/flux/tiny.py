@@ -184,3 +184,171 @@ def make_tiny_repo(
                 for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
                     shutil.copyfile(weights, folder / name / weights.name)
     return folder
+
+
+# ---- The seed's three repos at 1/1000 of their size: what `modular run` runs by default ----------------
+
+SEED_SCALE_SIZE = 64
+"""Pixels a side of the seed-scale images: a 3-level VAE makes 16x16 latents, packed into 64 tokens."""
+
+_SHARED_COMPONENTS = {
+    "text_encoder": ("transformers", "CLIPTextModel"),
+    "text_encoder_2": ("transformers", "T5EncoderModel"),
+    "tokenizer": ("transformers", "CLIPTokenizer"),
+    "tokenizer_2": ("transformers", "T5Tokenizer"),
+    "vae": ("diffusers", "AutoencoderKL"),
+    "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+}
+_TRANSFORMER = ("diffusers", "FluxTransformer2DModel")
+
+
+def _seed_scale_transformer(control: bool, seed: int):
+    from diffusers import FluxTransformer2DModel
+
+    packed = LATENT_CHANNELS * 4
+    torch.manual_seed(seed)
+    return FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=packed * 2 if control else packed,
+        out_channels=packed,
+        num_layers=2,
+        num_single_layers=5,
+        attention_head_dim=48,
+        num_attention_heads=4,
+        joint_attention_dim=128,
+        pooled_projection_dim=32,
+        guidance_embeds=True,
+        axes_dims_rope=(8, 20, 20),
+    ).eval()
+
+
+def _seed_scale_shared_models(seed: int) -> dict[str, Any]:
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(4, 8, 16),
+        layers_per_block=1,
+        latent_channels=LATENT_CHANNELS,
+        norm_num_groups=4,
+        sample_size=SEED_SCALE_SIZE,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.0609,
+        scaling_factor=1.5035,
+    )
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+            hidden_size=32,
+            intermediate_size=37,
+            layer_norm_eps=1e-05,
+            num_attention_heads=4,
+            num_hidden_layers=4,
+            vocab_size=1000,
+            projection_dim=32,
+        )
+    )
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = T5EncoderModel(
+        T5Config(
+            vocab_size=64,
+            d_model=128,
+            d_kv=16,
+            d_ff=2000,
+            num_layers=4,
+            num_heads=8,
+            relative_attention_num_buckets=8,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
+    return {
+        "vae": vae.eval(),
+        "text_encoder": text_encoder.eval(),
+        "text_encoder_2": text_encoder_2.eval(),
+        "scheduler": FlowMatchEulerDiscreteScheduler(**_SCHEDULER_CONFIG),
+    }
+
+
+def _index_entry(library: str, class_name: str, repo: str | None, subfolder: str) -> list[Any]:
+    fields = {
+        "pretrained_model_name_or_path": repo,
+        "subfolder": subfolder,
+        "variant": None,
+        "revision": None,
+        "type_hint": [library, class_name],
+    }
+    return [library, class_name, fields]
+
+
+def make_seed_scale_repo(
+    folder: str | Path, *, control: bool = False, seed: int = 0, shared_from: str | Path | None = None
+) -> Path:
+    """Write a Flux repo shaped like FLUX.1-dev (or -Canny-dev, -Depth-dev) at 1/1000 of its size.
+
+    The models weigh what the real ones do with GB read as MB: a 22 MB transformer (two double- and
+    five single-stream layers of width 192), an 8.85 MB T5, a 0.24 MB CLIP and a 0.17 MB VAE with three
+    levels (64x64 images). Weights are random, float32 safetensors.
+
+    Without ``shared_from`` the folder is a complete classic repo (``model_index.json`` naming
+    ``FluxPipeline``, or ``FluxControlPipeline`` with ``control=True``). With ``shared_from`` (a base
+    repo written by this function) only ``transformer/`` is written, beside a
+    ``modular_model_index.json`` that names the base repo for the text encoders, tokenizers, VAE and
+    scheduler and the ``control`` workflow when ``control=True``: pipelines made from both repos
+    through one manager share those components by load ID, loaded once.
+
+    Args:
+        folder: The repo folder to write (created if missing; existing files are overwritten).
+        control: Write a control transformer (it reads the control image's latents too).
+        seed: The seed of the random weights; the transformer depends on it alone.
+        shared_from: A base repo whose components this one uses, all but the transformer.
+
+    Returns:
+        The repo folder as an absolute Path (load IDs name repos as given, so one spelling is kept).
+    """
+    import json
+
+    import diffusers
+
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    _seed_scale_transformer(control, seed).save_pretrained(folder / "transformer", safe_serialization=True)
+    if shared_from is not None:
+        base = str(Path(shared_from).resolve())
+        index: dict[str, Any] = {
+            "_class_name": "FluxModularPipeline",
+            "_blocks_class_name": "FluxAutoBlocks",
+            "_diffusers_version": diffusers.__version__,
+        }
+        if control:
+            index["_workflow"] = "control"
+        index["transformer"] = _index_entry(*_TRANSFORMER, None, "transformer")
+        for name, (library, class_name) in _SHARED_COMPONENTS.items():
+            index[name] = _index_entry(library, class_name, base, name)
+        (folder / "modular_model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        return folder
+    for name, model in _seed_scale_shared_models(seed).items():
+        model.save_pretrained(folder / name, **({} if name == "scheduler" else {"safe_serialization": True}))
+    make_tiny_tokenizer(folder / "tokenizer")
+    make_tiny_t5_tokenizer(folder / "tokenizer_2")
+    index = {
+        "_class_name": "FluxControlPipeline" if control else "FluxPipeline",
+        "_diffusers_version": diffusers.__version__,
+        "transformer": list(_TRANSFORMER),
+        **{name: list(entry) for name, entry in _SHARED_COMPONENTS.items()},
+    }
+    if not control:
+        index.update(image_encoder=[None, None], feature_extractor=[None, None])
+    (folder / "model_index.json").write_text(
+        json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    return folder

@@ -131,3 +131,292 @@ def test_output_is_named_after_the_family_that_ran(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", "--repo", str(repo), "--out", str(out), "--quiet", "--steps", "1"]) == 0
     assert sorted(path.name for path in out.glob("*.png")) == ["flux-seed0-0.png"]
+
+
+# ---- the built-in scenario, any repo, --then, families (issue 10) -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seed_repos(tmp_path_factory):
+    """A seed-scale Flux base repo and a canny-style control repo that takes the rest from it."""
+    from blocks.flux import make_seed_scale_repo
+
+    folder = tmp_path_factory.mktemp("seed-repos")
+    base = make_seed_scale_repo(folder / "tiny-flux-dev")
+    canny = make_seed_scale_repo(folder / "tiny-flux-canny-dev", control=True, seed=1, shared_from=base)
+    return base, canny
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    """A small PNG to pass as an image."""
+    path = tmp_path_factory.mktemp("images") / "picture.png"
+    PIL.Image.new("RGB", (64, 64), (120, 30, 200)).save(path)
+    return path
+
+
+def _one_error_line(capsys, text):
+    """stderr is exactly ``text`` on one line, stdout empty."""
+    captured = capsys.readouterr()
+    assert captured.err == text + "\n", captured.err
+    assert captured.out == ""
+
+
+def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
+    """`modular run` runs the three Flux workflows, printing a table after each and the offload summary,
+    and saves the images, the control images and the memory plot; nothing reaches stderr."""
+    from modular.memory_plot import FIGURE_PIXELS, matplotlib_available
+
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--quiet", "--steps", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    printed = captured.out
+    assert printed.startswith("FLUX.1 text-to-image, then Canny and Depth control, on one ComponentsManager")
+    assert (
+        "Auto offload on a simulated device, budget 32.00 MB, margin 3.00 MB, strategy NextUseStrategy."
+        in printed
+    )
+    assert printed.splitlines().count("Components:") == 3
+    for header in ("[1/3] text2image: tiny-flux-dev, 1 step,", "[2/3] canny: tiny-flux-canny-dev, 1 step,"):
+        assert header in printed
+    assert (
+        "      loaded: transformer; reused: text_encoder, tokenizer, text_encoder_2, tokenizer_2, vae, scheduler"
+        in printed
+    )
+    summary = printed[printed.index("Offload over the run") :].splitlines()
+    assert summary[2].split() == [
+        "ours",
+        "(NextUseStrategy)",
+        "92.93",
+        "MB",
+        "0.00",
+        "MB",
+        "5",
+        "22.40",
+        "MB",
+    ]
+    assert summary[3].split()[:5] == ["the", "peer's", "rule", "(SmallestSufficientSet)", "92.93"]
+    assert summary[3].split()[6:8] == ["70.53", "MB"]
+    names = ["text2image-seed42-0.png", "canny-seed42-0.png", "canny-control.png"]
+    names += ["depth-seed42-0.png", "depth-control.png"]
+    if matplotlib_available():
+        names.append("memory.png")
+        assert PIL.Image.open(out / "memory.png").size == FIGURE_PIXELS
+    assert sorted(path.name for path in out.iterdir()) == sorted(names)
+    assert [line for line in printed.splitlines() if line.startswith("saved ")] == [
+        f"saved {out / name}" for name in names
+    ]
+    assert PIL.Image.open(out / "canny-seed42-0.png").size == (64, 64)
+
+
+def test_without_matplotlib_the_plot_is_one_line_note(tmp_path, capsys, monkeypatch):
+    """Without matplotlib a run under offload says so in one line and saves no plot."""
+    import modular.cli_report as cli_report
+    from blocks.stable_diffusion import make_tiny_repo
+
+    monkeypatch.setattr(cli_report, "matplotlib_available", lambda: False)
+    repo = make_tiny_repo(tmp_path / "tiny-sd")
+    out = tmp_path / "out"
+    argv = [
+        "run",
+        str(repo),
+        "--offload",
+        "sim",
+        "--budget",
+        "1GB",
+        "--steps",
+        "1",
+        "-o",
+        str(out),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "no memory plot: matplotlib is not installed (pip install 'modular-pipelines[plot]')\n" in printed
+    assert sorted(path.name for path in out.iterdir()) == ["stable-diffusion-seed0-0.png"]
+
+
+def test_then_runs_several_repos_on_one_manager(seed_repos, picture, tmp_path, capsys):
+    """`run A --then B ...` runs both on one manager: B reuses A's shared components and keeps its options."""
+    base, canny = seed_repos
+    out = tmp_path / "out"
+    argv = [
+        "run",
+        str(base),
+        "--steps",
+        "1",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--seed",
+        "3",
+        "-o",
+        str(out),
+    ]
+    argv += ["--quiet", "--then", str(canny), "--control-image", str(picture)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "[2/2] flux-2: tiny-flux-canny-dev, 1 step," in printed
+    assert (
+        "loaded: transformer; reused: text_encoder, tokenizer, text_encoder_2, tokenizer_2, vae, scheduler"
+        in printed
+    )
+    assert sorted(path.name for path in out.iterdir()) == ["flux-2-seed3-0.png", "flux-seed3-0.png"]
+    assert PIL.Image.open(out / "flux-2-seed3-0.png").size == (64, 64)
+
+
+def test_families_lists_the_installed_families_and_workflows(capsys):
+    """`modular families` prints each family with its workflows and the classic pipelines it serves."""
+    assert main(["families"]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "flux: FluxAutoBlocks (ships a tiny repo and a scenario)\n  workflows: text2image, image2image, control\n"
+        in printed
+    )
+    assert (
+        "  serves: StableDiffusionPipeline, StableDiffusionImg2ImgPipeline, StableDiffusionInpaintPipeline\n"
+        in printed
+    )
+
+
+def test_inspect_takes_the_repo_as_an_argument(seed_repos, capsys):
+    """`modular inspect REPO` shows the repo's pipeline; a control repo's index names its workflow."""
+    assert main(["inspect", str(seed_repos[1])]) == 0
+    printed = capsys.readouterr().out
+    assert f"transformer: FluxTransformer2DModel  load_id={seed_repos[1]}|transformer|null|null" in printed
+    assert f"vae: AutoencoderKL  load_id={seed_repos[0]}|vae|null|null" in printed
+
+
+def test_unknown_repo_is_one_line(tmp_path, capsys):
+    """A REPO that is neither a folder nor a hub id is one error line, exit status 2."""
+    missing = tmp_path / "missing"
+    assert main(["run", str(missing)]) == 2
+    _one_error_line(
+        capsys,
+        f"modular: error: FileNotFoundError: '{missing}' is not a folder on disk, nor a hub repo id like 'org/name'; check the path",
+    )
+
+
+def test_a_class_no_family_serves_is_one_line_listing_the_families(tmp_path, capsys):
+    """A repo whose `_class_name` no family serves is one line that lists the installed families."""
+    repo = tmp_path / "video"
+    repo.mkdir()
+    (repo / "model_index.json").write_text('{"_class_name": "StableVideoDiffusionPipeline"}')
+    assert main(["run", str(repo), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"modular: error: ValueError: {repo}: no installed family serves 'StableVideoDiffusionPipeline'; "
+        "installed families: flux (FluxPipeline, FluxImg2ImgPipeline, FluxControlPipeline, FluxAutoBlocks); "
+    )
+    assert "stable-diffusion (StableDiffusionPipeline," in err and err.count("\n") == 1
+
+
+def test_bad_budget_is_one_line(capsys):
+    """A --budget that is not a size is refused when parsing: one line, exit status 2."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--budget", "lots"])
+    assert info.value.code == 2
+    _one_error_line(
+        capsys,
+        "modular run: error: argument --budget: a size must be a number followed by a unit, one of B, KB, MB, "
+        "GB, TB, KiB, MiB, GiB, TiB (got 'lots'). Example: '8GB'.",
+    )
+
+
+def test_unknown_workflow_is_one_line_listing_the_workflows(seed_repos, capsys):
+    """An unknown --workflow is one line naming the family's workflows."""
+    assert main(["run", str(seed_repos[0]), "--workflow", "nope", "--quiet"]) == 2
+    _one_error_line(
+        capsys,
+        "modular: error: KeyError: FluxAutoBlocks has no workflow 'nope'; available workflows: "
+        "['text2image', 'image2image', 'control']",
+    )
+
+
+def test_control_workflow_without_a_control_image_is_one_line(seed_repos, tmp_path, capsys):
+    """A control workflow, asked for or named by the repo, without --control-image is refused before loading."""
+    base, canny = seed_repos
+    assert main(["run", str(base), "--workflow", "control", "-o", str(tmp_path / "out")]) == 2
+    _one_error_line(
+        capsys,
+        f"modular: error: MissingInputError: {base} (workflow 'control') needs control_image: pass --control-image PATH",
+    )
+    assert main(["run", str(canny), "-o", str(tmp_path / "out")]) == 2
+    _one_error_line(
+        capsys, f"modular: error: MissingInputError: {canny} needs control_image: pass --control-image PATH"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_image_that_is_missing_or_not_an_image_is_one_line(seed_repos, tmp_path, capsys):
+    """An --image or --control-image path that does not exist, or is no image, is one line."""
+    missing = tmp_path / "missing.png"
+    assert main(["run", str(seed_repos[0]), "--image", str(missing)]) == 2
+    _one_error_line(capsys, f"modular: error: FileNotFoundError: --image: '{missing}' does not exist")
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    assert main(["run", str(seed_repos[1]), "--control-image", str(text)]) == 2
+    _one_error_line(
+        capsys,
+        f"modular: error: ValueError: --control-image: '{text}' is not an image PIL can read (UnidentifiedImageError)",
+    )
+
+
+def test_steps_zero_is_one_line(capsys):
+    """--steps 0 is exactly one error line and exit status 2."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--steps", "0"])
+    assert info.value.code == 2
+    _one_error_line(capsys, "modular run: error: argument --steps: must be at least 1 (got 0)")
+
+
+def test_then_needs_a_repo_and_takes_only_job_options(seed_repos, capsys):
+    """--then without a first REPO, or a run option after --then, is one line."""
+    assert main(["run", "--then", str(seed_repos[0])]) == 2
+    _one_error_line(
+        capsys,
+        "modular: error: ValueError: --then starts the next job: give a REPO before it "
+        "(modular run REPO ... --then REPO_B ...)",
+    )
+    with pytest.raises(SystemExit):
+        main(["run", str(seed_repos[0]), "--then", str(seed_repos[0]), "--budget", "8GB"])
+    _one_error_line(
+        capsys,
+        "modular run --then: error: unrecognized arguments: --budget 8GB (options of the whole run, such as "
+        "--budget or --output, go before the first --then)",
+    )
+
+
+def test_the_scenario_refuses_inputs_it_makes_itself(capsys):
+    """The built-in scenario with --control-image is one line saying to give a REPO."""
+    assert main(["run", "--control-image", "edges.png"]) == 2
+    _one_error_line(
+        capsys,
+        "modular: error: ValueError: the built-in scenario takes no --control-image (it makes its own inputs); "
+        "give a REPO to use them",
+    )
+
+
+def test_reuse_takes_components_from_the_previous_job(tmp_path, picture, capsys):
+    """`--then REPO --reuse a,b` takes those components from the previous job instead of loading the repo's copies."""
+    from blocks.flux import make_tiny_repo
+
+    base = make_tiny_repo(tmp_path / "base")
+    control = make_tiny_repo(
+        tmp_path / "control", control=True
+    )  # ships its own encoders and VAE, like the hub's
+    shared = "text_encoder,text_encoder_2,tokenizer,tokenizer_2,vae,scheduler"
+    argv = ["run", str(base), "--steps", "1", "--height", "32", "--width", "32", "-o", str(tmp_path / "out")]
+    argv += ["--quiet", "--then", str(control), "--control-image", str(picture), "--reuse", shared]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "      loaded: transformer; reused: text_encoder, text_encoder_2, tokenizer, tokenizer_2, vae, scheduler\n"
+        in printed
+    )
+    assert main(["run", str(base), "--reuse", "vae", "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "modular: error: ValueError: job 'flux' reuses ['vae'], but it is the first job: nothing ran before it\n"
+    )

@@ -1,0 +1,100 @@
+"""The seed's scenario at 1/1000 scale: FLUX.1 text-to-image, then Canny and Depth control, one manager.
+
+The seed is the example this project started from (diffusers PR #10572, "introducing components
+manager"); ``modular run`` runs this scenario when no repo is given.
+
+Three repos are written the way the real ones are laid out (FLUX.1-dev, FLUX.1-Canny-dev,
+FLUX.1-Depth-dev), with models that weigh what the real ones do with GB read as MB: a 22 MB
+transformer in each, and an 8.85 MB T5, a 0.24 MB CLIP and a 0.17 MB VAE that the control repos take
+from the base repo (their ``modular_model_index.json`` names it), so the manager loads them once.
+The device holds 32 MB (a 32 GB card at the same scale) with a 3 MB margin: less than one workflow's
+models, so T5 leaves when a transformer comes, the previous transformer leaves when the next
+workflow's T5 comes, and CLIP and the VAE, small and used by every workflow, stay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modular.jobs import Demo, Job
+
+from .control_images import depth_like_map, edge_map
+from .tiny import SEED_SCALE_SIZE, make_seed_scale_repo
+
+__all__ = ["BUDGET", "MARGIN", "PROMPT", "seed_scenario"]
+
+MB = 1024**2  # as the components table and the offload log print sizes
+BUDGET = 32 * MB
+"""Bytes of the simulated device: the seed's workflows on a 32 GB card, at 1/1000."""
+MARGIN = 3 * MB
+"""Bytes kept free on it (the peer's default margin of 3 GB, at 1/1000)."""
+PROMPT = "a photo of an astronaut riding a horse"
+
+# The seed's settings for each workflow: steps and guidance.
+_TEXT2IMAGE = {"num_inference_steps": 28, "guidance_scale": 3.5}
+_CANNY = {"num_inference_steps": 50, "guidance_scale": 30.0}
+_DEPTH = {"num_inference_steps": 30, "guidance_scale": 10.0}
+
+_ABOUT = """\
+Three repos shaped like FLUX.1-dev, FLUX.1-Canny-dev and FLUX.1-Depth-dev at 1/1000 of their size
+(GB read as MB): a 22 MB transformer each; the control repos take CLIP, T5, the VAE, the tokenizers
+and the scheduler from the base repo, so the manager loads those once. The device holds 32 MB with
+a 3 MB margin, less than one workflow needs: watch T5 and the previous transformer leave while CLIP
+and the VAE stay. The control images are made from the text-to-image result (edges; a depth-like map)."""
+
+
+def _control_from(source: str, make: Callable[[Any], Any]) -> Callable[[Mapping[str, np.ndarray]], dict]:
+    def derive(images: Mapping[str, np.ndarray]) -> dict:
+        return {"control_image": make(images[source][0])}
+
+    return derive
+
+
+def seed_scenario(folder: str | Path) -> Demo:
+    """Write the three repos under ``folder`` and return the scenario's jobs and device budget.
+
+    Args:
+        folder: Where the repos go (``tiny-flux-dev``, ``tiny-flux-canny-dev``, ``tiny-flux-depth-dev``).
+
+    Returns:
+        A ``modular.jobs.Demo``: jobs ``text2image``, ``canny`` and ``depth`` (seed 42 each, the seed's
+        steps and guidance, 64x64 images), ``BUDGET`` and ``MARGIN``.
+    """
+    folder = Path(folder)
+    base = make_seed_scale_repo(folder / "tiny-flux-dev", seed=0)
+    canny = make_seed_scale_repo(folder / "tiny-flux-canny-dev", control=True, seed=1, shared_from=base)
+    depth = make_seed_scale_repo(folder / "tiny-flux-depth-dev", control=True, seed=2, shared_from=base)
+    common = {
+        "prompt": PROMPT,
+        "height": SEED_SCALE_SIZE,
+        "width": SEED_SCALE_SIZE,
+        "max_sequence_length": 32,  # the T5 tokens a tiny prompt needs (FLUX.1-dev pads to 512)
+    }
+    jobs = (
+        Job("text2image", str(base), inputs={**common, **_TEXT2IMAGE}, seed=42),
+        Job(
+            "canny",
+            str(canny),
+            inputs={**common, **_CANNY},
+            seed=42,
+            derive=_control_from("text2image", edge_map),
+            derives=("control_image",),
+        ),
+        Job(
+            "depth",
+            str(depth),
+            inputs={**common, **_DEPTH},
+            seed=42,
+            derive=_control_from("text2image", depth_like_map),
+            derives=("control_image",),
+        ),
+    )
+    title = (
+        "FLUX.1 text-to-image, then Canny and Depth control, on one ComponentsManager "
+        "(the example of diffusers PR #10572)"
+    )
+    return Demo(title=title, jobs=jobs, budget=BUDGET, margin=MARGIN, about=_ABOUT)
