@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from components import ComponentSpec, ConfigSpec
@@ -10,23 +10,14 @@ from components import ComponentSpec, ConfigSpec
 from .errors import MissingInputError
 from .params import InputParam, OutputParam
 from .state import BlockState, PipelineState
+from .steps import Known, Step
 
 if TYPE_CHECKING:
     from components import ComponentsManager
 
     from .pipeline import ModularPipeline
 
-__all__ = ["PRODUCED", "ModularPipelineBlocks"]
-
-
-class _Produced:
-    """Stands for a value an earlier block will produce, while planning which blocks run."""
-
-    def __repr__(self) -> str:
-        return "PRODUCED"
-
-
-PRODUCED = _Produced()
+__all__ = ["ModularPipelineBlocks"]
 
 
 class ModularPipelineBlocks:
@@ -92,18 +83,22 @@ class ModularPipelineBlocks:
         return [spec.name for spec in self.expected_components]
 
     # ----- selection -----
+    def execution_steps(
+        self, given: Known | Mapping[str, Any] | Iterable[str], path: tuple[str, ...] = ()
+    ) -> list[Step]:
+        """The steps that run, in order, for ``given`` input values (a mapping) or names (an iterable).
+
+        Each block kind answers this one question; the call plan, :meth:`get_execution_blocks`, the docs
+        and the run all use the answer. A leaf is one step. ``path`` names this block from the walked one;
+        a walk passes its :class:`~modular.steps.Known` down, to which each step adds what it produces.
+        """
+        known = Known.of(given)
+        known.produced.update(self.intermediate_output_names)
+        return [Step(self, path, uses=tuple(self.expected_components))]
+
     def get_execution_blocks(self, **inputs: Any) -> ModularPipelineBlocks | None:
         """The blocks that would run for these inputs (``None``: nothing runs); a leaf always runs."""
         return self
-
-    def _leaf_blocks(self, active: dict[str, Any], prefix: str, into: list) -> None:
-        """Append ``(name, block)`` for each block that runs given ``active`` inputs, in order.
-
-        Values that blocks will produce are not known before the run: they stand as ``PRODUCED``.
-        """
-        into.append((prefix, self))
-        for name in self.intermediate_output_names:
-            active.setdefault(name, PRODUCED)
 
     @property
     def available_workflows(self) -> list[str]:
@@ -164,6 +159,9 @@ class ModularPipelineBlocks:
                         state.set(key, values[key], param.kwargs_type)
 
     # ----- running -----
+    def set_progress_bar_config(self, **kwargs: Any) -> None:
+        """Configure the progress bars of the loops in this block (a leaf has none)."""
+
     def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
         msg = f"{type(self).__name__} must implement __call__(self, components, state)"
         raise NotImplementedError(msg)

@@ -1,16 +1,18 @@
-"""Blocks that run one of their children, chosen by the inputs present."""
+"""Blocks that run one of their children, chosen by the inputs present (or by their values)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 
-from .block import PRODUCED, ModularPipelineBlocks
+from .block import ModularPipelineBlocks
+from .composite import CompositeBlocks
 from .composition import branch_inputs, spec_problems
 from .params import InputParam
-from .sequential import CompositeBlocks, run_child
-from .state import PipelineState
+from .sequential import blocks_of_steps
+from .steps import AT_RUN_TIME, Known, Step, StepKind, Undecided
 
 __all__ = ["ConditionalPipelineBlocks", "AutoPipelineBlocks"]
 
@@ -18,7 +20,9 @@ __all__ = ["ConditionalPipelineBlocks", "AutoPipelineBlocks"]
 class ConditionalPipelineBlocks(CompositeBlocks):
     """Runs the child that :meth:`select_block` names, or nothing when it returns ``None``.
 
-    ``block_trigger_inputs`` lists the inputs whose values are passed to ``select_block``.
+    ``block_trigger_inputs`` lists the inputs whose values are passed to ``select_block``. The choice is
+    made before the run when the trigger values are known then (given by the caller); when one is made
+    by an earlier block, it is made at run time, on the value in the state.
     """
 
     block_trigger_inputs: list[str | None] = []
@@ -32,7 +36,40 @@ class ConditionalPipelineBlocks(CompositeBlocks):
         """The name of the child to run for these trigger values (``None``: run nothing)."""
         return self.default_block_name
 
-    def _select(self, values: dict[str, Any]) -> str | None:
+    def selects_on_presence(self) -> bool:
+        """Whether :meth:`select_block` looks only at which triggers have a value, not at the values.
+
+        Then the choice is made from input names alone: before the run, and the same for every call
+        with those names.
+        """
+        return False
+
+    def branch_conditions(self) -> dict[str, str]:
+        """When each child runs, in words, by child name (the docs show it beside the child)."""
+        rule = f"chosen by select_block({', '.join(self.trigger_inputs)})"
+        return dict.fromkeys(self._sub_blocks, rule)
+
+    def choose(self, known: Known) -> str | Undecided | None:
+        """The child that runs given what is ``known`` (``None``: none), or ``AT_RUN_TIME``.
+
+        ``AT_RUN_TIME``: the choice depends on a value that only the run will tell, because an earlier
+        block makes it or because the walk knows the given names but not their values.
+        """
+        triggers = self.trigger_inputs
+        if self.selects_on_presence():
+            # A declared output counts as present (test_a_presence_choice_on_a_produced_value_counts_it_present).
+            return self._select({t: True for t in triggers if known.present(t)})
+        if any(t in known.produced for t in triggers):
+            return AT_RUN_TIME  # test_a_choice_on_a_produced_value_is_left_to_run_time
+        if known.values is None:
+            # A plan by names asks for the values (test_a_choice_on_a_given_value_is_still_checked_before_the_run).
+            if any(t in known.given for t in triggers):
+                known.needs_values = True
+                return AT_RUN_TIME
+            return self._select({})
+        return self._select({t: known.values[t] for t in triggers if t in known.values})
+
+    def _select(self, values: Mapping[str, Any]) -> str | None:
         name = self.select_block(**{t: values.get(t) for t in self.trigger_inputs})
         if name is not None and name not in self._sub_blocks:
             msg = (
@@ -45,10 +82,6 @@ class ConditionalPipelineBlocks(CompositeBlocks):
     def _can_skip(self) -> bool:
         """Whether no child may run (then none of the children's inputs is required)."""
         return self.default_block_name is None
-
-    def _decides_on_values(self) -> bool:
-        """Whether select_block looks at trigger values (not only at which are present)."""
-        return True
 
     @property
     def inputs(self) -> list[InputParam]:
@@ -67,27 +100,28 @@ class ConditionalPipelineBlocks(CompositeBlocks):
     def _problems(self) -> list[str]:
         return spec_problems(self._children())
 
-    def _leaf_blocks(self, active: dict[str, Any], prefix: str, into: list) -> None:
-        if self._decides_on_values() and any(active.get(t) is PRODUCED for t in self.trigger_inputs):
-            # The choice depends on a value no block has made yet: it is made at run time, so the plan
-            # keeps this block whole (it may produce any branch's outputs).
-            ModularPipelineBlocks._leaf_blocks(self, active, prefix, into)
-            return
-        name = self._select(active)
-        if name is not None:
-            self._sub_blocks[name]._leaf_blocks(active, name, into)
+    def execution_steps(
+        self, given: Known | Mapping[str, Any] | Iterable[str], path: tuple[str, ...] = ()
+    ) -> list[Step]:
+        """The chosen child's steps; none when no child runs; this block as one choice step when only the
+        run can tell (it may then produce any child's outputs)."""
+        known = Known.of(given)
+        name = self.choose(known)
+        if isinstance(name, Undecided):
+            known.produced.update(self.intermediate_output_names)
+            return [Step(self, path, StepKind.CHOICE)]
+        if name is None:
+            return []
+        return self._sub_blocks[name].execution_steps(known, (*path, name))
 
     def get_execution_blocks(self, **inputs: Any) -> ModularPipelineBlocks | None:
-        name = self._select({k: v for k, v in inputs.items() if v is not None})
-        if name is None:
+        """The chosen child when it runs whole, the blocks that run flattened into one sequence, or ``None``."""
+        steps = self.execution_steps(inputs)
+        if not steps:
             return None
-        return self._sub_blocks[name].get_execution_blocks(**inputs)
-
-    def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
-        name = self._select(state.values)
-        if name is None:
-            return components, state
-        return run_child(name, self._sub_blocks[name], components, state)
+        if len(steps) == 1 and len(steps[0].path) == 1:
+            return steps[0].block
+        return blocks_of_steps(steps, self.description)
 
 
 class AutoPipelineBlocks(ConditionalPipelineBlocks):
@@ -119,9 +153,17 @@ class AutoPipelineBlocks(ConditionalPipelineBlocks):
                 return name
         return default
 
+    def selects_on_presence(self) -> bool:
+        # The stock rule looks at presence only; a subclass with its own select_block may look at values.
+        return type(self).select_block is AutoPipelineBlocks.select_block
+
+    def branch_conditions(self) -> dict[str, str]:
+        if not self.selects_on_presence():
+            return super().branch_conditions()
+        return {
+            name: f"when {trigger} given" if trigger else "default"
+            for trigger, name in zip(self.block_trigger_inputs, self._sub_blocks)
+        }
+
     def _can_skip(self) -> bool:
         return None not in self.block_trigger_inputs
-
-    def _decides_on_values(self) -> bool:
-        # The stock rule looks at presence only; a subclass with its own select_block may look at values.
-        return type(self).select_block is not AutoPipelineBlocks.select_block

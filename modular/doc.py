@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from .conditional import ConditionalPipelineBlocks
+from .steps import StepKind
 from .typecheck import type_name
 
 if TYPE_CHECKING:
@@ -26,6 +29,10 @@ def make_doc(block: ModularPipelineBlocks) -> str:
         lines.append("  Workflows:")
         for name, triggers in workflows.items():
             lines.append(f"    {name}: {', '.join(triggers)}")
+        lines.append("")
+        lines.append("  Steps per workflow:")
+        for name, triggers in workflows.items():
+            lines.append(f"    {name}: {_steps_line(block, triggers)}")
         lines.append("")
     if block.expected_components:
         lines.append("  Components:")
@@ -68,15 +75,19 @@ def make_tree(block: ModularPipelineBlocks, name: str | None = None, indent: int
     desc = _first_line(block.description)
     pad = "  " * indent
     lines = [f"{pad}{label}{kind}{base}" + (f"  # {desc}" if desc else "")]
-    triggers = getattr(block, "block_trigger_inputs", None)
-    for index, (child_name, child) in enumerate(block.sub_blocks.items()):
-        child_label = child_name
-        if (
-            triggers is not None
-            and index < len(triggers)
-            and type(block).__name__ != "ConditionalPipelineBlocks"
-        ):
-            trigger = triggers[index]
-            child_label = f"{child_name} (when {trigger} given)" if trigger else f"{child_name} (default)"
+    # A choice describes when each child runs itself (by presence, by value, ...): no guessing here.
+    conditions = block.branch_conditions() if isinstance(block, ConditionalPipelineBlocks) else {}
+    for child_name, child in block.sub_blocks.items():
+        condition = conditions.get(child_name)
+        child_label = f"{child_name} ({condition})" if condition else child_name
         lines.append(make_tree(child, child_label, indent + 1))
     return "\n".join(lines)
+
+
+def _steps_line(block: ModularPipelineBlocks, given: Mapping[str, Any]) -> str:
+    """The names of the steps that run for ``given``, in order (a choice left to run time is marked)."""
+    names = []
+    for step in block.execution_steps(given):
+        label = step.name or type(step.block).__name__
+        names.append(f"{label} (chosen at run time)" if step.kind is StepKind.CHOICE else label)
+    return " -> ".join(names) or "(nothing runs)"

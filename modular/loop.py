@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from components import ComponentSpec, ConfigSpec
 
-from .block import ModularPipelineBlocks
+from .composite import CompositeBlocks, run_child
 from .composition import (
     merge_components,
     merge_configs,
@@ -18,8 +19,8 @@ from .composition import (
     wiring_problems,
 )
 from .params import InputParam, OutputParam
-from .sequential import CompositeBlocks, run_child
-from .state import BlockState
+from .state import BlockState, PipelineState
+from .steps import Known, Step, StepKind
 
 __all__ = ["LoopSequentialPipelineBlocks"]
 
@@ -68,11 +69,24 @@ class LoopSequentialPipelineBlocks(CompositeBlocks):
     def intermediate_outputs(self) -> list[OutputParam]:
         return merge_outputs(self._children(), self.loop_intermediate_outputs)
 
-    def _leaf_blocks(self, active: dict[str, Any], prefix: str, into: list) -> None:
-        ModularPipelineBlocks._leaf_blocks(self, active, prefix, into)
+    def execution_steps(
+        self, given: Known | Mapping[str, Any] | Iterable[str], path: tuple[str, ...] = ()
+    ) -> list[Step]:
+        """One loop step: its own components, and as its body every child's steps (each iteration runs them).
 
-    def get_execution_blocks(self, **inputs: Any) -> LoopSequentialPipelineBlocks:
-        return self
+        What any iteration produces counts as produced for the whole body: later iterations read it.
+        """
+        known = Known.of(given)
+        known.produced.update(self.intermediate_output_names)
+        body: list[Step] = []
+        for name, child in self._sub_blocks.items():
+            body += child.execution_steps(known, (*path, name))
+        return [Step(self, path, StepKind.LOOP, uses=tuple(self.loop_expected_components), body=tuple(body))]
+
+    def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
+        # Not the composite run: a loop's walk lists the loop itself, whose __call__ the family writes.
+        msg = f"{type(self).__name__} must implement __call__(self, components, state): what to iterate over"
+        raise NotImplementedError(msg)
 
     def loop_step(
         self, components: Any, block_state: BlockState, **loop_kwargs: Any

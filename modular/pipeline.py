@@ -15,8 +15,9 @@ from components import ComponentsManager, ComponentSpec
 from components.load_id import LOAD_ID_FIELDS
 
 from .block import ModularPipelineBlocks
-from .call_checks import CallPlan, check_inputs, check_output, known_inputs, plan_call
+from .composite import run_steps
 from .index import read_index, specs_from_index
+from .planning import CallPlan, PlanCache, check_inputs, check_output
 from .state import PipelineState
 
 __all__ = ["ModularPipeline"]
@@ -50,6 +51,7 @@ class ModularPipeline:
             msg = f"components_manager must be a ComponentsManager (got {type(components_manager).__name__})"
             raise TypeError(msg)
         self._blocks = blocks
+        self._plans = PlanCache()  # forgotten when components change (and when blocks are edited)
         self._components_manager = components_manager
         self._collection = collection
         self._specs: dict[str, ComponentSpec] = {spec.name: spec for spec in blocks.expected_components}
@@ -214,6 +216,7 @@ class ModularPipeline:
         for name, (spec, obj) in loaded.items():
             self._specs[name] = spec
             self._components[name] = obj
+        self._plans.forget()
 
     def update_components(self, **kwargs: Any) -> None:
         """Replace components (``unet=obj``) or config values (``name=value``)."""
@@ -230,6 +233,7 @@ class ModularPipeline:
             if value is not None and hint is not None and not isinstance(value, hint):
                 msg = f"update_components: {name!r} must be a {hint.__name__} (got a {type(value).__name__})"
                 raise TypeError(msg)
+        self._plans.forget()  # before too: a failure part way leaves no plan of the old components
         for name, value in kwargs.items():
             if name in self._config:
                 self._config[name] = value
@@ -237,6 +241,7 @@ class ModularPipeline:
             if value is not None:
                 self._specs[name] = _spec_for(self._specs[name], value)
             self._set_component(name, value)
+        self._plans.forget()
 
     def unload_components(self, names: list[str] | str) -> None:
         """Drop components from the pipeline and from the manager, so their memory can be freed."""
@@ -244,6 +249,7 @@ class ModularPipeline:
         for name in names:
             if name not in self._specs:
                 raise KeyError(_unknown("component", name, self._specs))
+        self._plans.forget()  # before too: a failure part way leaves no plan of the old components
         for name in names:
             obj = self._components[name]
             self._components[name] = None
@@ -252,6 +258,7 @@ class ModularPipeline:
                 component_id = cm.get_id(obj)
                 if component_id is not None:
                     cm.remove(component_id)
+        self._plans.forget()
 
     def to(self, *args: Any, **kwargs: Any) -> ModularPipeline:
         """Move every model (``torch.nn.Module`` component) like ``module.to(...)``.
@@ -324,7 +331,7 @@ class ModularPipeline:
         unloaded components and unknown outputs are errors that change nothing.
         """
         plan, params = self._plan(kwargs, state)
-        check_output(output, plan)
+        check_output(output, plan, kwargs.keys() | (state.values.keys() if state is not None else set()))
         state = _copy_state(state)
         # Only what was given goes into the state: each block applies its own default to a missing value.
         for name, value in kwargs.items():
@@ -333,7 +340,7 @@ class ModularPipeline:
         if cm is not None:
             cm.set_execution_plan(self._models_in_order(plan))
         with torch.inference_mode():
-            _, state = self._blocks(CallComponents(self), state)
+            _, state = run_steps(plan.steps, CallComponents(self), state)
         if output is None:
             return state
         if isinstance(output, str):
@@ -350,11 +357,11 @@ class ModularPipeline:
         return models
 
     def _plan(self, kwargs: dict[str, Any], state: PipelineState | None) -> tuple[CallPlan, dict]:
-        params = known_inputs(self._blocks)
+        """The checked plan for this call (made once per set of given input names) and the known inputs."""
+        params = self._plans.params(self._blocks)
         check_inputs(type(self).__name__, params, kwargs)
         given = {**state.values, **kwargs} if state is not None else kwargs
-        plan = plan_call(self._blocks, given, self._components)
-        return plan, params
+        return self._plans.plan(self._blocks, given, self._components), params
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}(blocks={type(self._blocks).__name__}"]

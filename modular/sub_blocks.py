@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .block import ModularPipelineBlocks
 
-__all__ = ["SubBlocks"]
+__all__ = ["SubBlocks", "blocks_generation"]
+
+_edits = itertools.count(1)
+_generation = 0
+
+
+def blocks_generation() -> int:
+    """A number that changes whenever sub-blocks are edited anywhere (what caches of walks are keyed on)."""
+    return _generation
 
 
 class SubBlocks(MutableMapping[str, "ModularPipelineBlocks"]):
@@ -23,14 +32,20 @@ class SubBlocks(MutableMapping[str, "ModularPipelineBlocks"]):
         self._validate = validate
 
     def _edit(self, change: Callable[[dict], Any]) -> Any:
+        global _generation
         before = dict(self._items)
-        result = change(self._items)
-        if self._validate is not None:
-            try:
-                self._validate()
-            except Exception:
-                self._items = before
-                raise
+        try:
+            result = change(self._items)
+            if self._validate is not None:
+                try:
+                    self._validate()
+                except Exception:
+                    self._items = before
+                    raise
+        finally:
+            # After the edit (refused ones too: forgetting a plan is always safe), so that a walk made
+            # during the edit is not kept.
+            _generation = next(_edits)
         return result
 
     @staticmethod
