@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
-import time
-import weakref
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import attrs
 import torch
 
-from .errors import ComponentNotFoundError
-from .load_id import LOAD_ID_FIELDS, get_load_id
+from offload import OffloadEngine, OffloadLog
+
+from .load_kwargs import split_load_kwargs
 from .model_info import INFO_FIELDS, component_info
-from .offload_switch import OffloadSwitch
+from .offload_link import OffloadLink
+from .registry import Registry
 from .reuse import LoadOptions
-from .search import compile_pattern
 from .spec import ComponentSpec
 from .table import manager_table
 
@@ -29,110 +26,56 @@ __all__ = ["INFO_FIELDS", "ComponentsManager"]
 logger = logging.getLogger(__name__)
 
 
-_serials = itertools.count()
-
-
-@attrs.define
-class _Entry:
-    component: Any
-    name: str
-    added_time: float
-    options: LoadOptions
-    # How many owners (with their finalizers) still hold this registration; None: kept until removed.
-    owners: int | None = None
-    # Tells a late finalizer of a removed registration from one of a new registration under the same id.
-    serial: int = attrs.field(factory=lambda: next(_serials))
-
-
-def _release_later(manager_ref: weakref.ref[ComponentsManager], component_id: str, serial: int) -> None:
-    # Runs from the garbage collector, at any allocation, in any thread, perhaps while this very thread is
-    # iterating the registry or holding the offload engine's lock: so it only queues (deque.append is atomic)
-    # and the manager drains the queue at its next public call. Test: test_owner_finalizer_only_queues.
-    manager = manager_ref()
-    if manager is not None:
-        manager._released.append((component_id, serial))
-
-
-def _check_owner(name: str, owner: Any) -> None:
-    try:
-        weakref.ref(owner)
-    except TypeError:
-        msg = (
-            f"Cannot add {name!r} with owner={type(owner).__name__}: an owner must support weak references "
-            "(the registration is dropped when the owner is garbage-collected)."
-        )
-        raise TypeError(msg) from None
-
-
-class ComponentsManager(OffloadSwitch):
+class ComponentsManager:
     """A registry of components (models, tokenizers, schedulers) shared by pipelines.
 
     Components are registered under ids ``"<name>_<id(obj)>"``, optionally in named collections (each holds at
     most one component of a name). Loading through the manager (``get_or_load``) reuses a registered object with
     the same load ID and load options. A registration added with ``owner=`` (a pipeline's from-config components)
     lasts only while an owner lives, so pipelines that are gone leave nothing behind. With auto offload on, every
-    model added is placed by the offload engine. All methods are thread safe.
+    model added is placed by the offload engine (through the manager's ``OffloadLink``). All methods are thread
+    safe.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
-        self._collections: dict[str, dict[str, str]] = {}  # collection -> {name: component id}
         self._lock = threading.RLock()
+        self._offload = OffloadLink()  # the engine placing the models while auto offload is on
+        self._registry = Registry(on_add=self._offload.attach, on_remove=self._offload.detach)
         self._loading: dict[tuple[str, LoadOptions], threading.Lock] = {}
-        self._engine: Any = None
-        self._released: deque[tuple[str, int]] = deque()  # (id, serial) whose owner was garbage-collected
 
     @contextmanager
-    def _registry(self) -> Iterator[None]:
+    def _locked(self) -> Iterator[Registry]:
         """The lock, after dropping registrations whose owners are gone: every public method enters here."""
         with self._lock:
-            while self._released:
-                component_id, serial = self._released.popleft()
-                entry = self._entries.get(component_id)
-                if entry is None or entry.serial != serial or entry.owners is None:
-                    continue  # removed, replaced or made permanent since
-                entry.owners -= 1
-                if entry.owners == 0:
-                    logger.info("Releasing %s: its owners are gone", component_id)
-                    self._remove(component_id)
-            yield
+            self._registry.release_collected()
+            yield self._registry
 
     # ---- registry -------------------------------------------------------------------------------------------
 
     @property
     def components(self) -> dict[str, Any]:
         """A snapshot ``{component id: object}``, in registration order."""
-        with self._registry():
-            return {component_id: entry.component for component_id, entry in self._entries.items()}
+        with self._locked() as registry:
+            return registry.by_ids(registry.entries)
 
     @property
     def collections(self) -> dict[str, list[str]]:
         """A snapshot ``{collection: [component ids]}``."""
-        with self._registry():
-            return {name: list(members.values()) for name, members in self._collections.items()}
+        with self._locked() as registry:
+            return {name: list(members.values()) for name, members in registry.collections.items()}
 
     def __len__(self) -> int:
-        with self._registry():
-            return len(self._entries)
+        with self._locked() as registry:
+            return len(registry.entries)
 
     def __contains__(self, component_id: object) -> bool:
-        with self._registry():
-            return component_id in self._entries
-
-    def _unknown(self, what: str) -> ComponentNotFoundError:
-        ids = list(self._entries) or "none"
-        return ComponentNotFoundError(f"{what} Registered components: {ids}.")
+        with self._locked() as registry:
+            return component_id in registry.entries
 
     def get_id(self, component: Any) -> str | None:
         """The id ``component`` (the very object) is registered under, or ``None``."""
-        with self._registry():
-            return self._id_of(component)
-
-    def _id_of(self, component: Any) -> str | None:
-        for component_id, entry in self._entries.items():
-            if entry.component is component:
-                return component_id
-        return None
+        with self._locked() as registry:
+            return registry.id_of(component)
 
     def add(self, name: str, component: Any, collection: str | None = None, *, owner: Any = None) -> str:
         """Registers ``component`` under ``"<name>_<id(component)>"`` and returns that id.
@@ -150,59 +93,8 @@ class ComponentsManager(OffloadSwitch):
             ValueError: ``name`` is not an identifier, or the object is registered under another name.
             TypeError: ``owner`` does not support weak references.
         """
-        return self._add(name, component, collection, None, owner)
-
-    def _add(
-        self,
-        name: str,
-        component: Any,
-        collection: str | None,
-        options: LoadOptions | None,
-        owner: Any = None,
-    ) -> str:
-        if not isinstance(name, str) or not name.isidentifier():
-            msg = f"Component name must be a Python identifier such as 'unet' (got {name!r})."
-            raise ValueError(msg)
-        if owner is not None:
-            _check_owner(name, owner)
-        with self._registry():
-            component_id = self._id_of(component)
-            if component_id is not None and self._entries[component_id].name != name:
-                msg = (
-                    f"Cannot add {type(component).__name__} as {name!r}: the same object is registered as "
-                    f"{component_id!r}, and an object has one name in a manager. Use that id, or remove it first."
-                )
-                raise ValueError(msg)
-            if component_id is None:
-                component_id = f"{name}_{id(component)}"
-                if self._engine is not None and isinstance(component, torch.nn.Module):
-                    self._engine.attach(component_id, component)
-                options = options or LoadOptions.from_object(component)
-                self._entries[component_id] = _Entry(
-                    component, name, time.time(), options, owners=0 if owner is not None else None
-                )
-                logger.info("Added component %s", component_id)
-            entry = self._entries[component_id]
-            if owner is None:
-                entry.owners = None
-            elif entry.owners is not None:
-                entry.owners += 1
-                finalizer = weakref.finalize(
-                    owner, _release_later, weakref.ref(self), component_id, entry.serial
-                )
-                finalizer.atexit = False
-            if collection is not None:
-                self._put_in_collection(component_id, name, collection)
-            return component_id
-
-    def _put_in_collection(self, component_id: str, name: str, collection: str) -> None:
-        members = self._collections.setdefault(collection, {})
-        previous = members.get(name)
-        members[name] = component_id
-        if previous is not None and previous != component_id:
-            logger.info("Collection %r: %s replaces %s", collection, component_id, previous)
-            if not any(previous in other.values() for other in self._collections.values()):
-                self._remove(previous)
+        with self._locked() as registry:
+            return registry.add(name, component, collection, None, owner)
 
     def remove(self, component_id: str) -> None:
         """Unregisters a component (and detaches it from auto offload). The manager keeps no reference to it.
@@ -210,23 +102,10 @@ class ComponentsManager(OffloadSwitch):
         Raises:
             ComponentNotFoundError: no component has this id.
         """
-        with self._registry():
-            if component_id not in self._entries:
-                raise self._unknown(f"Cannot remove {component_id!r}: no component has this id.")
-            self._remove(component_id)
-
-    def _remove(self, component_id: str) -> None:
-        entry = self._entries[component_id]
-        if self._engine is not None and isinstance(entry.component, torch.nn.Module):
-            self._engine.detach(component_id)
-        del self._entries[component_id]
-        for collection, members in list(self._collections.items()):
-            for name, member in list(members.items()):
-                if member == component_id:
-                    del members[name]
-            if not members:
-                del self._collections[collection]
-        logger.info("Removed component %s", component_id)
+        with self._locked() as registry:
+            if component_id not in registry.entries:
+                raise registry.unknown(f"Cannot remove {component_id!r}: no component has this id.")
+            registry.remove(component_id)
 
     def remove_from_collection(self, component_id: str, collection: str) -> None:
         """Takes a component out of a collection; removes it from the manager when no collection holds it.
@@ -234,30 +113,10 @@ class ComponentsManager(OffloadSwitch):
         Raises:
             ComponentNotFoundError: the collection does not exist or does not hold the component.
         """
-        with self._registry():
-            members = self._collections.get(collection)
-            if members is None or component_id not in members.values():
-                held = list(members.values()) if members else []
-                msg = (
-                    f"Collection {collection!r} does not hold {component_id!r} (it holds {held}; collections: "
-                    f"{list(self._collections)})."
-                )
-                raise ComponentNotFoundError(msg)
-            for name, member in list(members.items()):
-                if member == component_id:
-                    del members[name]
-            if not members:
-                del self._collections[collection]
-            if not any(component_id in other.values() for other in self._collections.values()):
-                self._remove(component_id)
+        with self._locked() as registry:
+            registry.remove_from_collection(component_id, collection)
 
     # ---- loading --------------------------------------------------------------------------------------------
-
-    def _find_reusable(self, load_id: str, options: LoadOptions) -> str | None:
-        for component_id, entry in self._entries.items():
-            if get_load_id(entry.component) == load_id and entry.options.serves(options, entry.component):
-                return component_id
-        return None
 
     def get_or_load(self, spec: ComponentSpec, collection: str | None = None, **load_options: Any) -> Any:
         """Returns a registered component for ``spec``, loading and registering it only when none fits.
@@ -272,60 +131,40 @@ class ComponentsManager(OffloadSwitch):
             spec: What to get.
             collection: Collection to put the component in (also when it is reused).
             **load_options: As for ``ComponentSpec.load``.
+
+        Raises:
+            TypeError: an unknown keyword (``components.load_kwargs.split_load_kwargs``).
         """
         if spec.default_creation_method == "from_config":
             component = spec.create()
             self.add(spec.name, component, collection)
             return component
-        overrides = {key: load_options[key] for key in LOAD_ID_FIELDS if key in load_options}
-        if "repo" in load_options:
-            overrides["pretrained_model_name_or_path"] = load_options["repo"]
-        load_id = attrs.evolve(spec, **overrides).load_id
-        options = LoadOptions.from_request(load_options)
-        key = (load_id, options)
-        with self._registry():
+        fields, options = split_load_kwargs(load_options, f"ComponentSpec.load() for {spec.name!r}")
+        spec = attrs.evolve(spec, **fields) if fields else spec
+        reuse = LoadOptions.from_request(options)
+        key = (spec.load_id, reuse)
+        with self._locked():
             key_lock = self._loading.setdefault(key, threading.Lock())
         with key_lock:
             with self._lock:
-                found = self._find_reusable(load_id, options)
+                found = self._registry.find_reusable(spec.load_id, reuse)
                 if found is not None:
-                    entry = self._entries[found]
+                    entry = self._registry.entries[found]
                     if collection is not None:
-                        self._put_in_collection(found, entry.name, collection)
-                    logger.info("Reusing %s for %s", found, load_id)
+                        self._registry.put_in_collection(found, entry.name, collection)
+                    logger.info("Reusing %s for %s", found, spec.load_id)
                     return entry.component
             try:
                 # Outside the registry lock: other work goes on meanwhile.
-                component = spec.load(**load_options)
-                self._add(spec.name, component, collection, options)
+                component = spec.load(**options)
+                with self._locked() as registry:
+                    registry.add(spec.name, component, collection, reuse, None)
             finally:
                 with self._lock:
                     self._loading.pop(key, None)
             return component
 
     # ---- look-ups -------------------------------------------------------------------------------------------
-
-    def _select(self, names: str | None, collection: str | None, load_id: str | None) -> list[str]:
-        predicate = compile_pattern(names) if names is not None else None
-        members = set(self._collections.get(collection, {}).values()) if collection is not None else None
-        return [
-            component_id
-            for component_id, entry in self._entries.items()
-            if (predicate is None or predicate(entry.name))
-            and (members is None or component_id in members)
-            and (load_id is None or get_load_id(entry.component) == load_id)
-        ]
-
-    def _by_names(self, ids: Iterable[str], hint: str) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        for component_id in ids:
-            entry = self._entries[component_id]
-            if entry.name in result:
-                same = [i for i in ids if self._entries[i].name == entry.name]
-                msg = f"Several components are named {entry.name!r} ({same}); {hint}"
-                raise ValueError(msg)
-            result[entry.name] = entry.component
-        return result
 
     def search_components(
         self,
@@ -346,15 +185,15 @@ class ComponentsManager(OffloadSwitch):
             ComponentNotFoundError: a pattern, collection or load ID was given and nothing matches.
             ValueError: two matches share a name while ``return_dict_with_names`` is True.
         """
-        with self._registry():
-            ids = self._select(names, collection, load_id)
+        with self._locked() as registry:
+            ids = registry.select(names, collection, load_id)
             if not ids and (names, collection, load_id) != (None, None, None):
-                raise self._unknown(
+                raise registry.unknown(
                     f"No component matches pattern {names!r} (collection {collection!r}, load_id {load_id!r})."
                 )
             if not return_dict_with_names:
-                return {component_id: self._entries[component_id].component for component_id in ids}
-            return self._by_names(ids, "pass collection=... or return_dict_with_names=False.")
+                return registry.by_ids(ids)
+            return registry.by_names(ids, "pass collection=... or return_dict_with_names=False.")
 
     def get_one(
         self,
@@ -369,17 +208,17 @@ class ComponentsManager(OffloadSwitch):
             ValueError: ``component_id`` combined with other filters, or several components match.
             ComponentNotFoundError: nothing matches (the message lists what is registered).
         """
-        with self._registry():
+        with self._locked() as registry:
             if component_id is not None:
                 if (name, collection, load_id) != (None, None, None):
                     msg = "get_one(): pass either component_id or name/collection/load_id, not both."
                     raise ValueError(msg)
-                if component_id not in self._entries:
-                    raise self._unknown(f"No component has id {component_id!r}.")
-                return self._entries[component_id].component
-            ids = self._select(name, collection, load_id)
+                if component_id not in registry.entries:
+                    raise registry.unknown(f"No component has id {component_id!r}.")
+                return registry.entries[component_id].component
+            ids = registry.select(name, collection, load_id)
             if not ids:
-                raise self._unknown(
+                raise registry.unknown(
                     f"No component matches name {name!r}, collection {collection!r}, load_id {load_id!r}."
                 )
             if len(ids) > 1:
@@ -388,18 +227,12 @@ class ComponentsManager(OffloadSwitch):
                     f"{ids}. Narrow it with collection=/load_id=, or pass component_id=."
                 )
                 raise ValueError(msg)
-            return self._entries[ids[0]].component
+            return registry.entries[ids[0]].component
 
     def get_ids(self, names: str | Sequence[str] | None = None, collection: str | None = None) -> list[str]:
         """Ids of the components with these exact names (all when ``None``), optionally in one collection."""
-        wanted = [names] if isinstance(names, str) else names
-        with self._registry():
-            members = set(self._collections.get(collection, {}).values()) if collection is not None else None
-            return [
-                component_id
-                for component_id, entry in self._entries.items()
-                if (wanted is None or entry.name in wanted) and (members is None or component_id in members)
-            ]
+        with self._locked() as registry:
+            return registry.ids_named([names] if isinstance(names, str) else names, collection)
 
     def get_components_by_ids(
         self, ids: Sequence[str], return_dict_with_names: bool = True
@@ -409,18 +242,18 @@ class ComponentsManager(OffloadSwitch):
         Raises:
             ComponentNotFoundError: an id is not registered.
         """
-        with self._registry():
-            missing = [component_id for component_id in ids if component_id not in self._entries]
+        with self._locked() as registry:
+            missing = [component_id for component_id in ids if component_id not in registry.entries]
             if missing:
-                raise self._unknown(f"Unknown component id(s) {missing}.")
+                raise registry.unknown(f"Unknown component id(s) {missing}.")
             if not return_dict_with_names:
-                return {component_id: self._entries[component_id].component for component_id in ids}
-            return self._by_names(list(ids), "pass return_dict_with_names=False.")
+                return registry.by_ids(ids)
+            return registry.by_names(ids, "pass return_dict_with_names=False.")
 
     def get_components_by_names(self, names: Sequence[str], collection: str | None = None) -> dict[str, Any]:
         """``{name: object}`` for the registered ones among ``names``: ready for ``update_components(**d)``."""
-        with self._registry():
-            return self._by_names(self.get_ids(list(names), collection), "pass collection=... to choose.")
+        with self._locked() as registry:
+            return registry.by_names(registry.ids_named(names, collection), "pass collection=... to choose.")
 
     # ---- information ----------------------------------------------------------------------------------------
 
@@ -442,22 +275,108 @@ class ComponentsManager(OffloadSwitch):
         if unknown:
             msg = f"get_model_info(): unknown field(s) {unknown}; available: {list(INFO_FIELDS)}."
             raise ValueError(msg)
-        with self._registry():
-            entry = self._entries.get(component_id)
+        with self._locked() as registry:
+            entry = registry.entries.get(component_id)
             if entry is None:
-                raise self._unknown(f"No component has id {component_id!r}.")
-            collections = [
-                name for name, members in self._collections.items() if component_id in members.values()
-            ]
-            engine = self._engine
-        info = component_info(component_id, entry.component, entry.added_time, collections, engine)
+                raise registry.unknown(f"No component has id {component_id!r}.")
+            collections = registry.collections_of(component_id)
+            residency = self._offload.residency(component_id)
+        info = component_info(component_id, entry.component, entry.added_time, collections, residency)
         return {field: info[field] for field in wanted}
 
     def __repr__(self) -> str:
-        with self._registry():
-            return manager_table(self)
+        with self._locked():
+            return manager_table(self, self._offload.residency)
 
     __str__ = __repr__
+
+    # ---- auto offload ---------------------------------------------------------------------------------------
+
+    @property
+    def auto_offload_enabled(self) -> bool:
+        """Whether auto offload is on."""
+        return self._offload.enabled
+
+    @property
+    def offload_engine(self) -> OffloadEngine | None:
+        """The ``offload.OffloadEngine`` placing this manager's models, or ``None`` when offload is off."""
+        return self._offload.engine
+
+    @property
+    def offload_log(self) -> OffloadLog | None:
+        """The engine's ``offload.OffloadLog`` of decisions, or ``None`` when auto offload is off."""
+        return self._offload.log
+
+    def is_auto_offloaded(self, component: Any) -> bool:
+        """Whether auto offload places ``component`` (the very object): a model registered here while it is on."""
+        with self._locked() as registry:
+            component_id = registry.id_of(component)
+            return component_id is not None and self._offload.places(component_id)
+
+    def enable_auto_cpu_offload(
+        self,
+        device: Any = None,
+        memory_reserve_margin: str | int = "3GB",
+        offload_strategy: Any = None,
+        wait_timeout: float = 600.0,
+    ) -> None:
+        """Turns auto offload on: every model (now and later) is placed by an ``offload.OffloadEngine``.
+
+        Calling it again replaces the engine with one built from the new arguments (after the calls in
+        progress return). Pipelines may run in several threads on one manager: a call whose model needs
+        room held by models other threads are running waits for them (at most ``wait_timeout`` seconds).
+
+        Args:
+            device: Execution device: ``None`` (the default accelerator), ``"cuda:0"``, a ``torch.device`` or
+                an ``offload.SimulatedDevice``.
+            memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
+            offload_strategy: An ``offload.OffloadStrategy``; ``None`` for the engine's default.
+            wait_timeout: Seconds a call waits for room held by other threads' running models before it
+                raises ``offload.OffloadTimeoutError``.
+
+        Raises:
+            offload.ModelTooLargeError: a registered model cannot fit on the device even alone (capacity
+                minus margin); auto offload is left as it was.
+        """
+        with self._locked() as registry:
+            components = registry.by_ids(registry.entries)
+            self._offload.enable(components, device, memory_reserve_margin, offload_strategy, wait_timeout)
+
+    def disable_auto_cpu_offload(self) -> None:
+        """Turns auto offload off: hooks removed, weights back on their host copies. A no-op when off.
+
+        Calls in progress in other threads finish first (this waits for them); a pipeline call between
+        two model calls goes on without offload.
+        """
+        with self._lock:
+            self._offload.disable()
+
+    def set_offload_strategy(self, strategy: Any) -> None:
+        """Replaces the offload strategy; placement and margin stay as they are.
+
+        Raises:
+            ValueError: auto offload is off.
+        """
+        with self._lock:
+            self._offload.set_strategy(strategy, "set_offload_strategy()")
+
+    def set_execution_plan(self, components: Sequence[Any]) -> None:
+        """Tells the engine the order in which models will run next; a no-op when offload is off.
+
+        Args:
+            components: Upcoming component uses of one pipeline call (objects, in order). Objects that are not
+                registered models are skipped.
+        """
+        with self._locked() as registry:
+            ids = [registry.id_of(obj) for obj in components if isinstance(obj, torch.nn.Module)]
+            self._offload.set_plan([component_id for component_id in ids if component_id is not None])
+
+    def refresh_host_copy(self, component_id: str) -> None:
+        """Call after changing a model's weights in place (fusing a LoRA, quantizing) so offload keeps them."""
+        with self._locked() as registry:
+            if component_id not in registry.entries:
+                raise registry.unknown(f"No component has id {component_id!r}.")
+            self._offload.refresh(component_id, registry.entries[component_id].component)
 
     # ---- classic pipelines ----------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from offload.residency import Residency
 from offload.storage import module_nbytes
 
 from .load_id import get_load_id
@@ -108,11 +109,16 @@ def quantization_info(module: Any) -> dict[str, Any] | None:
 
 
 def component_info(
-    component_id: str, component: Any, added_time: float, collections: list[str], engine: Any
+    component_id: str,
+    component: Any,
+    added_time: float,
+    collections: list[str],
+    residency: Residency | None,
 ) -> dict[str, Any]:
     """Every field of ``INFO_FIELDS`` for one registered object; model-only fields are ``None`` for others.
 
-    ``engine`` is the manager's offload engine, or ``None`` when auto offload is off.
+    ``residency`` is what the offload engine reports about the object, or ``None`` when auto offload is off
+    (then ``has_hook`` and ``execution_device`` are read from any accelerate hook the module carries).
     """
     info: dict[str, Any] = dict.fromkeys(INFO_FIELDS)
     info.update(
@@ -130,9 +136,9 @@ def component_info(
             device=",".join(module_devices(component)) or None,
             dtype=None if dtype is None else str(dtype),
             adapters=adapter_names(component),
-            has_hook=engine.has_hook(component_id) if engine is not None else hook is not None,
-            execution_device=engine.execution_device
-            if engine is not None
+            has_hook=residency.attached if residency is not None else hook is not None,
+            execution_device=residency.execution_device
+            if residency is not None
             else getattr(hook, "execution_device", None),
             ip_adapter=ip_adapter_info(component),
             quantization=quantization_info(component),

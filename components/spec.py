@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -13,7 +13,8 @@ import torch
 from .errors import ComponentLoadError, PipelineTypeError
 from .importing import is_pipeline_type, resolve_type_from_folder
 from .load_id import LOAD_ID_FIELDS, NULL_LOAD_ID, decode_load_id, format_load_id, get_load_id, tag_load_id
-from .repo import describe, resolve_location
+from .load_kwargs import LOAD_OPTIONS, PASSED_ON_OPTIONS, split_load_kwargs
+from .repo import Location, describe, resolve_location
 from .weights import check_config, check_weights, loads_weights
 
 __all__ = ["LOAD_OPTIONS", "ComponentSpec", "ConfigSpec", "check_loadable_type", "normalize_dtype"]
@@ -21,19 +22,6 @@ __all__ = ["LOAD_OPTIONS", "ComponentSpec", "ConfigSpec", "check_loadable_type",
 logger = logging.getLogger(__name__)
 
 CREATION_METHODS = ("from_pretrained", "from_config")
-#: Keyword arguments ``ComponentSpec.load`` accepts besides the loading fields (and ``repo``).
-LOAD_OPTIONS = (
-    "torch_dtype",
-    "dtype",
-    "quantization_config",
-    "token",
-    "local_files_only",
-    "use_pickle",
-    "trust_remote_code",
-    "cache_dir",
-    "device_map",
-    "low_cpu_mem_usage",
-)
 
 
 def normalize_dtype(dtype: Any = None, torch_dtype: Any = None) -> torch.dtype | None:
@@ -266,77 +254,78 @@ class ComponentSpec:
             The object, tagged with its load ID. The spec itself is not changed.
 
         Raises:
-            TypeError: an unknown keyword.
+            TypeError: an unknown keyword (the message names the closest accepted one).
+            ValueError: no repo to load from, or ``repo`` and ``pretrained_model_name_or_path`` disagree.
             ComponentLoadError: (and its subclasses) the repo, subfolder, variant, revision, config or weights
                 are missing, corrupt, or refused; the subfolder leaves the repo; the type is a whole pipeline
                 (PipelineTypeError) or has no ``from_pretrained``.
         """
-        overrides = {key: kwargs.pop(key) for key in LOAD_ID_FIELDS if key in kwargs}
-        if "repo" in kwargs:
-            overrides["pretrained_model_name_or_path"] = kwargs.pop("repo")
-        unknown = sorted(set(kwargs) - set(LOAD_OPTIONS))
-        if unknown:
-            valid = [*LOAD_ID_FIELDS, "repo", *LOAD_OPTIONS]
-            hints = {key: difflib.get_close_matches(key, valid, n=1) for key in unknown}
-            detail = ", ".join(
-                f"{key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") for key, hint in hints.items()
-            )
-            msg = (
-                f"ComponentSpec.load() for {self.name!r} got unknown keyword(s) {detail}. Accepted: {valid}."
-            )
-            raise TypeError(msg)
-        spec = attrs.evolve(self, **overrides) if overrides else self
-        repo = spec.pretrained_model_name_or_path
+        fields, options = split_load_kwargs(kwargs, f"ComponentSpec.load() for {self.name!r}")
+        spec = attrs.evolve(self, **fields) if fields else self
+        dtype = normalize_dtype(options.get("dtype"), options.get("torch_dtype"))
+        location, type_hint = spec._resolve(options)
+        logger.debug("Loading %s from %s as %s", spec.name, location.root, type_hint)
+        loader: Any = type_hint  # any class with from_pretrained (diffusers, transformers, remote code)
+        component = loader.from_pretrained(
+            location.root, **spec._pretrained_options(type_hint, dtype, options)
+        )
+        tag_load_id(component, spec.load_id)
+        return component
+
+    def _resolve(self, options: Mapping[str, Any]) -> tuple[Location, type]:
+        """The component's files and the class to load them with, both checked before anything is loaded."""
+        repo = self.pretrained_model_name_or_path
         if repo is None:
             msg = (
-                f"ComponentSpec {spec.name!r} has no repo to load from. Set pretrained_model_name_or_path (or "
+                f"ComponentSpec {self.name!r} has no repo to load from. Set pretrained_model_name_or_path (or "
                 f"repo=) on the spec, or pass it to load()."
             )
             raise ValueError(msg)
-        dtype = normalize_dtype(kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None))
-        use_pickle = bool(kwargs.pop("use_pickle", False))
-        trust_remote_code = bool(kwargs.pop("trust_remote_code", False))
-        where = describe(repo, spec.subfolder, spec.variant, spec.revision)
-        if spec.type_hint is not None:
-            check_loadable_type(spec.name, spec.type_hint, where)
+        use_pickle = bool(options.get("use_pickle", False))
+        where = describe(repo, self.subfolder, self.variant, self.revision)
+        if self.type_hint is not None:
+            check_loadable_type(self.name, self.type_hint, where)
         location = resolve_location(
             repo,
-            spec.subfolder,
-            spec.variant,
-            spec.revision,
-            token=kwargs.pop("token", None),
-            local_files_only=bool(kwargs.pop("local_files_only", False)),
-            cache_dir=kwargs.pop("cache_dir", None),
+            self.subfolder,
+            self.variant,
+            self.revision,
+            token=options.get("token"),
+            local_files_only=bool(options.get("local_files_only", False)),
+            cache_dir=options.get("cache_dir"),
             use_pickle=use_pickle,
         )
-        type_hint = spec.type_hint
+        type_hint = self.type_hint
         if type_hint is None:
+            trust_remote_code = bool(options.get("trust_remote_code", False))
             type_hint, _ = resolve_type_from_folder(location.folder, where, trust_remote_code)
-            check_loadable_type(spec.name, type_hint, where)
+            check_loadable_type(self.name, type_hint, where)
         # Every type is checked, whatever its loader: the config it reads, and the weight files beside it.
-        with_weights = loads_weights(type_hint)
         check_config(location.folder, where, type_hint)
-        check_weights(location.folder, where, spec.variant, use_pickle, needs_weights=with_weights)
+        check_weights(
+            location.folder, where, self.variant, use_pickle, needs_weights=loads_weights(type_hint)
+        )
+        return location, type_hint
 
-        options: dict[str, Any] = {}
-        if spec.subfolder:
-            options["subfolder"] = spec.subfolder
+    def _pretrained_options(
+        self, type_hint: type, dtype: torch.dtype | None, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The keywords of ``type_hint.from_pretrained`` for this spec and these load options."""
+        kwargs: dict[str, Any] = {}
+        if self.subfolder:
+            kwargs["subfolder"] = self.subfolder
         # Models take weights options; tokenizers and schedulers would store unknown ones in their config.
-        if with_weights:
-            if spec.variant is not None:
-                options["variant"] = spec.variant
+        if loads_weights(type_hint):
+            if self.variant is not None:
+                kwargs["variant"] = self.variant
             if dtype is not None:
-                options["dtype"] = dtype
-            if not use_pickle:
-                options["use_safetensors"] = True
-            options.update({key: value for key, value in kwargs.items() if value is not None})
-        if trust_remote_code:
-            options["trust_remote_code"] = True
-        logger.debug("Loading %s from %s as %s", spec.name, where, type_hint.__name__)
-        loader: Any = type_hint  # any class with from_pretrained (diffusers, transformers, remote code)
-        component = loader.from_pretrained(location.root, **options)
-        tag_load_id(component, spec.load_id)
-        return component
+                kwargs["dtype"] = dtype
+            if not options.get("use_pickle", False):
+                kwargs["use_safetensors"] = True
+            kwargs.update({key: options[key] for key in PASSED_ON_OPTIONS if options.get(key) is not None})
+        if options.get("trust_remote_code", False):
+            kwargs["trust_remote_code"] = True
+        return kwargs
 
 
 def check_loadable_type(name: str, cls: type, where: str) -> None:

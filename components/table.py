@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["EMPTY_TABLE", "MODEL_HEADER", "OTHER_HEADER", "manager_table", "render_table"]
+import torch
+
+from offload.residency import Residency
+
+if TYPE_CHECKING:
+    from .manager import ComponentsManager
+
+__all__ = [
+    "EMPTY_TABLE",
+    "HOST",
+    "MODEL_HEADER",
+    "OTHER_HEADER",
+    "device_cell",
+    "manager_table",
+    "render_table",
+]
 
 MODEL_HEADER = ("Name_ID", "Class", "Device: act(exec)", "Dtype", "Size (GB)", "Load ID", "Collection")
 OTHER_HEADER = ("ID", "Class", "Collection")
 EMPTY_TABLE = "Components: none registered."
+#: Where a model placed by auto offload is while it is not on the device: its host copy.
+HOST = "cpu"
 
 
 def _expand(rows: Sequence[tuple[Sequence[str], Sequence[str]]], width: int) -> list[list[str]]:
@@ -78,18 +95,29 @@ def render_table(
     return "\n".join(out)
 
 
-def _device_cell(manager: Any, component_id: str, info: dict[str, Any]) -> str:
-    engine = manager.offload_engine
-    if engine is not None:
-        return engine.device_cell(component_id)
+def device_cell(residency: Residency) -> str:
+    """The device cell of a model auto offload places: ``"where now(where it runs)"``.
+
+    ``"sim(sim)"`` or ``"cuda:0(cuda:0)"`` while it is on the device, ``"cpu(sim)"`` or ``"cpu(cuda:0)"``
+    while it is on its host copy.
+    """
+    where = residency.device if residency.resident else HOST
+    return f"{where}({residency.device})"
+
+
+def _plain_device_cell(info: dict[str, Any]) -> str:
+    """The device cell of a model auto offload does not place: its devices, and any hook's execution device."""
     device = info["device"] or "N/A"
     return f"{device}({info['execution_device']})" if info["execution_device"] is not None else device
 
 
-def manager_table(manager: Any) -> str:
-    """The table of a ``ComponentsManager``, built from its public look-ups."""
-    import torch
+def manager_table(manager: ComponentsManager, residency: Callable[[str], Residency | None]) -> str:
+    """The table of a ``ComponentsManager``, built from its public look-ups.
 
+    Args:
+        manager: The manager to show.
+        residency: What auto offload reports about a component id, or ``None`` (offload off).
+    """
     models, others, extras = [], [], []
     for component_id, component in manager.components.items():
         info = manager.get_model_info(component_id)
@@ -97,10 +125,11 @@ def manager_table(manager: Any) -> str:
         if not isinstance(component, torch.nn.Module):
             others.append(((component_id, info["class_name"]), collections))
             continue
+        placed = residency(component_id)
         cells = (
             component_id,
             info["class_name"],
-            _device_cell(manager, component_id, info),
+            device_cell(placed) if placed is not None else _plain_device_cell(info),
             info["dtype"] or "N/A",
             f"{info['size_gb']:.2f}",
             info["load_id"] or "N/A",

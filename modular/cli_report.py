@@ -12,6 +12,7 @@ import PIL.Image
 
 from offload.replay import ReplayResult, UseRecorder, replay
 from offload.smallest_set import SmallestSufficientSet
+from offload.strategy import strategy_name
 
 from .jobs import JobResult
 from .memory_plot import Band, matplotlib_available, plot_memory
@@ -69,9 +70,8 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
     """The run's bytes each way, evictions and peak, beside the peer's rule replayed on the same uses."""
     engine = manager.offload_engine
     log = engine.log
-    strategy = getattr(engine.strategy, "name", type(engine.strategy).__name__)
     ours = ReplayResult(
-        strategy=strategy,
+        strategy=strategy_name(engine.strategy),
         bytes_to_device=log.total_bytes_to_device,
         bytes_to_host=log.total_bytes_to_host,
         evictions=log.total_evictions,

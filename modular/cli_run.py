@@ -27,6 +27,7 @@ from offload.budget import BudgetedDevice
 from offload.probes import resolve_probe
 from offload.replay import UseRecorder
 from offload.simulated import SimulatedDevice
+from offload.strategy import strategy_name
 from offload.units import parse_bytes
 
 from . import cli_report
@@ -298,10 +299,11 @@ def _device(args: argparse.Namespace, demo: Demo | None) -> tuple[Any, int, int 
 
 @contextlib.contextmanager
 def _recording(manager: ComponentsManager):
-    if manager.offload_engine is None:
+    engine = manager.offload_engine
+    if engine is None:
         yield None
         return
-    with UseRecorder(manager.offload_engine) as recorder:
+    with UseRecorder(engine) as recorder:
         yield recorder
 
 
@@ -357,11 +359,12 @@ def run_command(
         if device is not None:
             manager.enable_auto_cpu_offload(device=device, memory_reserve_margin=margin)
             engine = manager.offload_engine
+            strategy = "none" if engine is None else strategy_name(engine.strategy)
             unit = cli_report.unit_for(budget or margin or 1)
             size = f", budget {cli_report.size_text(budget, unit)}" if budget is not None else ""
             out(
                 f"Auto offload on {device_text}{size}, margin {cli_report.size_text(margin, unit)}, "
-                f"strategy {getattr(engine.strategy, 'name', type(engine.strategy).__name__)}.\n"
+                f"strategy {strategy}.\n"
             )
         runner = JobRunner(manager, progress=False if args.quiet else None, input_flags=INPUT_FLAGS)
         results, saved = [], []
@@ -373,7 +376,7 @@ def run_command(
                 out("")
                 saved += cli_report.save_job(result, folder, result.job.name)
         if recorder is not None:
-            engine = manager.offload_engine
+            engine = recorder.engine  # the manager's engine, whose uses were recorded
             if budget is None:  # a device of unknown size: its peak stands in for the budget
                 budget = engine.probe.total_bytes() or engine.peak_resident_bytes
             out("\n".join(cli_report.offload_summary(manager, recorder, budget, margin)))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from components.load_id import LOAD_ID_FIELDS
+from components.load_kwargs import split_load_kwargs
 
 if TYPE_CHECKING:
     from components import ComponentSpec
@@ -27,8 +27,6 @@ def options_for(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
                 options[key] = value["default"]
         else:
             options[key] = value
-    if "repo" in options:
-        options["pretrained_model_name_or_path"] = options.pop("repo")
     return options
 
 
@@ -55,9 +53,9 @@ def load_all(
     cm = pipe._components_manager
     plans: dict[str, tuple[ComponentSpec, dict[str, Any]]] = {}
     for name in _names(pipe, names):
-        options = options_for(name, kwargs)
-        overrides = {key: options.pop(key) for key in LOAD_ID_FIELDS if key in options}
-        spec = attrs.evolve(pipe._specs[name], **overrides) if overrides else pipe._specs[name]
+        # Every keyword is checked before anything loads (an unknown one raises TypeError here).
+        fields, options = split_load_kwargs(options_for(name, kwargs), f"load_components() for {name!r}")
+        spec = attrs.evolve(pipe._specs[name], **fields) if fields else pipe._specs[name]
         if not spec.pretrained_model_name_or_path:
             msg = (
                 f"load_components: component {name!r} has no repo to load from; pass "

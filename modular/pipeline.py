@@ -267,11 +267,8 @@ class ModularPipeline:
             ValueError: auto offload places these models (moving them by hand would bypass it).
         """
         cm = self._components_manager
-        engine = cm.offload_engine if cm is not None else None
-        if cm is not None and engine is not None:
-            hooked = [
-                n for n, obj in self._components.items() if (cid := cm.get_id(obj)) and engine.has_hook(cid)
-            ]
+        if cm is not None:
+            hooked = [n for n, obj in self._components.items() if cm.is_auto_offloaded(obj)]
             if hooked:
                 msg = (
                     f"pipe.to(...): auto offload places {hooked} on its own; moving or converting them by hand "

@@ -17,10 +17,11 @@ from offload.lru import LRUStrategy
 from offload.next_use import NextUseStrategy
 from offload.plan import ExecutionPlan
 from offload.probes import DeviceProbe, HostProbe, MemoryProbe
+from offload.residency import Residency
 from offload.simulated import SimulatedDevice
 from offload.smallest_set import SmallestSufficientSet
 from offload.storage import module_fingerprint, module_nbytes
-from offload.strategy import OffloadRequest, OffloadStrategy
+from offload.strategy import OffloadRequest, OffloadStrategy, strategy_name
 from offload.units import format_bytes, format_bytes_distinct, parse_bytes
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "OffloadTimeoutError",
     "OffloadRequest",
     "OffloadStrategy",
+    "Residency",
     "ResidencyLedger",
     "SimulatedDevice",
     "SmallestSufficientSet",
@@ -48,4 +50,5 @@ __all__ = [
     "module_fingerprint",
     "module_nbytes",
     "parse_bytes",
+    "strategy_name",
 ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
 
 import torch
 
@@ -23,22 +22,12 @@ from offload.next_use import NextUseStrategy
 from offload.placement import Placer
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe, resolve_probe
+from offload.residency import Residency
 from offload.storage import module_nbytes
-from offload.strategy import SupportsSelectVictims
+from offload.strategy import SupportsSelectVictims, check_strategy
 from offload.units import format_bytes, parse_bytes
 
 __all__ = ["OffloadEngine"]
-
-
-def _check_strategy(strategy: object) -> SupportsSelectVictims:
-    if not callable(getattr(strategy, "select_victims", None)):
-        msg = (
-            f"offload strategy must have a select_victims(request) method (got {strategy!r} that is a "
-            f"{type(strategy)}). Subclass offload.OffloadStrategy, or use NextUseStrategy(), "
-            "SmallestSufficientSet() or LRUStrategy()."
-        )
-        raise TypeError(msg)
-    return cast(SupportsSelectVictims, strategy)  # checked just above
 
 
 def _check_timeout(value: object) -> float:
@@ -78,7 +67,7 @@ class OffloadEngine:
     ):
         self._probe = resolve_probe(device)
         margin = parse_bytes(memory_reserve_margin, name="memory_reserve_margin")
-        checked = _check_strategy(strategy) if strategy is not None else NextUseStrategy()
+        checked = check_strategy(strategy) if strategy is not None else NextUseStrategy()
         self._ledger = ResidencyLedger(self._probe)
         self._hooks: dict[str, OffloadHook] = {}
         timeout = _check_timeout(wait_timeout)
@@ -147,7 +136,7 @@ class OffloadEngine:
     def set_strategy(self, strategy: object) -> None:
         """Use ``strategy`` from now on (any object with ``select_victims(request)``); a placement in
         progress finishes with the one it started with."""
-        checked = _check_strategy(strategy)
+        checked = check_strategy(strategy)
         with self._lock:
             self._placer.strategy = checked
 
@@ -305,10 +294,16 @@ class OffloadEngine:
         """The most bytes of weights ever resident at once."""
         return self._ledger.peak_resident_bytes
 
-    def device_cell(self, model_id: str) -> str:
-        """``"where now(where it runs)"``, e.g. ``"cpu(cuda:0)"`` or ``"cuda:0(cuda:0)"``."""
-        where = self._probe.name
-        return f"{where if self.is_resident(model_id) else 'cpu'}({where})"
+    def residency(self, model_id: str) -> Residency:
+        """Facts about ``model_id``: attached or not, on the device now or not, the device's name and where
+        its forwards run. An id that is not attached is reported as neither attached nor resident."""
+        with self._lock:
+            return Residency(
+                attached=model_id in self._hooks,
+                resident=self._ledger.is_resident(model_id),
+                device=self._probe.name,
+                execution_device=self._probe.execution_device,
+            )
 
     # -- placement -----------------------------------------------------------------------------
     @property

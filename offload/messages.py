@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from offload.probes import MemoryProbe
-from offload.simulated import SimulatedDevice
 from offload.units import format_bytes, format_bytes_distinct
 
 __all__ = [
@@ -24,11 +23,8 @@ _FIX_SIZE = (
 
 
 def device_name(probe: MemoryProbe) -> str:
-    """``"sim (budget 1000 B)"``, ``"cuda:0 (total 79.11 GB)"`` or the bare name when the total is unknown."""
-    if isinstance(probe, SimulatedDevice):
-        return f"{probe.name} (budget {format_bytes(probe.budget)})"
-    total = probe.total_bytes()
-    return probe.name if total is None else f"{probe.name} (total {format_bytes(total)})"
+    """``"sim (budget 1000 B)"``, ``"cuda:0 (total 79.11 GB)"`` or the bare name: what the probe describes."""
+    return probe.describe()
 
 
 def _listing(sizes: Mapping[str, str]) -> str:

@@ -25,7 +25,7 @@ from offload.ledger import ResidencyLedger
 from offload.log import OffloadDecision, OffloadLog
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe
-from offload.strategy import OffloadRequest, SupportsSelectVictims
+from offload.strategy import OffloadRequest, SupportsSelectVictims, strategy_name
 from offload.units import format_bytes, format_bytes_distinct
 
 __all__ = ["Placer"]
@@ -218,11 +218,11 @@ class Placer:
         )
         victims = list(self.strategy.select_victims(request))
         self._check_victims(request, victims)
-        reason = f"evict: {getattr(self.strategy, 'name', type(self.strategy).__name__)}"
+        reason = f"evict: {strategy_name(self.strategy)}"
         self._move_in(model_id, victims, free_before, reason)
 
     def _check_victims(self, request: OffloadRequest, victims: list[str]) -> None:
-        name = getattr(self.strategy, "name", type(self.strategy).__name__)
+        name = strategy_name(self.strategy)
         unknown = [v for v in victims if v not in request.residents]
         if unknown or len(set(victims)) != len(victims):
             msg = (

@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from offload.units import format_bytes
+
 __all__ = ["DeviceProbe", "HostProbe", "MemoryProbe", "resolve_probe"]
 
 
@@ -43,6 +45,11 @@ class MemoryProbe:
     def total_bytes(self) -> int | None:
         """Total bytes of the device, or None when unknown."""
         return None
+
+    def describe(self) -> str:
+        """The name and size for messages: ``"cuda:0 (total 79.11 GB)"``, or the name when the size is unknown."""
+        total = self.total_bytes()
+        return self.name if total is None else f"{self.name} (total {format_bytes(total)})"
 
     def on_resident(self, model_id: str, nbytes: int) -> None:
         """Called by the ledger after ``model_id`` became resident (bookkeeping probes count it)."""

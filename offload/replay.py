@@ -19,6 +19,7 @@ import torch
 
 from offload.engine import OffloadEngine
 from offload.simulated import SimulatedDevice
+from offload.strategy import strategy_name
 
 __all__ = ["ReplayResult", "Use", "UseRecorder", "meta_module", "replay"]
 
@@ -150,9 +151,8 @@ def replay(
             engine.ensure_resident(value)
     log = engine.log
     evicted = sum(sizes[m] for decision in log for m in decision.evicted)
-    name = getattr(strategy, "name", type(strategy).__name__)
     return ReplayResult(
-        strategy=name,
+        strategy=strategy_name(strategy),
         bytes_to_device=log.total_bytes_to_device,
         bytes_to_host=evicted if copies_back else log.total_bytes_to_host,
         evictions=log.total_evictions,

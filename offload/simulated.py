@@ -56,6 +56,9 @@ class SimulatedDevice(MemoryProbe):
     def total_bytes(self) -> int:
         return self.budget
 
+    def describe(self) -> str:
+        return f"{self.name} (budget {format_bytes(self.budget)})"
+
     def on_resident(self, model_id: str, nbytes: int) -> None:
         self._resident[model_id] = nbytes
 

@@ -9,11 +9,18 @@ fit in the free bytes (after the margin), and checks the answer: every victim mu
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import attrs
 
-__all__ = ["OffloadRequest", "OffloadStrategy", "SupportsSelectVictims", "take_until_enough"]
+__all__ = [
+    "OffloadRequest",
+    "OffloadStrategy",
+    "SupportsSelectVictims",
+    "check_strategy",
+    "strategy_name",
+    "take_until_enough",
+]
 
 
 @attrs.frozen
@@ -51,6 +58,28 @@ class SupportsSelectVictims(Protocol):
     """What the engine needs of a strategy (for the type checker; the engine checks it at run time)."""
 
     def select_victims(self, request: OffloadRequest) -> Sequence[str]: ...
+
+
+def check_strategy(strategy: object) -> SupportsSelectVictims:
+    """Return ``strategy`` once it is known to have a ``select_victims`` method.
+
+    Raises:
+        TypeError: it has none (the message names the strategies that ship).
+    """
+    if not callable(getattr(strategy, "select_victims", None)):
+        msg = (
+            f"offload strategy must have a select_victims(request) method (got {strategy!r} that is a "
+            f"{type(strategy)}). Subclass offload.OffloadStrategy, or use NextUseStrategy(), "
+            "SmallestSufficientSet() or LRUStrategy()."
+        )
+        raise TypeError(msg)
+    return cast(SupportsSelectVictims, strategy)  # checked just above
+
+
+def strategy_name(strategy: object) -> str:
+    """The name a strategy shows in logs and reports: its ``name``, else its class's name."""
+    name = getattr(strategy, "name", None)
+    return name if isinstance(name, str) else type(strategy).__name__
 
 
 class OffloadStrategy:

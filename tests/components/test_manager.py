@@ -165,7 +165,7 @@ def test_owner_finalizer_only_queues(cm):
     component_id = cm.add("scheduler", PNDMScheduler(), owner=owner)
     del owner
     gc.collect()
-    assert component_id in cm._entries  # the collector may run while the registry is being iterated
+    assert component_id in cm._registry.entries  # the collector may run while the registry is being iterated
     assert component_id not in cm
 
 

@@ -4,7 +4,8 @@ import torch
 from diffusers import PNDMScheduler
 
 from components import ComponentsManager, tag_load_id
-from components.table import render_table
+from components.table import device_cell, manager_table, render_table
+from offload import Residency
 
 
 def test_render_exact_layout():
@@ -90,3 +91,38 @@ def test_manager_rows_show_real_device_dtype_size_and_load_id():
         "sd",
     ]
     assert repr(cm) == str(cm)
+
+
+def _facts(resident, device, execution_device="cpu"):
+    return Residency(
+        attached=True, resident=resident, device=device, execution_device=torch.device(execution_device)
+    )
+
+
+def test_device_cell_from_engine_facts():
+    """The cell reads 'where now(where it runs)': the device when resident, the host copy ('cpu') otherwise."""
+    assert device_cell(_facts(True, "sim")) == "sim(sim)"
+    assert device_cell(_facts(False, "sim")) == "cpu(sim)"
+    assert device_cell(_facts(True, "cuda:0", "cuda:0")) == "cuda:0(cuda:0)"
+    assert device_cell(_facts(False, "cuda:0", "cuda:0")) == "cpu(cuda:0)"
+    assert device_cell(_facts(True, "cpu")) == "cpu(cpu)"
+
+
+def test_manager_table_formats_the_facts_it_is_given():
+    """manager_table asks for each model's facts and formats them; without facts it shows the model's device."""
+    cm = ComponentsManager()
+    unet_id = cm.add("unet", torch.nn.Linear(2, 2))
+    vae_id = cm.add("vae", torch.nn.Linear(2, 2))
+    asked = []
+
+    def residency(component_id):
+        asked.append(component_id)
+        return _facts(True, "gpu7") if component_id == unet_id else None
+
+    rows = {
+        line.split(" | ")[0].strip(): line.split(" | ")[2].strip()
+        for line in manager_table(cm, residency).splitlines()
+        if " | " in line
+    }
+    assert (rows[unet_id], rows[vae_id]) == ("gpu7(gpu7)", "cpu")
+    assert asked == [unet_id, vae_id]

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from components.table import device_cell
 from offload import (
     LRUStrategy,
     ModelTooLargeError,
@@ -176,9 +177,9 @@ def test_detach_unknown_id_is_a_key_error():
 def test_device_cell_shows_where_now_and_where_it_runs():
     """device_cell is 'cpu(sim)' before the first call and 'sim(sim)' while resident."""
     engine, modules = engine_with(100, {"a": 40})
-    assert engine.device_cell("a") == "cpu(sim)"
+    assert device_cell(engine.residency("a")) == "cpu(sim)"
     call(modules["a"])
-    assert engine.device_cell("a") == "sim(sim)"
+    assert device_cell(engine.residency("a")) == "sim(sim)"
 
 
 def test_cpu_device_is_a_no_op_placement():
@@ -190,7 +191,7 @@ def test_cpu_device_is_a_no_op_placement():
     assert engine.is_resident("m")
     assert torch.equal(call(module), expected)
     assert len(engine.log) == 0
-    assert engine.device_cell("m") == "cpu(cpu)"
+    assert device_cell(engine.residency("m")) == "cpu(cpu)"
 
 
 class _Flaky(torch.nn.Linear):

@@ -1,4 +1,4 @@
-"""The manager's thin offload switch: what it asks of the engine (a recording stand-in, and one real run)."""
+"""The manager's offload link: what it asks of the engine (a recording stand-in, and one real run)."""
 
 import pytest
 import torch
@@ -6,6 +6,8 @@ from diffusers import PNDMScheduler
 
 import offload
 from components import ComponentsManager
+from components.offload_link import OffloadLink
+from components.table import device_cell
 
 
 class RecordingEngine:
@@ -42,8 +44,10 @@ class RecordingEngine:
     def has_hook(self, model_id):
         return True
 
-    def device_cell(self, model_id):
-        return "cpu(cuda:0)"
+    def residency(self, model_id):
+        return offload.Residency(
+            attached=True, resident=False, device="cuda:0", execution_device=self.execution_device
+        )
 
     def refresh_host_copy(self, model_id):
         self.calls.append(("refresh", model_id))
@@ -143,8 +147,111 @@ def test_real_engine_on_a_simulated_device():
     model_id = cm.add("unet", model)
     cm.enable_auto_cpu_offload(device=offload.SimulatedDevice("1MB"), memory_reserve_margin=0)
     model(torch.ones(1, 4))
-    assert cm.offload_engine.device_cell(model_id) in str(cm)
+    assert device_cell(cm.offload_engine.residency(model_id)) in str(cm)
     assert cm.get_model_info(model_id, "has_hook") == {"has_hook": True}
     cm.remove(model_id)
     assert not cm.offload_engine.has_hook(model_id)
     cm.disable_auto_cpu_offload()
+
+
+# ---- the link itself --------------------------------------------------------------------------------------------
+
+
+def _sim_link(budget="1MB", **components):
+    link = OffloadLink()
+    link.enable(components, offload.SimulatedDevice(budget), 0, None, 600.0)
+    return link
+
+
+def test_link_off_does_nothing():
+    """An off link holds no engine, ignores attach/detach/plans/refresh and reports no facts."""
+    link = OffloadLink()
+    model = torch.nn.Linear(2, 2)
+    link.attach("m", model)
+    link.set_plan(["m"])
+    link.refresh("m", model)
+    link.detach("m", model)
+    assert (link.engine, link.enabled, link.log, link.residency("m"), link.places("m")) == (
+        None,
+        False,
+        None,
+        None,
+        False,
+    )
+    assert repr(link) == "OffloadLink(engine=None)"
+
+
+def test_link_enable_attaches_models_only():
+    """enable() builds a typed engine and attaches every nn.Module it is given, skipping other objects."""
+    model = torch.nn.Linear(2, 2)
+    link = _sim_link(unet_1=model, scheduler_2=PNDMScheduler())
+    assert isinstance(link.engine, offload.OffloadEngine) and link.enabled
+    assert link.engine.attached_ids() == ["unet_1"]
+    assert link.places("unet_1") and not link.places("scheduler_2")
+    assert link.log is link.engine.log
+    link.disable()
+
+
+def test_link_attach_detach_and_plan():
+    """attach/detach hand models to the engine and take them back; set_plan passes the ids on."""
+    link = _sim_link()
+    model = torch.nn.Linear(2, 2)
+    link.attach("vae_1", model)
+    link.attach("tokenizer_2", object())  # not a model: ignored
+    engine = link.engine
+    assert engine is not None and engine.attached_ids() == ["vae_1"]
+    link.set_plan(["vae_1", "vae_1"])
+    assert engine._plan.model_ids == ("vae_1", "vae_1")
+    link.detach("vae_1", model)
+    assert engine.attached_ids() == [] and not link.places("vae_1")
+    link.disable()
+    assert link.engine is None
+
+
+def test_link_reports_residency_facts():
+    """residency() is the engine's facts: off the device before the first call, on it after."""
+    model = torch.nn.Linear(4, 4)
+    link = _sim_link(unet_1=model)
+    assert link.residency("unet_1") == offload.Residency(
+        attached=True, resident=False, device="sim", execution_device=torch.device("cpu")
+    )
+    model(torch.ones(1, 4))
+    assert link.residency("unet_1").resident
+    link.disable()
+
+
+def test_link_set_strategy_needs_an_engine():
+    """set_strategy() on an off link is a ValueError naming the caller and the fix."""
+    with pytest.raises(ValueError) as info:
+        OffloadLink().set_strategy(offload.LRUStrategy(), "set_offload_strategy()")
+    assert str(info.value) == (
+        "set_offload_strategy() needs auto offload, which is off. Call enable_auto_cpu_offload(...) first."
+    )
+
+
+def test_link_enable_that_does_not_fit_keeps_the_previous_engine():
+    """A model too large for the new engine leaves the link on its previous engine, attached as before."""
+    model = torch.nn.Linear(100, 100)  # 40 kB of weights and bias
+    link = _sim_link("1MB", unet_1=model)
+    first = link.engine
+    with pytest.raises(
+        offload.ModelTooLargeError, match="Auto offload was left on with the previous settings"
+    ):
+        link.enable({"unet_1": model}, offload.SimulatedDevice("1kB"), 0, None, 600.0)
+    assert link.engine is first and first.attached_ids() == ["unet_1"]
+    link.disable()
+
+
+def test_manager_holds_one_typed_link():
+    """The manager's offload API goes through its one OffloadLink member; is_auto_offloaded asks it."""
+    cm = ComponentsManager()
+    model = torch.nn.Linear(2, 2)
+    model_id = cm.add("unet", model)
+    assert isinstance(cm._offload, OffloadLink) and not cm.is_auto_offloaded(model)
+    cm.enable_auto_cpu_offload(device=offload.SimulatedDevice("1MB"), memory_reserve_margin=0)
+    assert cm.offload_engine is cm._offload.engine and cm.offload_log is cm._offload.log
+    assert cm.is_auto_offloaded(model) and not cm.is_auto_offloaded(torch.nn.Linear(2, 2))
+    cm.remove(model_id)
+    assert not cm.is_auto_offloaded(model)
+    cm.disable_auto_cpu_offload()
+    assert cm.offload_engine is None

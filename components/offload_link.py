@@ -1,0 +1,124 @@
+"""The manager's link to auto offload: the ``offload.OffloadEngine`` placing its models, or none."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+import offload
+from offload import OffloadEngine, OffloadLog, Residency
+
+__all__ = ["OffloadLink"]
+
+
+class OffloadLink:
+    """Holds the engine that places a manager's models while auto offload is on, and ``None`` while it is off.
+
+    The manager owns one link and tells it what happens to its registry: models are attached as they are
+    added and detached as they go, plans of pipeline calls are passed on. Objects that are not a
+    ``torch.nn.Module`` are ignored. Not thread safe on its own: the manager calls it with its lock held
+    (the engine is thread safe for the hooked calls that run meanwhile).
+    """
+
+    def __init__(self) -> None:
+        self._engine: OffloadEngine | None = None
+
+    def __repr__(self) -> str:
+        return f"OffloadLink(engine={self._engine!r})"
+
+    @property
+    def engine(self) -> OffloadEngine | None:
+        """The engine placing the models, or ``None`` when auto offload is off."""
+        return self._engine
+
+    @property
+    def enabled(self) -> bool:
+        """Whether auto offload is on."""
+        return self._engine is not None
+
+    @property
+    def log(self) -> OffloadLog | None:
+        """The engine's log of decisions, or ``None`` when auto offload is off."""
+        return None if self._engine is None else self._engine.log
+
+    def enable(
+        self,
+        components: Mapping[str, Any],
+        device: Any,
+        memory_reserve_margin: str | int,
+        strategy: Any,
+        wait_timeout: float,
+    ) -> None:
+        """Builds an engine, attaches every model among ``components`` (``{component id: object}``) to it,
+        and puts it in place of the current one (closed first). Arguments as for
+        ``ComponentsManager.enable_auto_cpu_offload``.
+
+        Raises:
+            offload.ModelTooLargeError: a model cannot fit on the device even alone; nothing changed.
+        """
+        # Looked up on the package when called, so a test can stand in for the engine (test_offload_link.py).
+        engine = offload.OffloadEngine(
+            device=device,
+            memory_reserve_margin=memory_reserve_margin,
+            strategy=strategy,
+            wait_timeout=wait_timeout,
+        )
+        models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
+        state = "on with the previous settings" if self._engine is not None else "off"
+        engine.check_fit(models, after=f" Auto offload was left {state}.")
+        self.disable()
+        try:
+            for component_id, module in models.items():
+                engine.attach(component_id, module)
+        except BaseException:
+            engine.close()
+            raise
+        self._engine = engine
+
+    def disable(self) -> None:
+        """Closes the engine (hooks removed, weights on their host copies); a no-op when off."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    def attach(self, component_id: str, component: Any) -> None:
+        """Hands a newly registered model to the engine; a no-op when off or for other objects."""
+        if self._engine is not None and isinstance(component, torch.nn.Module):
+            self._engine.attach(component_id, component)
+
+    def detach(self, component_id: str, component: Any) -> None:
+        """Takes a model that leaves the registry from the engine; a no-op when off or for other objects."""
+        if self._engine is not None and isinstance(component, torch.nn.Module):
+            self._engine.detach(component_id)
+
+    def set_plan(self, component_ids: Sequence[str]) -> None:
+        """Passes the ids of the models one pipeline call will run, in order, to the engine; a no-op when off."""
+        if self._engine is not None:
+            self._engine.set_plan(component_ids)
+
+    def set_strategy(self, strategy: Any, what: str) -> None:
+        """Replaces the engine's strategy.
+
+        Raises:
+            ValueError: auto offload is off (``what`` names the caller in the message).
+        """
+        if self._engine is None:
+            msg = f"{what} needs auto offload, which is off. Call enable_auto_cpu_offload(...) first."
+            raise ValueError(msg)
+        self._engine.set_strategy(strategy)
+
+    def refresh(self, component_id: str, component: Any) -> None:
+        """Brings a model's host copy up to date after its weights changed; a no-op when off or for others."""
+        if self._engine is not None and isinstance(component, torch.nn.Module):
+            self._engine.refresh_host_copy(component_id)
+
+    def residency(self, component_id: str) -> Residency | None:
+        """What the engine reports about a component (attached, on the device), or ``None`` when off."""
+        return None if self._engine is None else self._engine.residency(component_id)
+
+    def places(self, component_id: str) -> bool:
+        """Whether the engine places this component now (it carries the engine's hook)."""
+        residency = self.residency(component_id)
+        return residency is not None and residency.attached
