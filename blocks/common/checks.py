@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
-import PIL.Image
 import torch
 
 from modular import BlockState, ModularPipelineBlocks, OutputParam, PipelineState
+
+from .image_checks import (
+    ImageInfo,
+    check_image,
+    check_image_count,
+    check_mask,
+    check_reference_image,
+    image_info,
+    vae_channels,
+)
 
 __all__ = [
     "MAX_LATENT_BYTES",
@@ -23,7 +32,9 @@ __all__ = [
     "CheckInputsStep",
     "ImageInfo",
     "InputProblems",
+    "batch_total",
     "check_at_least_one",
+    "check_counts",
     "check_image",
     "check_image_count",
     "check_latent_memory",
@@ -32,13 +43,16 @@ __all__ = [
     "check_one_per_prompt",
     "check_output_type",
     "check_prompt",
+    "check_reference_image",
     "check_size",
     "check_steps_left",
     "check_strength",
+    "check_strength_and_steps",
     "image_info",
     "model_dtype",
     "output_type_problem",
     "prompt_count",
+    "vae_channels",
 ]
 
 logger = logging.getLogger(__name__)
@@ -173,6 +187,35 @@ def check_steps_left(problems: InputProblems, strength: float, steps: int, kept:
         )
 
 
+def check_strength_and_steps(
+    problems: InputProblems,
+    strength: float | None,
+    default: float,
+    steps: int | None,
+    kept_steps: Callable[[int, float], int],
+    *,
+    custom: bool = False,
+) -> None:
+    """``strength`` (`default` when None) in [0, 1], keeping at least one of `steps` denoising steps.
+
+    Args:
+        kept_steps: how the family counts the steps a strength keeps (steps, strength) -> kept.
+        custom: the steps are not counted from num_inference_steps here (custom timesteps or sigmas, a
+            given start), so only the range is checked; the timesteps step counts them later.
+    """
+    check_strength(problems, strength)
+    strength = default if strength is None else strength
+    if 0 <= strength <= 1 and not custom and steps is not None:
+        check_steps_left(problems, strength, steps, kept_steps(steps, strength))
+
+
+def check_counts(problems: InputProblems, bs: Any) -> None:
+    """``num_inference_steps`` and ``num_images_per_prompt`` are 1 or more, ``output_type`` a known one."""
+    check_at_least_one(problems, "num_inference_steps", bs.num_inference_steps, "denoising steps")
+    check_at_least_one(problems, "num_images_per_prompt", bs.num_images_per_prompt, "images per prompt")
+    check_output_type(problems, bs.output_type)
+
+
 # ----- prompts -----
 
 
@@ -183,6 +226,14 @@ def prompt_count(prompt: str | list[str] | None, prompt_embeds: Any) -> int | No
     if prompt_embeds is not None:
         return len(prompt_embeds)
     return None
+
+
+def batch_total(bs: Any) -> tuple[int | None, int | None]:
+    """The number of prompts and the batch (prompts x num_images_per_prompt); None where not known or not valid."""
+    count = prompt_count(bs.prompt, bs.prompt_embeds)
+    per_prompt = bs.num_images_per_prompt
+    total = count * per_prompt if count and per_prompt is not None and per_prompt >= 1 else None
+    return count, total
 
 
 def check_prompt(problems: InputProblems, name: str, prompt: str | list[str] | None) -> None:
@@ -289,109 +340,6 @@ def check_latent_memory(
             f"{_bytes_text(count)} ({dims} x {element} bytes), over the limit of {_bytes_text(limit)}; "
             "lower num_images_per_prompt, the number of prompts, or height and width"
         )
-
-
-# ----- images -----
-
-
-class ImageInfo(NamedTuple):
-    """What the image processor will see: image count, channels (None: not an image layout), pixel size."""
-
-    images: int
-    channels: int | None
-    height: int | None
-    width: int | None
-    kind: str  # "a PIL image in mode 'RGBA'", "a tensor of shape (1, 1, 32, 32)" ...
-
-
-def image_info(image: Any) -> ImageInfo:
-    """Count, channels and size of an image input (PIL, numpy [H, W, C] or tensor [C, H, W], or batches)."""
-    items = image if isinstance(image, list) else [image]
-    if not items:
-        return ImageInfo(0, None, None, None, "an empty list")
-    first = items[0]
-    if isinstance(first, PIL.Image.Image):
-        kind = f"a PIL image in mode {first.mode!r}"
-        return ImageInfo(len(items), len(first.getbands()), first.height, first.width, kind)
-    if isinstance(first, np.ndarray):
-        shape = tuple(first.shape)
-        kind = f"an array of shape {shape}"
-        if first.ndim == 4:
-            return ImageInfo(sum(len(i) for i in items), shape[3], shape[1], shape[2], kind)
-        if first.ndim == 3:
-            return ImageInfo(len(items), shape[2], shape[0], shape[1], kind)
-        if first.ndim == 2:
-            return ImageInfo(len(items), 1, shape[0], shape[1], kind)
-        return ImageInfo(len(items), None, None, None, kind)
-    if isinstance(first, torch.Tensor):
-        shape = tuple(first.shape)
-        kind = f"a tensor of shape {shape}"
-        if first.ndim == 4:
-            return ImageInfo(sum(len(i) for i in items), shape[1], shape[2], shape[3], kind)
-        if first.ndim == 3:
-            return ImageInfo(len(items), shape[0], shape[1], shape[2], kind)
-        return ImageInfo(len(items), None, None, None, kind)
-    return ImageInfo(len(items), None, None, None, f"a {type(first).__name__}")
-
-
-def check_image(
-    problems: InputProblems, name: str, info: ImageInfo, rgb: int, latent_channels: int | None
-) -> None:
-    """An image must have the `rgb` channels the VAE encodes (a tensor or array may instead hold latents).
-
-    Args:
-        rgb: the VAE's input channels (3).
-        latent_channels: channels of an image taken as latents already, or None if the step takes none.
-    """
-    if info.images == 0:
-        problems.add(f"{name} is an empty list; pass an image or a list of at least one")
-        return
-    if info.channels is None:
-        layout = "[H, W, C] or [B, H, W, C]" if "array" in info.kind else "[C, H, W] or [B, C, H, W]"
-        problems.add(f"{name} ({info.kind}) is not an image; pass a PIL image, or a {layout} tensor or array")
-        return
-    if info.channels == rgb:
-        return
-    if info.kind.startswith("a PIL"):
-        problems.add(
-            f"{name} has {_channels_text(info.channels)} ({info.kind}), the VAE encodes {rgb}; "
-            f"pass an RGB image, e.g. {name}.convert('RGB')"
-        )
-    elif info.channels != latent_channels:
-        latents = f", or {latent_channels} for latents" if latent_channels else ""
-        problems.add(f"{name} has {_channels_text(info.channels)} ({info.kind}); pass {rgb} (RGB){latents}")
-
-
-def _channels_text(count: int) -> str:
-    return "1 channel" if count == 1 else f"{count} channels"
-
-
-def check_image_count(problems: InputProblems, name: str, count: int, total: int) -> None:
-    """The images are repeated to the batch, so their count must divide it."""
-    if count and total % count:
-        problems.add(
-            f"{name} holds {count} images for a batch of {total} (prompts x num_images_per_prompt); "
-            f"pass a number of images that divides {total}, e.g. 1"
-        )
-
-
-def check_mask(problems: InputProblems, mask: Any, total: int) -> None:
-    """A mask is single-channel ([B, 1, H, W] or [B, H, W] as a tensor), its count dividing the batch."""
-    if isinstance(mask, torch.Tensor):
-        if mask.ndim == 4 and mask.shape[1] != 1:
-            problems.add(
-                f"mask_image has {mask.shape[1]} channels (a tensor of shape {tuple(mask.shape)}); "
-                "pass a single-channel mask, [B, 1, H, W]"
-            )
-            return
-        count = mask.shape[0] if mask.ndim in (3, 4) else 1
-    else:
-        info = image_info(mask)
-        if info.images == 0:
-            problems.add("mask_image is an empty list; pass a mask or a list of at least one")
-            return
-        count = info.images
-    check_image_count(problems, "mask_image", count, total)
 
 
 def model_dtype(components: Any, name: str) -> torch.dtype:

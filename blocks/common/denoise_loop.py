@@ -15,8 +15,11 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
     """Runs its sub-blocks once per timestep (``i``, ``t``) on one shared block state.
 
     A family subclasses it, names its denoiser and scheduler in ``loop_expected_components`` and
-    lists the per-step blocks in ``block_classes``/``block_names``.
+    lists the per-step blocks in ``block_classes``: every family's step prepares the model input
+    (``before_denoiser``), predicts (``denoiser``) and steps the scheduler (``after_denoiser``).
     """
+
+    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     @property
     def description(self) -> str:

@@ -24,7 +24,7 @@ from .denoise import (
     FluxLoopBeforeDenoiser,
     FluxLoopDenoiser,
 )
-from .image_encoders import FluxControlImageEncoderStep, FluxVaeEncoderStep
+from .encoders import FluxControlImageEncoderStep, FluxTextEncoderStep, FluxVaeEncoderStep
 from .inputs import FluxInputStep
 from .modular_blocks import (
     FluxAutoBeforeDenoiseStep,
@@ -36,7 +36,6 @@ from .modular_blocks import (
     FluxImg2ImgBeforeDenoiseStep,
 )
 from .scenario import seed_scenario
-from .text_encoder import FluxTextEncoderStep
 from .timesteps import FluxImg2ImgSetTimestepsStep, FluxSetTimestepsStep
 from .tiny import make_seed_scale_repo, make_tiny_repo, make_tiny_t5_tokenizer
 

@@ -6,23 +6,22 @@ import torch
 from diffusers import FluxTransformer2DModel
 from diffusers.utils.torch_utils import randn_tensor
 
+from blocks.common.batch import check_generators, repeat_images
+from blocks.common.params import BATCH_INPUTS, DTYPE, HEIGHT_WIDTH_OUTPUTS, LATENT_TIMESTEP, tensor_input
+from blocks.common.vae import patched_latent_size
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
-    BATCH,
-    DTYPE,
+    LATENTS,
     MODEL_NAME,
     SCHEDULER,
-    check_generators,
     default_size,
     latent_image_ids,
-    latent_size,
     pack_latents,
     transformer_channels_problem,
 )
 
 __all__ = [
-    "LATENTS",
     "FluxPrepareLatentsStep",
     "FluxControlPrepareLatentsStep",
     "FluxImg2ImgPrepareLatentsStep",
@@ -41,12 +40,8 @@ _LATENT_OUTPUTS = [
         kwargs_type="denoiser_input_fields",
         description="Position ids of the latent tokens, [tokens, 3].",
     ),
-    OutputParam("height", type_hint=int, description="The image height in pixels."),
-    OutputParam("width", type_hint=int, description="The image width in pixels."),
+    *HEIGHT_WIDTH_OUTPUTS,
 ]
-
-
-LATENTS = InputParam.template("latents", note="packed, [B, tokens, C * 4]")
 
 
 def _latent_inputs() -> list[InputParam]:
@@ -54,9 +49,7 @@ def _latent_inputs() -> list[InputParam]:
         InputParam.template("height"),
         InputParam.template("width"),
         LATENTS,
-        InputParam.template("generator"),
-        BATCH,
-        InputParam.template("num_images_per_prompt"),
+        *BATCH_INPUTS,
         DTYPE,
     ]
 
@@ -100,7 +93,7 @@ class FluxPrepareLatentsStep(ModularPipelineBlocks):
         block_state = self.get_block_state(state)
         channels = self._channels(components)
         height, width = default_size(components, block_state.height, block_state.width)
-        latent_height, latent_width = latent_size(components, height, width)
+        latent_height, latent_width = patched_latent_size(components, height, width)
         total = block_state.batch_size * block_state.num_images_per_prompt
         device, dtype = components._execution_device, block_state.dtype
         if block_state.latents is None:
@@ -142,10 +135,8 @@ class FluxImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
     def inputs(self) -> list[InputParam]:
         return [
             *_latent_inputs(),
-            InputParam("image_latents", type_hint=torch.Tensor, description="VAE latents of the image."),
-            InputParam(
-                "latent_timestep", type_hint=torch.Tensor, required=True, description="The first timestep."
-            ),
+            tensor_input("image_latents", "VAE latents of the image."),
+            LATENT_TIMESTEP,
         ]
 
     @property
@@ -155,7 +146,7 @@ class FluxImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         height, width = default_size(components, block_state.height, block_state.width)
-        latent_height, latent_width = latent_size(components, height, width)
+        latent_height, latent_width = patched_latent_size(components, height, width)
         total = block_state.batch_size * block_state.num_images_per_prompt
         device, dtype = components._execution_device, block_state.dtype
         if block_state.latents is not None:
@@ -166,13 +157,7 @@ class FluxImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
             if image_latents is None:
                 msg = f"{type(self).__name__}: image_latents are missing; run the VAE encoder step or pass latents"
                 raise ValueError(msg)
-            if total % image_latents.shape[0] != 0:
-                msg = (
-                    f"{type(self).__name__}: {image_latents.shape[0]} images cannot be repeated to a batch of "
-                    f"{total} (prompts x num_images_per_prompt); pass 1 image or {total}"
-                )
-                raise ValueError(msg)
-            image_latents = torch.cat([image_latents] * (total // image_latents.shape[0]))
+            image_latents = repeat_images(self, image_latents, total)
             shape = (total, image_latents.shape[1], latent_height, latent_width)
             noise = randn_tensor(shape, generator=block_state.generator, device=device, dtype=dtype)
             noised = components.scheduler.scale_noise(image_latents, block_state.latent_timestep, noise)
@@ -209,7 +194,7 @@ class FluxGuidanceStep(ModularPipelineBlocks):
                 default=None,
                 description="Embedded guidance scale (default 3.5; 7.0 for image-to-image).",
             ),
-            InputParam("latents", type_hint=torch.Tensor, required=True, description="The packed latents."),
+            tensor_input("latents", "The packed latents.", required=True),
         ]
 
     @property

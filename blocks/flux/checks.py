@@ -14,28 +14,27 @@ import attrs
 from blocks.common.checks import (
     CheckInputsStep,
     InputProblems,
-    check_at_least_one,
+    batch_total,
+    check_counts,
     check_image,
-    check_image_count,
     check_latent_memory,
     check_latents,
     check_one_per_prompt,
-    check_output_type,
     check_prompt,
+    check_reference_image,
     check_size,
-    check_steps_left,
-    check_strength,
+    check_strength_and_steps,
     image_info,
     model_dtype,
-    prompt_count,
+    vae_channels,
 )
+from blocks.common.timesteps import flow_kept_steps
+from blocks.common.vae import patched_latent_size, vae_scale_factor
 from modular import BlockState, InputParam
 
-from .before_denoise import LATENTS
-from .image_encoders import CONTROL_IMAGE
-from .text_encoder import NEGATIVE_PROMPT, PROMPT_2, PROMPT_EMBEDS, TRUE_CFG_SCALE
-from .timesteps import NUM_INFERENCE_STEPS, SIGMAS, STRENGTH, FluxImg2ImgSetTimestepsStep, kept_steps
-from .utils import MODEL_NAME, default_size, latent_size, transformer_channels_problem, vae_scale_factor
+from .encoders import CONTROL_IMAGE, NEGATIVE_PROMPT, PROMPT_2, PROMPT_EMBEDS, TRUE_CFG_SCALE
+from .timesteps import STRENGTH, TIMESTEP_INPUTS, FluxImg2ImgSetTimestepsStep
+from .utils import LATENTS, MODEL_NAME, default_size, transformer_channels_problem
 
 __all__ = ["FluxCheckInputsStep", "FluxImg2ImgCheckInputsStep", "FluxControlCheckInputsStep"]
 
@@ -70,8 +69,7 @@ class FluxCheckInputsStep(CheckInputsStep):
             PROMPT_EMBEDS,
             InputParam.template("negative_prompt_embeds"),
             TRUE_CFG_SCALE,
-            NUM_INFERENCE_STEPS,
-            SIGMAS,
+            *TIMESTEP_INPUTS,
             InputParam.template("num_images_per_prompt"),
             InputParam.template("height"),
             InputParam.template("width"),
@@ -82,23 +80,19 @@ class FluxCheckInputsStep(CheckInputsStep):
 
     def check(self, components: Any, block_state: BlockState, problems: InputProblems) -> None:
         bs = block_state
-        count = prompt_count(bs.prompt, bs.prompt_embeds)
+        count, total = batch_total(bs)
         check_prompt(problems, "prompt", bs.prompt)
         check_prompt(problems, "prompt_2", bs.prompt_2)
         if bs.prompt is not None and bs.prompt_2 is not None:
             check_one_per_prompt(problems, "prompt_2", bs.prompt_2, bs.prompt)
         if bs.true_cfg_scale > 1 and bs.negative_prompt_embeds is None:
             check_one_per_prompt(problems, "negative_prompt", bs.negative_prompt, bs.prompt, same_type=True)
-        check_at_least_one(problems, "num_inference_steps", bs.num_inference_steps, "denoising steps")
-        check_at_least_one(problems, "num_images_per_prompt", bs.num_images_per_prompt, "images per prompt")
-        check_output_type(problems, bs.output_type)
+        check_counts(problems, bs)
         transformer = getattr(components, "transformer", None)
         if transformer is not None:
             problem = transformer_channels_problem(transformer.config, self.inputs_per_latent)
             if problem:
                 problems.add(problem)
-        per_prompt = bs.num_images_per_prompt
-        total = count * per_prompt if count and per_prompt is not None and per_prompt >= 1 else None
         self.check_workflow(components, bs, problems, count, total)
         self.check_size_and_latents(components, bs, problems, total)
 
@@ -119,7 +113,7 @@ class FluxCheckInputsStep(CheckInputsStep):
         if len(problems) > before or total is None or transformer is None:
             return
         height, width = default_size(components, bs.height, bs.width)
-        latent_height, latent_width = latent_size(components, height, width)
+        latent_height, latent_width = patched_latent_size(components, height, width)
         channels = (transformer.config.out_channels or transformer.config.in_channels) // 4
         tokens = (latent_height // 2) * (latent_width // 2)
         check_latents(problems, bs.latents, (total, tokens, channels * 4), (height, width))
@@ -147,19 +141,16 @@ class FluxImg2ImgCheckInputsStep(FluxCheckInputsStep):
     def check_workflow(
         self, components: Any, bs: BlockState, problems: InputProblems, count: int | None, total: int | None
     ) -> None:
-        vae = getattr(components, "vae", None)
-        rgb, latent_channels = (
-            (vae.config.in_channels, vae.config.latent_channels) if vae is not None else (3, 16)
+        rgb, latent_channels = vae_channels(components, (3, 16))
+        check_reference_image(problems, "image", bs.image, rgb, latent_channels, total)
+        check_strength_and_steps(
+            problems,
+            bs.strength,
+            self.default_strength,
+            bs.num_inference_steps,
+            flow_kept_steps,
+            custom=bs.sigmas is not None,
         )
-        info = image_info(bs.image)
-        check_image(problems, "image", info, rgb, latent_channels)
-        if total is not None:
-            check_image_count(problems, "image", info.images, total)
-        check_strength(problems, bs.strength)
-        strength = self.default_strength if bs.strength is None else bs.strength
-        steps = bs.num_inference_steps
-        if 0 <= strength <= 1 and bs.sigmas is None and steps is not None:
-            check_steps_left(problems, strength, steps, kept_steps(steps, strength))
 
 
 class FluxControlCheckInputsStep(FluxCheckInputsStep):

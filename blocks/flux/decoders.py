@@ -7,9 +7,10 @@ from typing import Any
 import torch
 
 from blocks.common import VaeDecodeStep
+from blocks.common.vae import patched_latent_size, unscale_and_shift
 from modular import BlockState, InputParam
 
-from .utils import IMAGE_PROCESSOR, MODEL_NAME, default_size, latent_size, unpack_latents
+from .utils import IMAGE_PROCESSOR, MODEL_NAME, default_size, unpack_latents
 
 __all__ = ["FluxDecodeStep"]
 
@@ -36,6 +37,5 @@ class FluxDecodeStep(VaeDecodeStep):
     def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
         vae = components.vae
         height, width = default_size(components, block_state.height, block_state.width)
-        latents = unpack_latents(block_state.latents, *latent_size(components, height, width))
-        latents = latents / vae.config.scaling_factor + vae.config.shift_factor
-        return vae.decode(latents, return_dict=False)[0]
+        latents = unpack_latents(block_state.latents, *patched_latent_size(components, height, width))
+        return vae.decode(unscale_and_shift(vae, latents), return_dict=False)[0]

@@ -191,7 +191,6 @@ class FluxDenoiseStep(FluxDenoiseLoopWrapper):
     """The text-to-image and image-to-image denoising loop."""
 
     block_classes = [FluxLoopBeforeDenoiser, FluxLoopDenoiser, FluxLoopAfterDenoiser]
-    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     @property
     def description(self) -> str:
@@ -205,7 +204,6 @@ class FluxControlDenoiseStep(FluxDenoiseLoopWrapper):
     """The control denoising loop: the control latents ride beside the latents at every step."""
 
     block_classes = [FluxControlLoopBeforeDenoiser, FluxLoopDenoiser, FluxLoopAfterDenoiser]
-    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     @property
     def description(self) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from modular import AutoPipelineBlocks, SequentialPipelineBlocks
+from blocks.common.workflows import IMAGE2IMAGE, TEXT2IMAGE, ChosenByInputs, FamilyBlocks
+from modular import SequentialPipelineBlocks
 
 from .before_denoise import (
     FluxControlPrepareLatentsStep,
@@ -14,9 +15,8 @@ from .before_denoise import (
 from .checks import FluxCheckInputsStep, FluxControlCheckInputsStep, FluxImg2ImgCheckInputsStep
 from .decoders import FluxDecodeStep
 from .denoise import FluxControlDenoiseStep, FluxDenoiseStep
-from .image_encoders import FluxControlImageEncoderStep, FluxVaeEncoderStep
+from .encoders import FluxControlImageEncoderStep, FluxTextEncoderStep, FluxVaeEncoderStep
 from .inputs import FluxInputStep
-from .text_encoder import FluxTextEncoderStep
 from .timesteps import FluxImg2ImgSetTimestepsStep, FluxSetTimestepsStep
 
 __all__ = [
@@ -31,100 +31,64 @@ __all__ = [
 ]
 
 
-class FluxAutoCheckInputsStep(AutoPipelineBlocks):
+class FluxAutoCheckInputsStep(ChosenByInputs):
     """Check the inputs of control, image-to-image or text-to-image before any model runs."""
 
     block_classes = [FluxControlCheckInputsStep, FluxImg2ImgCheckInputsStep, FluxCheckInputsStep]
     block_names = ["control_check_inputs", "img2img_check_inputs", "check_inputs"]
     block_trigger_inputs = ["control_image", "image", None]
-
-    @property
-    def description(self) -> str:
-        return (
-            "Input checks before any model runs: `control_check_inputs` when control_image is given, "
-            "`img2img_check_inputs` when image is given, `check_inputs` otherwise."
-        )
+    summary = "Input checks before any model runs"
 
 
-class FluxAutoVaeEncoderStep(AutoPipelineBlocks):
+class FluxAutoVaeEncoderStep(ChosenByInputs):
     """Encode the control image (control) or the reference image (image-to-image)."""
 
     block_classes = [FluxControlImageEncoderStep, FluxVaeEncoderStep]
     block_names = ["control_image_encoder", "img2img_vae_encoder"]
     block_trigger_inputs = ["control_image", "image"]
-
-    @property
-    def description(self) -> str:
-        return (
-            "VAE encoding: `control_image_encoder` when control_image is given, `img2img_vae_encoder` when image "
-            "is given, nothing for text-to-image."
-        )
+    summary = "VAE encoding"
 
 
 class FluxBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Text-to-image: initial noise, timesteps shifted by its length, guidance."""
+    """Text-to-image preparation: prepare_latents (packed noise), set_timesteps, prepare_guidance."""
 
     block_classes = [FluxPrepareLatentsStep, FluxSetTimestepsStep, FluxGuidanceStep]
     block_names = ["prepare_latents", "set_timesteps", "prepare_guidance"]
 
-    @property
-    def description(self) -> str:
-        return "Text-to-image preparation: prepare_latents (packed noise), set_timesteps, prepare_guidance."
-
 
 class FluxImg2ImgBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Image-to-image: timesteps cut by strength, the noised image latents, guidance."""
+    """Image-to-image preparation: set_timesteps (cut by strength), prepare_latents (noised), guidance."""
 
     block_classes = [FluxImg2ImgSetTimestepsStep, FluxImg2ImgPrepareLatentsStep, FluxImg2ImgGuidanceStep]
     block_names = ["set_timesteps", "prepare_latents", "prepare_guidance"]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Image-to-image preparation: set_timesteps (cut by strength), prepare_latents (noised image), "
-            "prepare_guidance."
-        )
-
 
 class FluxControlBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Control: initial noise for a control transformer, timesteps, guidance."""
+    """Control preparation: prepare_latents (packed noise), set_timesteps, prepare_guidance."""
 
     block_classes = [FluxControlPrepareLatentsStep, FluxSetTimestepsStep, FluxGuidanceStep]
     block_names = ["prepare_latents", "set_timesteps", "prepare_guidance"]
 
-    @property
-    def description(self) -> str:
-        return "Control preparation: prepare_latents (packed noise), set_timesteps, prepare_guidance."
 
-
-class FluxAutoBeforeDenoiseStep(AutoPipelineBlocks):
+class FluxAutoBeforeDenoiseStep(ChosenByInputs):
     """Choose the preparation for control, image-to-image or text-to-image."""
 
     block_classes = [FluxControlBeforeDenoiseStep, FluxImg2ImgBeforeDenoiseStep, FluxBeforeDenoiseStep]
     block_names = ["control", "img2img", "text2img"]
     block_trigger_inputs = ["control_image", "image", None]
-
-    @property
-    def description(self) -> str:
-        return (
-            "Preparation before denoising: `control` when control_image is given, `img2img` when image is given, "
-            "`text2img` otherwise."
-        )
+    summary = "Preparation before denoising"
 
 
-class FluxAutoDenoiseStep(AutoPipelineBlocks):
+class FluxAutoDenoiseStep(ChosenByInputs):
     """Choose the control loop (with a control image) or the plain loop."""
 
     block_classes = [FluxControlDenoiseStep, FluxDenoiseStep]
     block_names = ["control_denoise", "denoise"]
     block_trigger_inputs = ["control_image", None]
-
-    @property
-    def description(self) -> str:
-        return "The denoising loop: `control_denoise` when control_image is given, `denoise` otherwise."
+    summary = "The denoising loop"
 
 
-class FluxAutoBlocks(SequentialPipelineBlocks):
+class FluxAutoBlocks(FamilyBlocks):
     """Flux (FLUX.1): text-to-image, image-to-image and control, chosen by the inputs given.
 
     Supported workflows:
@@ -142,18 +106,9 @@ class FluxAutoBlocks(SequentialPipelineBlocks):
         FluxAutoDenoiseStep,
         FluxDecodeStep,
     ]
-    block_names = [
-        "check_inputs",
-        "text_encoder",
-        "input",
-        "vae_encoder",
-        "before_denoise",
-        "denoise",
-        "decode",
-    ]
     _workflow_map = {
-        "text2image": {"prompt": True},
-        "image2image": {"image": True, "prompt": True},
+        "text2image": TEXT2IMAGE,
+        "image2image": IMAGE2IMAGE,
         "control": {"control_image": True, "prompt": True},
     }
 

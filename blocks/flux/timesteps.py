@@ -6,15 +6,18 @@ from typing import Any
 
 import torch
 
+from blocks.common.params import BATCH_SIZE, TIMESTEPS_OUTPUTS, tensor_input
+from blocks.common.timesteps import StrengthTimestepsStep, flow_kept_steps, scheduler_mu
+from blocks.common.vae import patched_latent_size
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import BATCH, MODEL_NAME, SCHEDULER, default_sigmas, default_size, latent_size, scheduler_mu
+from .utils import MODEL_NAME, SCHEDULER, default_sigmas, default_size
 
 __all__ = [
     "NUM_INFERENCE_STEPS",
     "SIGMAS",
     "STRENGTH",
-    "kept_steps",
+    "TIMESTEP_INPUTS",
     "set_flux_timesteps",
     "FluxSetTimestepsStep",
     "FluxImg2ImgSetTimestepsStep",
@@ -25,10 +28,7 @@ SIGMAS = InputParam(
     "sigmas", type_hint=list[float], description="Custom sigmas (default: linspace(1, 1 / steps, steps))."
 )
 STRENGTH = InputParam.template("strength", default=None, description="In [0, 1]; default 0.6.")
-_OUTPUTS = [
-    OutputParam("timesteps", type_hint=torch.Tensor, description="The timesteps to denoise at."),
-    OutputParam("num_inference_steps", type_hint=int, description="The number of denoising steps."),
-]
+TIMESTEP_INPUTS = (NUM_INFERENCE_STEPS, SIGMAS)
 
 
 def set_flux_timesteps(
@@ -45,11 +45,6 @@ def set_flux_timesteps(
         return scheduler.timesteps, num_inference_steps
     scheduler.set_timesteps(sigmas=sigmas, device=device, mu=mu)
     return scheduler.timesteps, len(scheduler.timesteps)
-
-
-def kept_steps(steps: int, strength: float) -> int:
-    """How many of `steps` steps image-to-image runs at `strength`: the classic pipeline counts in floats."""
-    return steps - int(max(steps - min(steps * strength, steps), 0))
 
 
 class FluxSetTimestepsStep(ModularPipelineBlocks):
@@ -71,14 +66,13 @@ class FluxSetTimestepsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            NUM_INFERENCE_STEPS,
-            SIGMAS,
-            InputParam("latents", type_hint=torch.Tensor, required=True, description="The packed latents."),
+            *TIMESTEP_INPUTS,
+            tensor_input("latents", "The packed latents.", required=True),
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return list(_OUTPUTS)
+        return list(TIMESTEPS_OUTPUTS)
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -95,7 +89,7 @@ class FluxSetTimestepsStep(ModularPipelineBlocks):
         return components, state
 
 
-class FluxImg2ImgSetTimestepsStep(ModularPipelineBlocks):
+class FluxImg2ImgSetTimestepsStep(StrengthTimestepsStep):
     """Set the timesteps, then keep the last ``strength`` part of them, for image-to-image."""
 
     model_name = MODEL_NAME
@@ -116,49 +110,24 @@ class FluxImg2ImgSetTimestepsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            NUM_INFERENCE_STEPS,
-            SIGMAS,
+            *TIMESTEP_INPUTS,
             STRENGTH,
             InputParam.template("height"),
             InputParam.template("width"),
-            BATCH,
+            BATCH_SIZE,
             InputParam.template("num_images_per_prompt"),
         ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            *_OUTPUTS,
-            OutputParam(
-                "latent_timestep", type_hint=torch.Tensor, description="The first timestep, once per image."
-            ),
-        ]
-
-    def __call__(self, components, state):
-        block_state = self.get_block_state(state)
-        strength = self.default_strength if block_state.strength is None else block_state.strength
-        if not 0 <= strength <= 1:
-            msg = f"{type(self).__name__}: strength must be in [0, 1] (got {strength})"
-            raise ValueError(msg)
-        scheduler, steps = components.scheduler, block_state.num_inference_steps
+    def set_timesteps(self, components, block_state) -> int:
+        steps = block_state.num_inference_steps
         sigmas = default_sigmas(steps) if block_state.sigmas is None else block_state.sigmas
-        height, width = latent_size(
+        height, width = patched_latent_size(
             components, *default_size(components, block_state.height, block_state.width)
         )
         _, steps = set_flux_timesteps(
-            scheduler, steps, sigmas, (height // 2) * (width // 2), components._execution_device
+            components.scheduler, steps, sigmas, (height // 2) * (width // 2), components._execution_device
         )
-        start = steps - kept_steps(steps, strength)
-        if steps - start < 1:
-            msg = (
-                f"{type(self).__name__}: strength {strength} with num_inference_steps {steps} leaves "
-                f"{steps - start} denoising steps; raise strength or num_inference_steps"
-            )
-            raise ValueError(msg)
-        timesteps = scheduler.timesteps[start * scheduler.order :]
-        scheduler.set_begin_index(start * scheduler.order)
-        block_state.timesteps, block_state.num_inference_steps = timesteps, steps - start
-        total = block_state.batch_size * block_state.num_images_per_prompt
-        block_state.latent_timestep = timesteps[:1].repeat(total)
-        self.set_block_state(state, block_state)
-        return components, state
+        return steps
+
+    def kept_steps(self, steps: int, strength: float) -> int:
+        return flow_kept_steps(steps, strength)

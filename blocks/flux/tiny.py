@@ -11,20 +11,23 @@ The transformer has a guidance embedding, like FLUX.1-dev.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from blocks.stable_diffusion.tiny import make_tiny_tokenizer
+from blocks.common.tiny import (
+    TINY_WORDS,
+    make_tiny_clip_tokenizer,
+    tiny_clip_config,
+    tiny_vae,
+    write_variant_weights,
+)
 
 __all__ = ["make_tiny_repo", "make_tiny_t5_tokenizer"]
 
 LATENT_CHANNELS = 4
-# The words the tiny tokenizers know as whole tokens (the CLIP one knows the same list).
-_WORDS = ("a", "photo", "of", "cat", "dog", "the", "astronaut", "riding", "horse", "red", "blue", "blurry")
 _CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
 
 # The scheduler config FLUX.1-dev ships: resolution-dependent shift (mu) from the image sequence length.
@@ -38,7 +41,6 @@ _SCHEDULER_CONFIG = {
     "use_dynamic_shifting": True,
 }
 
-_VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _MODEL_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 
@@ -57,79 +59,85 @@ def make_tiny_t5_tokenizer(folder: str | Path):
     folder.mkdir(parents=True, exist_ok=True)
     # Ids 0-2 are pad, eos and unk as in T5; whole words score above single characters.
     vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(_WORDS)]
+    # The T5 tokenizer knows the CLIP one's whole words.
+    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(TINY_WORDS)]
     vocab += [("\u2581", -5.0)] + [(char, -8.0) for char in _CHARS]
     tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=512)
     tokenizer.save_pretrained(folder)
     return T5Tokenizer.from_pretrained(folder)
 
 
-def _tiny_models(control: bool, seed: int) -> dict[str, Any]:
-    """Build the random models, each from its own seed so that one change leaves the others as they were."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    packed = LATENT_CHANNELS * 4  # 2x2 patches of the VAE latents
-    torch.manual_seed(seed)
-    transformer = FluxTransformer2DModel(
-        patch_size=1,
-        # A control transformer also reads the packed control-image latents, concatenated on channels.
-        in_channels=packed * 2 if control else packed,
-        out_channels=packed,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        guidance_embeds=True,
-        axes_dims_rope=(4, 4, 8),
-    )
-    torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(4, 8),
+def _vae(block_out_channels: tuple[int, ...], norm_num_groups: int, sample_size: int):
+    """A VAE shaped like FLUX.1's, at the given width: 4 latent channels, FLUX.1's scaling and shift."""
+    return tiny_vae(
+        block_out_channels,
         layers_per_block=1,
         latent_channels=LATENT_CHANNELS,
-        norm_num_groups=1,
-        sample_size=32,
+        norm_num_groups=norm_num_groups,
+        sample_size=sample_size,
         use_quant_conv=False,
         use_post_quant_conv=False,
         shift_factor=0.0609,
         scaling_factor=1.5035,
     )
-    torch.manual_seed(seed + 2)
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            bos_token_id=0,
-            eos_token_id=1,
-            pad_token_id=1,
-            hidden_size=32,
-            intermediate_size=37,
-            layer_norm_eps=1e-05,
-            num_attention_heads=4,
-            num_hidden_layers=5,
-            vocab_size=1000,
-            projection_dim=32,
-        )
-    )
-    torch.manual_seed(seed + 3)
-    text_encoder_2 = T5EncoderModel(
+
+
+def _t5(d_model: int, d_kv: int, d_ff: int, num_layers: int, num_heads: int):
+    """A T5 encoder over the tiny T5 tokenizer's 64 ids."""
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(
         T5Config(
             vocab_size=64,
-            d_model=32,
-            d_kv=8,
-            d_ff=37,
-            num_layers=2,
-            num_heads=4,
+            d_model=d_model,
+            d_kv=d_kv,
+            d_ff=d_ff,
+            num_layers=num_layers,
+            num_heads=num_heads,
             relative_attention_num_buckets=8,
             pad_token_id=0,
             eos_token_id=1,
         )
     )
+
+
+def _transformer(control: bool, **sizes: Any):
+    """A FluxTransformer2DModel over packed latents (a control one reads twice the channels), with guidance."""
+    from diffusers import FluxTransformer2DModel
+
+    packed = LATENT_CHANNELS * 4  # 2x2 patches of the VAE latents
+    return FluxTransformer2DModel(
+        patch_size=1,
+        # A control transformer also reads the packed control-image latents, concatenated on channels.
+        in_channels=packed * 2 if control else packed,
+        out_channels=packed,
+        pooled_projection_dim=32,
+        guidance_embeds=True,
+        **sizes,
+    )
+
+
+def _tiny_models(control: bool, seed: int) -> dict[str, Any]:
+    """Build the random models, each from its own seed so that one change leaves the others as they were."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(seed)
+    transformer = _transformer(
+        control,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(4, 4, 8),
+    )
+    torch.manual_seed(seed + 1)
+    vae = _vae((4, 8), norm_num_groups=1, sample_size=32)
+    torch.manual_seed(seed + 2)
+    text_encoder = CLIPTextModel(tiny_clip_config())
+    torch.manual_seed(seed + 3)
+    text_encoder_2 = _t5(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)
     return {
         "transformer": transformer.eval(),
         "vae": vae.eval(),
@@ -169,20 +177,14 @@ def make_tiny_repo(
     folder.mkdir(parents=True, exist_ok=True)
     models = _tiny_models(control, seed)
     with tempfile.TemporaryDirectory() as tok_dir, tempfile.TemporaryDirectory() as tok_2_dir:
-        tokenizer = make_tiny_tokenizer(tok_dir)
+        tokenizer = make_tiny_clip_tokenizer(tok_dir)
         tokenizer_2 = make_tiny_t5_tokenizer(tok_2_dir)
     pipeline_class = FluxControlPipeline if control else FluxPipeline
     extra = {} if control else {"image_encoder": None, "feature_extractor": None}
     pipe = pipeline_class(**models, tokenizer=tokenizer, tokenizer_2=tokenizer_2, **extra)
     pipe.save_pretrained(folder, safe_serialization=True)
     if variant is not None:
-        dtype = _VARIANT_DTYPES.get(variant, torch.float32)
-        for name in _MODEL_FOLDERS:
-            # Save to a scratch folder and keep only the weights: the config stays the plain one.
-            with tempfile.TemporaryDirectory() as scratch:
-                models[name].to(dtype).save_pretrained(scratch, safe_serialization=True, variant=variant)
-                for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
-                    shutil.copyfile(weights, folder / name / weights.name)
+        write_variant_weights(folder, models, _MODEL_FOLDERS, variant)
     return folder
 
 
@@ -203,74 +205,28 @@ _TRANSFORMER = ("diffusers", "FluxTransformer2DModel")
 
 
 def _seed_scale_transformer(control: bool, seed: int):
-    from diffusers import FluxTransformer2DModel
-
-    packed = LATENT_CHANNELS * 4
     torch.manual_seed(seed)
-    return FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=packed * 2 if control else packed,
-        out_channels=packed,
+    return _transformer(
+        control,
         num_layers=2,
         num_single_layers=5,
         attention_head_dim=48,
         num_attention_heads=4,
         joint_attention_dim=128,
-        pooled_projection_dim=32,
-        guidance_embeds=True,
         axes_dims_rope=(8, 20, 20),
     ).eval()
 
 
 def _seed_scale_shared_models(seed: int) -> dict[str, Any]:
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from transformers import CLIPTextModel
 
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(4, 8, 16),
-        layers_per_block=1,
-        latent_channels=LATENT_CHANNELS,
-        norm_num_groups=4,
-        sample_size=SEED_SCALE_SIZE,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        shift_factor=0.0609,
-        scaling_factor=1.5035,
-    )
+    vae = _vae((4, 8, 16), norm_num_groups=4, sample_size=SEED_SCALE_SIZE)
     torch.manual_seed(seed + 2)
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            bos_token_id=0,
-            eos_token_id=1,
-            pad_token_id=1,
-            hidden_size=32,
-            intermediate_size=37,
-            layer_norm_eps=1e-05,
-            num_attention_heads=4,
-            num_hidden_layers=4,
-            vocab_size=1000,
-            projection_dim=32,
-        )
-    )
+    text_encoder = CLIPTextModel(tiny_clip_config(num_hidden_layers=4))
     torch.manual_seed(seed + 3)
-    text_encoder_2 = T5EncoderModel(
-        T5Config(
-            vocab_size=64,
-            d_model=128,
-            d_kv=16,
-            d_ff=2000,
-            num_layers=4,
-            num_heads=8,
-            relative_attention_num_buckets=8,
-            pad_token_id=0,
-            eos_token_id=1,
-        )
-    )
+    text_encoder_2 = _t5(d_model=128, d_kv=16, d_ff=2000, num_layers=4, num_heads=8)
     return {
         "vae": vae.eval(),
         "text_encoder": text_encoder.eval(),
@@ -338,7 +294,7 @@ def make_seed_scale_repo(
         return folder
     for name, model in _seed_scale_shared_models(seed).items():
         model.save_pretrained(folder / name, **({} if name == "scheduler" else {"safe_serialization": True}))
-    make_tiny_tokenizer(folder / "tokenizer")
+    make_tiny_clip_tokenizer(folder / "tokenizer")
     make_tiny_t5_tokenizer(folder / "tokenizer_2")
     index = {
         "_class_name": "FluxControlPipeline" if control else "FluxPipeline",

@@ -1,4 +1,4 @@
-"""Helpers the Flux blocks share: sizes, latent packing, image ids, the timestep shift, VAE encoding."""
+"""Helpers the Flux blocks share: sizes, latent packing, image ids, the default sigmas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.image_processor import VaeImageProcessor
 
-from blocks.common.vae import processor_for_vae, retrieve_latents, vae_scale_factor
+from blocks.common.vae import processor_for_vae, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
 __all__ = [
@@ -17,20 +17,13 @@ __all__ = [
     "SCHEDULER",
     "IMAGE_PROCESSOR",
     "DEFAULT_SAMPLE_SIZE",
-    "BATCH",
-    "DTYPE",
-    "vae_scale_factor",
+    "LATENTS",
     "image_processor_for_vae",
     "default_size",
-    "latent_size",
-    "calculate_shift",
-    "scheduler_mu",
     "default_sigmas",
     "pack_latents",
     "unpack_latents",
     "latent_image_ids",
-    "encode_vae_image",
-    "check_generators",
     "transformer_channels_problem",
 ]
 
@@ -55,8 +48,8 @@ IMAGE_PROCESSOR = ComponentSpec(
 # The classic pipelines' default size: 128 latent cells a side (1024 pixels with FLUX.1's VAE).
 DEFAULT_SAMPLE_SIZE = 128
 
-BATCH = InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
-DTYPE = InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs.")
+# Given latents are packed: each 2x2 patch of the VAE latents is one token.
+LATENTS = InputParam.template("latents", note="packed, [B, tokens, C * 4]")
 
 
 def image_processor_for_vae(components: Any) -> Any:
@@ -72,36 +65,6 @@ def default_size(components: Any, height: int | None, width: int | None) -> tupl
     """``height`` and ``width``, each defaulting to 128 latent cells in pixels, as the classic pipelines do."""
     pixels = DEFAULT_SAMPLE_SIZE * vae_scale_factor(components)
     return height or pixels, width or pixels
-
-
-def latent_size(components: Any, height: int, width: int) -> tuple[int, int]:
-    """The latent height and width for an image: the VAE scale, rounded down to even (whole 2x2 patches)."""
-    patch = vae_scale_factor(components) * 2
-    return 2 * (int(height) // patch), 2 * (int(width) // patch)
-
-
-def calculate_shift(
-    image_seq_len: int,
-    base_seq_len: int = 256,
-    max_seq_len: int = 4096,
-    base_shift: float = 0.5,
-    max_shift: float = 1.15,
-) -> float:
-    """The timestep shift ``mu`` for a sequence of `image_seq_len` tokens, linear between the two anchors."""
-    slope = (max_shift - base_shift) / (max_seq_len - base_seq_len)
-    return image_seq_len * slope + base_shift - slope * base_seq_len
-
-
-def scheduler_mu(scheduler: Any, image_seq_len: int) -> float:
-    """``calculate_shift`` with the anchors the scheduler's config names (FLUX.1's values by default)."""
-    config = scheduler.config
-    return calculate_shift(
-        image_seq_len,
-        config.get("base_image_seq_len", 256),
-        config.get("max_image_seq_len", 4096),
-        config.get("base_shift", 0.5),
-        config.get("max_shift", 1.15),
-    )
 
 
 def default_sigmas(num_inference_steps: int) -> np.ndarray:
@@ -131,35 +94,6 @@ def latent_image_ids(height: int, width: int, device: torch.device, dtype: torch
     ids[..., 1] = ids[..., 1] + torch.arange(height)[:, None]
     ids[..., 2] = ids[..., 2] + torch.arange(width)[None, :]
     return ids.reshape(height * width, 3).to(device=device, dtype=dtype)
-
-
-def encode_vae_image(
-    vae: Any, image: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None
-) -> torch.Tensor:
-    """Encode pixel images [B, 3, H, W] in [-1, 1] to Flux latents: (sample - shift_factor) * scaling_factor.
-
-    With a list of generators, image ``i`` is sampled with ``generator[i]``.
-    """
-    if isinstance(generator, list):
-        latents = torch.cat(
-            [
-                retrieve_latents(vae.encode(image[i : i + 1]), generator=generator[i])
-                for i in range(image.shape[0])
-            ]
-        )
-    else:
-        latents = retrieve_latents(vae.encode(image), generator=generator)
-    return (latents - vae.config.shift_factor) * vae.config.scaling_factor
-
-
-def check_generators(block: object, generator: Any, total: int) -> None:
-    """A list of generators must hold one per image of the batch."""
-    if isinstance(generator, list) and len(generator) != total:
-        msg = (
-            f"{type(block).__name__}: a list of generators needs one per image (got {len(generator)} for a batch "
-            f"of {total} = prompts x num_images_per_prompt); pass one generator or {total}"
-        )
-        raise ValueError(msg)
 
 
 def transformer_channels_problem(config: Any, inputs_per_latent: int) -> str | None:

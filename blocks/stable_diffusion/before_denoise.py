@@ -9,6 +9,15 @@ import torch
 from diffusers import AutoencoderKL, UNet2DConditionModel
 from diffusers.utils.torch_utils import randn_tensor
 
+from blocks.common.batch import check_generators, repeat_images
+from blocks.common.params import (
+    BATCH_INPUTS,
+    DTYPE,
+    INITIAL_LATENTS_OUTPUT,
+    LATENT_TIMESTEP,
+    tensor_input,
+    tensor_output,
+)
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
@@ -27,18 +36,6 @@ __all__ = [
     "StableDiffusionImg2ImgPrepareLatentsStep",
     "StableDiffusionInpaintPrepareLatentsStep",
 ]
-
-_BATCH = InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
-_DTYPE = InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs.")
-
-
-def _check_generators(block: ModularPipelineBlocks, generator, total: int) -> None:
-    if isinstance(generator, list) and len(generator) != total:
-        msg = (
-            f"{type(block).__name__}: a list of generators needs one per image (got {len(generator)} for a batch "
-            f"of {total} = prompts x num_images_per_prompt); pass one generator or {total}"
-        )
-        raise ValueError(msg)
 
 
 class StableDiffusionPrepareLatentsStep(ModularPipelineBlocks):
@@ -63,22 +60,20 @@ class StableDiffusionPrepareLatentsStep(ModularPipelineBlocks):
             InputParam.template("height"),
             InputParam.template("width"),
             InputParam.template("latents"),
-            InputParam.template("generator"),
-            _BATCH,
-            InputParam.template("num_images_per_prompt"),
-            _DTYPE,
+            *BATCH_INPUTS,
+            DTYPE,
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam("latents", type_hint=torch.Tensor, description="The initial latents to denoise.")]
+        return [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         height, width = default_size(components, block_state.height, block_state.width)
         scale = vae_scale_factor(components)
         total = block_state.batch_size * block_state.num_images_per_prompt
-        _check_generators(self, block_state.generator, total)
+        check_generators(self, block_state.generator, total)
         device = components._execution_device
         if block_state.latents is None:
             shape = (total, components.unet.config.in_channels, int(height) // scale, int(width) // scale)
@@ -112,37 +107,21 @@ class StableDiffusionImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam(
-                "image_latents", type_hint=torch.Tensor, required=True, description="Latents of the image."
-            ),
-            InputParam(
-                "latent_timestep", type_hint=torch.Tensor, required=True, description="The first timestep."
-            ),
-            InputParam.template("generator"),
-            _BATCH,
-            InputParam.template("num_images_per_prompt"),
-            _DTYPE,
+            tensor_input("image_latents", "Latents of the image.", required=True),
+            LATENT_TIMESTEP,
+            *BATCH_INPUTS,
+            DTYPE,
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam("latents", type_hint=torch.Tensor, description="The initial latents to denoise.")]
+        return [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         total = block_state.batch_size * block_state.num_images_per_prompt
-        _check_generators(self, block_state.generator, total)
-        image_latents = block_state.image_latents
-        if total > image_latents.shape[0]:
-            if total % image_latents.shape[0] != 0:
-                msg = (
-                    f"{type(self).__name__}: {image_latents.shape[0]} images cannot be repeated to a batch of "
-                    f"{total} (prompts x num_images_per_prompt); pass 1 image or {total}"
-                )
-                raise ValueError(msg)
-            # torch.cat, not Tensor.repeat: cat keeps the VAE output's memory layout (channels-last on CPU),
-            # and the UNet's convolutions round differently per layout; the classic pipeline uses cat.
-            image_latents = torch.cat([image_latents] * (total // image_latents.shape[0]))
+        check_generators(self, block_state.generator, total)
+        image_latents = repeat_images(self, block_state.image_latents, total)
         noise = randn_tensor(
             image_latents.shape,
             generator=block_state.generator,
@@ -176,57 +155,42 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam(
-                "image_latents", type_hint=torch.Tensor, description="Scaled VAE latents of the image."
-            ),
-            InputParam(
-                "mask_condition", type_hint=torch.Tensor, required=True, description="The binarized mask."
-            ),
-            InputParam(
-                "masked_image", type_hint=torch.Tensor, required=True, description="The masked image."
-            ),
-            InputParam("latent_timestep", type_hint=torch.Tensor, description="The first timestep."),
+            tensor_input("image_latents", "Scaled VAE latents of the image."),
+            tensor_input("mask_condition", "The binarized mask.", required=True),
+            tensor_input("masked_image", "The masked image.", required=True),
+            tensor_input("latent_timestep", "The first timestep."),
             strength_input(),
             InputParam.template("latents"),
             InputParam.template("height"),
             InputParam.template("width"),
-            InputParam.template("generator"),
-            _BATCH,
-            InputParam.template("num_images_per_prompt"),
-            _DTYPE,
+            *BATCH_INPUTS,
+            DTYPE,
             InputParam.template("guidance_scale"),
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
         return [
-            OutputParam("latents", type_hint=torch.Tensor, description="The initial latents to denoise."),
-            OutputParam("noise", type_hint=torch.Tensor, description="The noise the latents started from."),
-            OutputParam(
-                "image_latents", type_hint=torch.Tensor, description="Image latents repeated to the batch."
-            ),
-            OutputParam(
-                "mask", type_hint=torch.Tensor, description="The mask at latent size, per model input."
-            ),
-            OutputParam(
-                "masked_image_latents", type_hint=torch.Tensor, description="Latents of the masked image."
-            ),
+            INITIAL_LATENTS_OUTPUT,
+            tensor_output("noise", "The noise the latents started from."),
+            tensor_output("image_latents", "Image latents repeated to the batch."),
+            tensor_output("mask", "The mask at latent size, per model input."),
+            tensor_output("masked_image_latents", "Latents of the masked image."),
         ]
 
-    def _check_unet(self, components, mask, masked_image_latents) -> None:
+    def _check_unet(self, components, mask: torch.Tensor, masked: torch.Tensor | None) -> None:
+        """An inpainting UNet reads the latents alone (4 channels) or with the mask and masked image (9)."""
         in_channels = components.unet.config.in_channels
+        if in_channels == 4:
+            return
         latent_channels = components.vae.config.latent_channels
-        if in_channels == 9:
-            total = latent_channels + mask.shape[1] + masked_image_latents.shape[1]
-            if total != in_channels:
-                msg = (
-                    f"{type(self).__name__}: the UNet takes {in_channels} input channels, but latents "
-                    f"({latent_channels}) + mask ({mask.shape[1]}) + masked image latents "
-                    f"({masked_image_latents.shape[1]}) make {total}; check the unet config and the inputs"
-                )
-                raise ValueError(msg)
-        elif in_channels != 4:
-            msg = f"{type(self).__name__}: an inpainting UNet takes 4 or 9 input channels (got {in_channels})"
+        masked_channels = 0 if masked is None else masked.shape[1]
+        if in_channels != 9 or latent_channels + mask.shape[1] + masked_channels != in_channels:
+            msg = (
+                f"{type(self).__name__}: the UNet takes {in_channels} input channels; an inpainting UNet takes 4, "
+                f"or 9 = latents ({latent_channels}) + mask ({mask.shape[1]}) + masked image latents "
+                f"({masked_channels}); check the unet config and the inputs"
+            )
             raise ValueError(msg)
 
     def __call__(self, components, state):
@@ -235,7 +199,7 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
         height, width = default_size(components, block_state.height, block_state.width)
         scale = vae_scale_factor(components)
         total = block_state.batch_size * block_state.num_images_per_prompt
-        _check_generators(self, generator, total)
+        check_generators(self, generator, total)
         strength = 1.0 if block_state.strength is None else block_state.strength
         full_strength = strength == 1.0
         image_latents = block_state.image_latents

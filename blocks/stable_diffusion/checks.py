@@ -12,47 +12,41 @@ from typing import Any
 
 from blocks.common.checks import (
     CheckInputsStep,
+    ImageInfo,
     InputProblems,
-    check_at_least_one,
-    check_image,
-    check_image_count,
+    batch_total,
+    check_counts,
     check_latent_memory,
     check_latents,
     check_mask,
     check_one_per_prompt,
-    check_output_type,
     check_prompt,
+    check_reference_image,
     check_size,
-    check_steps_left,
-    check_strength,
-    image_info,
+    check_strength_and_steps,
     model_dtype,
-    prompt_count,
+    vae_channels,
 )
 from modular import BlockState, InputParam
 
-from .timesteps import SIGMAS, StableDiffusionImg2ImgSetTimestepsStep, StableDiffusionInpaintSetTimestepsStep
+from .encoders import PROMPT_INPUTS
+from .timesteps import (
+    TIMESTEP_INPUTS,
+    StableDiffusionImg2ImgSetTimestepsStep,
+    StableDiffusionInpaintSetTimestepsStep,
+    kept_steps,
+)
 from .utils import MODEL_NAME, default_size, strength_input, vae_scale_factor
 
 __all__ = [
     "StableDiffusionCheckInputsStep",
     "StableDiffusionImg2ImgCheckInputsStep",
     "StableDiffusionInpaintCheckInputsStep",
-    "kept_steps",
 ]
 
 
-def kept_steps(steps: int, strength: float) -> int:
-    """How many of `steps` denoising steps image-to-image runs at `strength`, as the classic pipelines."""
-    return min(int(steps * strength), steps)
-
-
-def _vae_channels(components: Any) -> tuple[int, int]:
-    """The VAE's (image channels, latent channels); SD's (3, 4) when no VAE is loaded."""
-    vae = getattr(components, "vae", None)
-    if vae is None:
-        return 3, 4
-    return vae.config.in_channels, vae.config.latent_channels
+# The VAE's (image channels, latent channels) when none is loaded: SD's.
+_VAE_CHANNELS = (3, 4)
 
 
 class StableDiffusionCheckInputsStep(CheckInputsStep):
@@ -72,13 +66,7 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
     # ----- inputs -----
     def prompt_inputs(self) -> list[InputParam]:
         """The prompt inputs, declared as the text encoder step declares them."""
-        return [
-            InputParam.template("prompt"),
-            InputParam.template("negative_prompt"),
-            InputParam.template("prompt_embeds"),
-            InputParam.template("negative_prompt_embeds"),
-            InputParam.template("guidance_scale"),
-        ]
+        return list(PROMPT_INPUTS)
 
     def workflow_inputs(self) -> list[InputParam]:
         """The inputs of this workflow's image or size."""
@@ -88,9 +76,7 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
     def inputs(self) -> list[InputParam]:
         return [
             *self.prompt_inputs(),
-            InputParam.template("num_inference_steps"),
-            InputParam.template("timesteps"),
-            SIGMAS,
+            *TIMESTEP_INPUTS,
             InputParam.template("num_images_per_prompt"),
             *self.workflow_inputs(),
             InputParam.template("output_type"),
@@ -98,15 +84,10 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
 
     # ----- rules -----
     def check(self, components: Any, block_state: BlockState, problems: InputProblems) -> None:
-        bs = block_state
-        self.check_prompts(components, bs, problems)
-        check_at_least_one(problems, "num_inference_steps", bs.num_inference_steps, "denoising steps")
-        check_at_least_one(problems, "num_images_per_prompt", bs.num_images_per_prompt, "images per prompt")
-        check_output_type(problems, bs.output_type)
-        count = prompt_count(bs.prompt, bs.prompt_embeds)
-        per_prompt = bs.num_images_per_prompt
-        total = count * per_prompt if count and per_prompt is not None and per_prompt >= 1 else None
-        self.check_workflow(components, bs, problems, total)
+        self.check_prompts(components, block_state, problems)
+        check_counts(problems, block_state)
+        _, total = batch_total(block_state)
+        self.check_workflow(components, block_state, problems, total)
 
     def check_prompts(self, components: Any, bs: BlockState, problems: InputProblems) -> None:
         """No empty prompt list; with guidance, a negative prompt of the prompt's type and count."""
@@ -150,12 +131,10 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
 
     def check_strength_and_steps(self, bs: BlockState, problems: InputProblems, default: float) -> None:
         """strength in [0, 1], leaving at least one denoising step (custom timesteps are counted later)."""
-        check_strength(problems, bs.strength)
-        strength = default if bs.strength is None else bs.strength
-        steps = bs.num_inference_steps
-        custom = bs.timesteps is not None or bs.sigmas is not None
-        if 0 <= strength <= 1 and not custom and steps is not None and not self.starts_late(bs):
-            check_steps_left(problems, strength, steps, kept_steps(steps, strength))
+        custom = bs.timesteps is not None or bs.sigmas is not None or self.starts_late(bs)
+        check_strength_and_steps(
+            problems, bs.strength, default, bs.num_inference_steps, kept_steps, custom=custom
+        )
 
     def starts_late(self, bs: BlockState) -> bool:
         """Whether denoising starts at a given point instead of by strength (SDXL's denoising_start)."""
@@ -163,13 +142,10 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
 
     def check_reference_image(
         self, components: Any, bs: BlockState, problems: InputProblems, total: int | None
-    ) -> None:
+    ) -> ImageInfo:
         """The image has RGB channels (or latent ones) and a count that divides the batch."""
-        rgb, latent_channels = _vae_channels(components)
-        info = image_info(bs.image)
-        check_image(problems, "image", info, rgb, latent_channels)
-        if total is not None:
-            check_image_count(problems, "image", info.images, total)
+        rgb, latent_channels = vae_channels(components, _VAE_CHANNELS)
+        return check_reference_image(problems, "image", bs.image, rgb, latent_channels, total)
 
 
 class StableDiffusionImg2ImgCheckInputsStep(StableDiffusionCheckInputsStep):
@@ -192,12 +168,11 @@ class StableDiffusionImg2ImgCheckInputsStep(StableDiffusionCheckInputsStep):
     def check_workflow(
         self, components: Any, bs: BlockState, problems: InputProblems, total: int | None
     ) -> None:
-        self.check_reference_image(components, bs, problems, total)
+        info = self.check_reference_image(components, bs, problems, total)
         self.check_strength_and_steps(bs, problems, self.default_strength)
-        info = image_info(bs.image)
         if total is None or info.height is None or info.width is None:
             return
-        rgb, latent_channels = _vae_channels(components)
+        rgb, latent_channels = vae_channels(components, _VAE_CHANNELS)
         # The image's latents (a tensor with latent channels is taken as latents) repeated to the batch.
         scale = vae_scale_factor(components) if info.channels == rgb else 1
         shape = (total, latent_channels, info.height // scale, info.width // scale)
@@ -246,7 +221,7 @@ class StableDiffusionInpaintCheckInputsStep(StableDiffusionCheckInputsStep):
             return
         height, width = size
         scale = vae_scale_factor(components)
-        _, latent_channels = _vae_channels(components)
+        _, latent_channels = vae_channels(components, _VAE_CHANNELS)
         shape = (total, latent_channels, height // scale, width // scale)
         check_latents(problems, bs.latents, shape, (height, width))
         check_latent_memory(problems, shape, model_dtype(components, "unet"), (height, width))

@@ -265,7 +265,6 @@ class StableDiffusionDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         StableDiffusionLoopDenoiser,
         StableDiffusionLoopAfterDenoiser,
     ]
-    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     @property
     def description(self) -> str:
@@ -283,7 +282,6 @@ class StableDiffusionInpaintDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         StableDiffusionLoopDenoiser,
         StableDiffusionInpaintLoopAfterDenoiser,
     ]
-    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     @property
     def description(self) -> str:

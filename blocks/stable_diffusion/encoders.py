@@ -9,11 +9,17 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from diffusers.image_processor import VaeImageProcessor
 from transformers import CLIPTextModel, CLIPTokenizer
 
+from blocks.common.batch import check_generators, repeat_images
+from blocks.common.params import BATCH_INPUTS, DTYPE, HEIGHT_WIDTH_OUTPUTS, tensor_output
+from blocks.common.prompts import check_prompt_or_embeds
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import MODEL_NAME, default_size, encode_vae_image, image_processor_for_vae, strength_input
 
 __all__ = [
+    "IMAGE_PROCESSOR",
+    "MASK_PROCESSOR",
+    "PROMPT_INPUTS",
     "StableDiffusionTextEncoderStep",
     "StableDiffusionVaeEncoderStep",
     "StableDiffusionInpaintVaeEncoderStep",
@@ -37,6 +43,16 @@ MASK_PROCESSOR = ComponentSpec(
 )
 
 
+# What the prompt encoding reads, as the check-inputs step declares it too.
+PROMPT_INPUTS = (
+    InputParam.template("prompt"),
+    InputParam.template("negative_prompt"),
+    InputParam.template("prompt_embeds"),
+    InputParam.template("negative_prompt_embeds"),
+    InputParam.template("guidance_scale"),
+)
+
+
 class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     """Encode the prompt, and the negative prompt when guidance is on, with the CLIP text encoder."""
 
@@ -56,11 +72,7 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam.template("prompt"),
-            InputParam.template("negative_prompt"),
-            InputParam.template("prompt_embeds"),
-            InputParam.template("negative_prompt_embeds"),
-            InputParam.template("guidance_scale"),
+            *PROMPT_INPUTS,
             InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
         ]
 
@@ -115,10 +127,7 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         prompt, prompt_embeds = block_state.prompt, block_state.prompt_embeds
-        if (prompt is None) == (prompt_embeds is None):
-            got = "both" if prompt is not None else "neither"
-            msg = f"{type(self).__name__}: pass exactly one of prompt and prompt_embeds (got {got})"
-            raise ValueError(msg)
+        check_prompt_or_embeds(self, prompt, prompt_embeds)
         device = components._execution_device
         batch_size = (
             1 if isinstance(prompt, str) else len(prompt) if prompt is not None else prompt_embeds.shape[0]
@@ -159,21 +168,11 @@ class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):
 
     @property
     def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("image", required=True),
-            InputParam.template("generator"),
-            InputParam("batch_size", type_hint=int, required=True, description="Number of prompts."),
-            InputParam.template("num_images_per_prompt"),
-            InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs."),
-        ]
+        return [InputParam.template("image", required=True), *BATCH_INPUTS, DTYPE]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            OutputParam(
-                "image_latents", type_hint=torch.Tensor, description="Scaled VAE latents of the image."
-            ),
-        ]
+        return [tensor_output("image_latents", "Scaled VAE latents of the image.")]
 
     @torch.no_grad()
     def __call__(self, components, state):
@@ -188,18 +187,9 @@ class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):
             image_latents = image
         else:
             if isinstance(generator, list):
-                if len(generator) != total:
-                    msg = (
-                        f"{type(self).__name__}: a list of generators needs one per image "
-                        f"(got {len(generator)} for a batch of {total})"
-                    )
-                    raise ValueError(msg)
+                check_generators(self, generator, total)
                 # One generator per output image: encode each (repeated) reference image with its own.
-                if image.shape[0] < total:
-                    if total % image.shape[0] != 0:
-                        msg = f"{type(self).__name__}: cannot repeat {image.shape[0]} images to a batch of {total}"
-                        raise ValueError(msg)
-                    image = torch.cat([image] * (total // image.shape[0]))
+                image = repeat_images(self, image, total)
             image_latents = encode_vae_image(components.vae, image, generator)
         block_state.image_latents = image_latents
         self.set_block_state(state, block_state)
@@ -239,25 +229,16 @@ class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
             strength_input(),
             InputParam.template("latents"),
             InputParam.template("generator"),
-            InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs."),
+            DTYPE,
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
         return [
-            OutputParam(
-                "image_latents",
-                type_hint=torch.Tensor,
-                description="Scaled VAE latents of the image, or None.",
-            ),
-            OutputParam(
-                "mask_condition", type_hint=torch.Tensor, description="The binarized mask, [B, 1, H, W]."
-            ),
-            OutputParam(
-                "masked_image", type_hint=torch.Tensor, description="The image with the masked area zeroed."
-            ),
-            OutputParam("height", type_hint=int, description="The image height in pixels."),
-            OutputParam("width", type_hint=int, description="The image width in pixels."),
+            tensor_output("image_latents", "Scaled VAE latents of the image, or None."),
+            tensor_output("mask_condition", "The binarized mask, [B, 1, H, W]."),
+            tensor_output("masked_image", "The image with the masked area zeroed."),
+            *HEIGHT_WIDTH_OUTPUTS,
         ]
 
     @torch.no_grad()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from modular import AutoPipelineBlocks, SequentialPipelineBlocks
+from blocks.common.workflows import IMAGE2IMAGE, INPAINTING, TEXT2IMAGE, ChosenByInputs, FamilyBlocks
+from modular import SequentialPipelineBlocks
 
 from .before_denoise import (
     StableDiffusionImg2ImgPrepareLatentsStep,
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 
-class StableDiffusionAutoCheckInputsStep(AutoPipelineBlocks):
+class StableDiffusionAutoCheckInputsStep(ChosenByInputs):
     """Check the inputs of inpainting, image-to-image or text-to-image before any model runs."""
 
     block_classes = [
@@ -50,65 +51,40 @@ class StableDiffusionAutoCheckInputsStep(AutoPipelineBlocks):
     ]
     block_names = ["inpaint_check_inputs", "img2img_check_inputs", "check_inputs"]
     block_trigger_inputs = ["mask_image", "image", None]
-
-    @property
-    def description(self) -> str:
-        return (
-            "Input checks before any model runs: `inpaint_check_inputs` when mask_image is given, "
-            "`img2img_check_inputs` when image is given, `check_inputs` otherwise."
-        )
+    summary = "Input checks before any model runs"
 
 
-class StableDiffusionAutoVaeEncoderStep(AutoPipelineBlocks):
+class StableDiffusionAutoVaeEncoderStep(ChosenByInputs):
     """Encode the reference image: the inpainting encoder with a mask, the img2img one with an image only."""
 
     block_classes = [StableDiffusionInpaintVaeEncoderStep, StableDiffusionVaeEncoderStep]
     block_names = ["inpaint_vae_encoder", "img2img_vae_encoder"]
     block_trigger_inputs = ["mask_image", "image"]
-
-    @property
-    def description(self) -> str:
-        return (
-            "VAE encoding of the reference image. Runs `inpaint_vae_encoder` when mask_image is given, "
-            "`img2img_vae_encoder` when "
-            "image is given, and nothing for text-to-image."
-        )
+    summary = "VAE encoding of the reference image"
 
 
 class StableDiffusionBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Text-to-image: timesteps, then the initial noise."""
+    """Text-to-image preparation: set_timesteps, then prepare_latents (initial noise)."""
 
     block_classes = [StableDiffusionSetTimestepsStep, StableDiffusionPrepareLatentsStep]
     block_names = ["set_timesteps", "prepare_latents"]
 
-    @property
-    def description(self) -> str:
-        return "Text-to-image preparation: set_timesteps, then prepare_latents (initial noise)."
-
 
 class StableDiffusionImg2ImgBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Image-to-image: timesteps cut by strength, then the noised image latents."""
+    """Image-to-image preparation: set_timesteps (cut by strength), then prepare_latents (noised image)."""
 
     block_classes = [StableDiffusionImg2ImgSetTimestepsStep, StableDiffusionImg2ImgPrepareLatentsStep]
     block_names = ["set_timesteps", "prepare_latents"]
 
-    @property
-    def description(self) -> str:
-        return "Image-to-image preparation: set_timesteps (cut by strength), then prepare_latents (noised image)."
-
 
 class StableDiffusionInpaintBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Inpainting: timesteps cut by strength, then the initial latents and the mask latents."""
+    """Inpainting preparation: set_timesteps (cut by strength), then prepare_latents (noise, mask latents)."""
 
     block_classes = [StableDiffusionInpaintSetTimestepsStep, StableDiffusionInpaintPrepareLatentsStep]
     block_names = ["set_timesteps", "prepare_latents"]
 
-    @property
-    def description(self) -> str:
-        return "Inpainting preparation: set_timesteps (cut by strength), then prepare_latents (noise and mask latents)."
 
-
-class StableDiffusionAutoBeforeDenoiseStep(AutoPipelineBlocks):
+class StableDiffusionAutoBeforeDenoiseStep(ChosenByInputs):
     """Choose the preparation for inpainting, image-to-image or text-to-image."""
 
     block_classes = [
@@ -118,28 +94,19 @@ class StableDiffusionAutoBeforeDenoiseStep(AutoPipelineBlocks):
     ]
     block_names = ["inpaint", "img2img", "text2img"]
     block_trigger_inputs = ["mask_image", "image", None]
-
-    @property
-    def description(self) -> str:
-        return (
-            "Preparation before denoising: `inpaint` when mask_image is given, `img2img` when image is given, "
-            "`text2img` otherwise."
-        )
+    summary = "Preparation before denoising"
 
 
-class StableDiffusionAutoDenoiseStep(AutoPipelineBlocks):
+class StableDiffusionAutoDenoiseStep(ChosenByInputs):
     """Choose the inpainting loop (with a mask) or the plain loop."""
 
     block_classes = [StableDiffusionInpaintDenoiseStep, StableDiffusionDenoiseStep]
     block_names = ["inpaint_denoise", "denoise"]
     block_trigger_inputs = ["mask_image", None]
-
-    @property
-    def description(self) -> str:
-        return "The denoising loop: `inpaint_denoise` when mask_image is given, `denoise` otherwise."
+    summary = "The denoising loop"
 
 
-class StableDiffusionAutoBlocks(SequentialPipelineBlocks):
+class StableDiffusionAutoBlocks(FamilyBlocks):
     """Stable Diffusion 1.x/2.x: text-to-image, image-to-image and inpainting, chosen by the inputs given.
 
     Supported workflows:
@@ -157,20 +124,7 @@ class StableDiffusionAutoBlocks(SequentialPipelineBlocks):
         StableDiffusionAutoDenoiseStep,
         StableDiffusionDecodeStep,
     ]
-    block_names = [
-        "check_inputs",
-        "text_encoder",
-        "input",
-        "vae_encoder",
-        "before_denoise",
-        "denoise",
-        "decode",
-    ]
-    _workflow_map = {
-        "text2image": {"prompt": True},
-        "image2image": {"image": True, "prompt": True},
-        "inpainting": {"mask_image": True, "image": True, "prompt": True},
-    }
+    _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE, "inpainting": INPAINTING}
 
     @property
     def description(self) -> str:

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import inspect
 
-import torch
-
+from blocks.common.params import BATCH_SIZE, SIGMAS, TIMESTEPS_OUTPUTS
+from blocks.common.timesteps import StrengthTimestepsStep
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import MODEL_NAME, SCHEDULER, strength_input
 
 __all__ = [
-    "SIGMAS",
+    "TIMESTEP_INPUTS",
+    "kept_steps",
     "set_scheduler_timesteps",
     "StableDiffusionSetTimestepsStep",
     "StableDiffusionImg2ImgSetTimestepsStep",
     "StableDiffusionInpaintSetTimestepsStep",
 ]
 
-_BATCH = InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
-SIGMAS = InputParam("sigmas", type_hint=list[float], description="Custom sigmas.")
+
+# How many steps to run, or which: the count, or custom timesteps or sigmas.
+TIMESTEP_INPUTS = (InputParam.template("num_inference_steps"), InputParam.template("timesteps"), SIGMAS)
 
 
 def set_scheduler_timesteps(scheduler, num_inference_steps, device, timesteps=None, sigmas=None):
@@ -45,6 +47,11 @@ def set_scheduler_timesteps(scheduler, num_inference_steps, device, timesteps=No
     return scheduler.timesteps, num_inference_steps
 
 
+def kept_steps(steps: int, strength: float) -> int:
+    """How many of `steps` denoising steps image-to-image runs at `strength`, as the classic pipelines."""
+    return min(int(steps * strength), steps)
+
+
 class StableDiffusionSetTimestepsStep(ModularPipelineBlocks):
     """Set the scheduler's timesteps for text-to-image."""
 
@@ -60,18 +67,11 @@ class StableDiffusionSetTimestepsStep(ModularPipelineBlocks):
 
     @property
     def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("num_inference_steps"),
-            InputParam.template("timesteps"),
-            SIGMAS,
-        ]
+        return list(TIMESTEP_INPUTS)
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            OutputParam("timesteps", type_hint=torch.Tensor, description="The timesteps to denoise at."),
-            OutputParam("num_inference_steps", type_hint=int, description="The number of denoising steps."),
-        ]
+        return list(TIMESTEPS_OUTPUTS)
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -86,7 +86,7 @@ class StableDiffusionSetTimestepsStep(ModularPipelineBlocks):
         return components, state
 
 
-class StableDiffusionImg2ImgSetTimestepsStep(ModularPipelineBlocks):
+class StableDiffusionImg2ImgSetTimestepsStep(StrengthTimestepsStep):
     """Set the timesteps and keep the last ``strength`` part of them, for image-to-image."""
 
     model_name = MODEL_NAME
@@ -105,55 +105,20 @@ class StableDiffusionImg2ImgSetTimestepsStep(ModularPipelineBlocks):
 
     @property
     def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("num_inference_steps"),
-            InputParam.template("timesteps"),
-            SIGMAS,
-            strength_input(),
-            _BATCH,
-            InputParam.template("num_images_per_prompt"),
-        ]
+        return [*TIMESTEP_INPUTS, strength_input(), BATCH_SIZE, InputParam.template("num_images_per_prompt")]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            OutputParam("timesteps", type_hint=torch.Tensor, description="The timesteps to denoise at."),
-            OutputParam("num_inference_steps", type_hint=int, description="The number of denoising steps."),
-            OutputParam(
-                "latent_timestep", type_hint=torch.Tensor, description="The first timestep, once per image."
-            ),
-        ]
-
-    def __call__(self, components, state):
-        block_state = self.get_block_state(state)
-        strength = self.default_strength if block_state.strength is None else block_state.strength
-        if not 0 <= strength <= 1:
-            msg = f"{type(self).__name__}: strength must be in [0, 1] (got {strength})"
-            raise ValueError(msg)
-        scheduler = components.scheduler
+    def set_timesteps(self, components, block_state) -> int:
         _, steps = set_scheduler_timesteps(
-            scheduler,
+            components.scheduler,
             block_state.num_inference_steps,
             components._execution_device,
             block_state.timesteps,
             block_state.sigmas,
         )
-        kept = min(int(steps * strength), steps)
-        start = max(steps - kept, 0)
-        timesteps = scheduler.timesteps[start * scheduler.order :]
-        if hasattr(scheduler, "set_begin_index"):
-            scheduler.set_begin_index(start * scheduler.order)
-        if steps - start < 1:
-            msg = (
-                f"{type(self).__name__}: strength {strength} with num_inference_steps {steps} leaves "
-                f"{steps - start} denoising steps; raise strength or num_inference_steps"
-            )
-            raise ValueError(msg)
-        block_state.timesteps, block_state.num_inference_steps = timesteps, steps - start
-        total = block_state.batch_size * block_state.num_images_per_prompt
-        block_state.latent_timestep = timesteps[:1].repeat(total)
-        self.set_block_state(state, block_state)
-        return components, state
+        return steps
+
+    def kept_steps(self, steps: int, strength: float) -> int:
+        return kept_steps(steps, strength)
 
 
 class StableDiffusionInpaintSetTimestepsStep(StableDiffusionImg2ImgSetTimestepsStep):

@@ -10,23 +10,24 @@ so one 64x64 image takes a fraction of a second.
 
 from __future__ import annotations
 
-import json
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from blocks.common.bpe import bytes_to_unicode
+from blocks.common.tiny import (
+    make_tiny_clip_tokenizer,
+    tiny_clip_config,
+    tiny_vae,
+    write_bpe_files,
+    write_variant_weights,
+)
 
-__all__ = ["make_tiny_repo", "make_tiny_tokenizer"]
+__all__ = ["make_tiny_repo", "make_tiny_tokenizer", "tiny_unet"]
 
-# Special tokens sit at fixed ids so that the text model's config can name them.
-_BOS, _EOS = "<|startoftext|>", "<|endoftext|>"
-_BOS_ID, _EOS_ID = 0, 1
-# A few words get merged tokens so that prompts tokenize into whole words, as with a real vocab.
-_WORDS = ("a", "photo", "of", "cat", "dog", "the", "astronaut", "riding", "horse", "red", "blue", "blurry")
+make_tiny_tokenizer = make_tiny_clip_tokenizer
+"""The tiny CLIP tokenizer (``blocks.common.tiny.make_tiny_clip_tokenizer``), under this family's name."""
 
 # The scheduler config Stable Diffusion v1.x repos ship.
 _SCHEDULER_CONFIG = {
@@ -39,65 +40,16 @@ _SCHEDULER_CONFIG = {
     "steps_offset": 1,
 }
 
-_VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
+def tiny_unet(inpainting: bool, **config: Any):
+    """A UNet2DConditionModel with channels (32, 64), as diffusers' fast tests use, and `config`.
 
-def _vocab_and_merges() -> tuple[dict[str, int], list[str]]:
-    """A ~600-token CLIP-style vocabulary: specials, every byte alone and word-final, and word merges."""
-    vocab: dict[str, int] = {_BOS: _BOS_ID, _EOS: _EOS_ID}
-    for char in bytes_to_unicode():
-        vocab.setdefault(char, len(vocab))
-    for char in bytes_to_unicode():
-        vocab.setdefault(char + "</w>", len(vocab))
-    merges: list[str] = []
-    for word in _WORDS:
-        # Merge left to right: ((w o) r) d</w>; each merge's result becomes a token.
-        symbols = list(word[:-1]) + [word[-1] + "</w>"]
-        current = symbols[0]
-        for nxt in symbols[1:]:
-            merge = f"{current} {nxt}"
-            current = current + nxt
-            if merge not in merges:
-                merges.append(merge)
-            vocab.setdefault(current, len(vocab))
-    return vocab, merges
-
-
-def make_tiny_tokenizer(folder: str | Path):
-    """Write ``vocab.json`` and ``merges.txt`` into `folder`, build a CLIPTokenizer from them, save it there.
-
-    Args:
-        folder: where the tokenizer files go (created if missing).
-
-    Returns:
-        The ``transformers.CLIPTokenizer`` read back from the files.
+    An inpainting UNet takes 9 input channels: the latents (4), the mask (1) and the masked image's
+    latents (4).
     """
-    from transformers import CLIPTokenizer
+    from diffusers import UNet2DConditionModel
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab, merges = _vocab_and_merges()
-    with tempfile.TemporaryDirectory() as raw:
-        raw_dir = Path(raw)
-        (raw_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        (raw_dir / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-        tokenizer = CLIPTokenizer(
-            vocab=str(raw_dir / "vocab.json"), merges=str(raw_dir / "merges.txt"), model_max_length=77
-        )
-    tokenizer.save_pretrained(folder)
-    # Keep the plain BPE files beside tokenizer.json, as real SD repos do.
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    return CLIPTokenizer.from_pretrained(folder)
-
-
-def _tiny_models(inpainting: bool, seed: int, vae_levels: int = 2) -> dict[str, Any]:
-    """Build the random models, each from its own seed so that one change leaves the others as they were."""
-    from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
+    return UNet2DConditionModel(
         block_out_channels=(32, 64),
         layers_per_block=2,
         sample_size=32,
@@ -105,32 +57,21 @@ def _tiny_models(inpainting: bool, seed: int, vae_levels: int = 2) -> dict[str, 
         out_channels=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=32,
+        **config,
     )
+
+
+def _tiny_models(inpainting: bool, seed: int, vae_levels: int = 2) -> dict[str, Any]:
+    """Build the random models, each from its own seed so that one change leaves the others as they were."""
+    from diffusers import PNDMScheduler
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(seed)
+    unet = tiny_unet(inpainting, cross_attention_dim=32)
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
-        block_out_channels=(32, *[64] * (vae_levels - 1)),
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * vae_levels,
-        up_block_types=("UpDecoderBlock2D",) * vae_levels,
-        latent_channels=4,
-        sample_size=64,
-    )
+    vae = tiny_vae((32, *[64] * (vae_levels - 1)), latent_channels=4, sample_size=64)
     torch.manual_seed(seed + 2)
-    text_config = CLIPTextConfig(
-        bos_token_id=_BOS_ID,
-        eos_token_id=_EOS_ID,
-        pad_token_id=_EOS_ID,
-        hidden_size=32,
-        intermediate_size=37,
-        layer_norm_eps=1e-05,
-        num_attention_heads=4,
-        num_hidden_layers=5,
-        vocab_size=1000,
-        projection_dim=32,
-    )
-    text_encoder = CLIPTextModel(text_config).eval()
+    text_encoder = CLIPTextModel(tiny_clip_config()).eval()
     scheduler = PNDMScheduler(**_SCHEDULER_CONFIG)
     return {"unet": unet.eval(), "vae": vae.eval(), "text_encoder": text_encoder, "scheduler": scheduler}
 
@@ -186,17 +127,7 @@ def make_tiny_repo(
     )
     pipe.save_pretrained(folder, safe_serialization=True)
     # save_pretrained does not keep the plain BPE files; write them for tools that read them.
-    vocab, merges = _vocab_and_merges()
-    (folder / "tokenizer" / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (folder / "tokenizer" / "merges.txt").write_text(
-        "#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8"
-    )
+    write_bpe_files(folder / "tokenizer")
     if variant is not None:
-        dtype = _VARIANT_DTYPES.get(variant, torch.float32)
-        for name in ("unet", "vae", "text_encoder"):
-            # Save to a scratch folder and keep only the weights: the config stays the plain one.
-            with tempfile.TemporaryDirectory() as scratch:
-                models[name].to(dtype).save_pretrained(scratch, safe_serialization=True, variant=variant)
-                for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
-                    shutil.copyfile(weights, folder / name / weights.name)
+        write_variant_weights(folder, models, ("unet", "vae", "text_encoder"), variant)
     return folder

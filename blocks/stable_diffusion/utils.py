@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from diffusers import SchedulerMixin
 
-from blocks.common.vae import processor_for_vae, retrieve_latents, vae_scale_factor
+from blocks.common.vae import processor_for_vae, sample_latents, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "image_processor_for_vae",
     "default_size",
     "do_classifier_free_guidance",
-    "retrieve_latents",
     "encode_vae_image",
     "extra_step_kwargs",
     "repeat_to_batch",
@@ -59,22 +58,7 @@ def encode_vae_image(
 
     With a list of generators, image ``i`` is sampled with ``generator[i]`` (extra generators are unused).
     """
-    if isinstance(generator, list):
-        if len(generator) < image.shape[0]:
-            msg = (
-                f"generator: a list of generators needs one per image (got {len(generator)} generators for "
-                f"{image.shape[0]} images); pass one generator or a list of length {image.shape[0]}"
-            )
-            raise ValueError(msg)
-        latents = torch.cat(
-            [
-                retrieve_latents(vae.encode(image[i : i + 1]), generator=generator[i])
-                for i in range(image.shape[0])
-            ]
-        )
-    else:
-        latents = retrieve_latents(vae.encode(image), generator=generator)
-    return vae.config.scaling_factor * latents
+    return vae.config.scaling_factor * sample_latents(vae, image, generator)
 
 
 @functools.lru_cache(maxsize=64)
@@ -93,9 +77,13 @@ def extra_step_kwargs(scheduler: Any, generator: Any, eta: float) -> dict[str, A
     return kwargs
 
 
-def repeat_to_batch(tensor: torch.Tensor, batch_size: int, what: str) -> torch.Tensor:
-    """Repeat `tensor` along dim 0 up to `batch_size`, which its batch must divide."""
-    if tensor.shape[0] >= batch_size:
+def repeat_to_batch(tensor: torch.Tensor, batch_size: int, what: str, *, copy: bool = False) -> torch.Tensor:
+    """Repeat `tensor` along dim 0 up to `batch_size`, which its batch must divide.
+
+    With `copy`, a repeated copy even when the batch is full already (Tensor.repeat makes a VAE's
+    channels-last output contiguous, and convolutions round differently per memory layout).
+    """
+    if tensor.shape[0] >= batch_size and not copy:
         return tensor
     if batch_size % tensor.shape[0] != 0:
         msg = (

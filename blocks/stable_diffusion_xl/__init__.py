@@ -15,6 +15,7 @@ from modular import BlockFamily
 from .before_denoise import (
     StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep,
     StableDiffusionXLImg2ImgPrepareLatentsStep,
+    StableDiffusionXLInpaintPrepareLatentsStep,
     StableDiffusionXLPrepareAdditionalConditioningStep,
     StableDiffusionXLPrepareLatentsStep,
 )
@@ -26,22 +27,18 @@ from .checks import (
 from .decoders import StableDiffusionXLDecodeStep
 from .denoise import (
     StableDiffusionXLDenoiseStep,
+    StableDiffusionXLInpaintDenoiseStep,
+    StableDiffusionXLInpaintLoopAfterDenoiser,
+    StableDiffusionXLInpaintLoopBeforeDenoiser,
     StableDiffusionXLLoopAfterDenoiser,
     StableDiffusionXLLoopBeforeDenoiser,
     StableDiffusionXLLoopDenoiser,
 )
 from .encoders import (
+    StableDiffusionXLInpaintVaeEncoderStep,
     StableDiffusionXLRefinerTextEncoderStep,
     StableDiffusionXLTextEncoderStep,
     StableDiffusionXLVaeEncoderStep,
-)
-from .inpainting import (
-    StableDiffusionXLInpaintDenoiseStep,
-    StableDiffusionXLInpaintLoopAfterDenoiser,
-    StableDiffusionXLInpaintLoopBeforeDenoiser,
-    StableDiffusionXLInpaintPrepareLatentsStep,
-    StableDiffusionXLInpaintSetTimestepsStep,
-    StableDiffusionXLInpaintVaeEncoderStep,
 )
 from .inputs import StableDiffusionXLInputStep
 from .modular_blocks import (
@@ -55,7 +52,11 @@ from .modular_blocks import (
     StableDiffusionXLInpaintBeforeDenoiseStep,
     StableDiffusionXLRefinerBlocks,
 )
-from .timesteps import StableDiffusionXLImg2ImgSetTimestepsStep, StableDiffusionXLSetTimestepsStep
+from .timesteps import (
+    StableDiffusionXLImg2ImgSetTimestepsStep,
+    StableDiffusionXLInpaintSetTimestepsStep,
+    StableDiffusionXLSetTimestepsStep,
+)
 from .tiny import make_tiny_repo
 
 

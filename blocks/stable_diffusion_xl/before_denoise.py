@@ -1,4 +1,5 @@
-"""Steps that prepare the denoising: initial latents, and SDXL's micro-conditioning (add_time_ids)."""
+"""Steps that prepare the denoising: initial latents (noise, noised image, mask latents for inpainting),
+and SDXL's micro-conditioning (add_time_ids)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,35 @@ import torch
 from diffusers import UNet2DConditionModel
 from diffusers.utils.torch_utils import randn_tensor
 
-from blocks.stable_diffusion.before_denoise import StableDiffusionPrepareLatentsStep
+from blocks.common.batch import check_generators, repeat_images
+from blocks.common.params import (
+    BATCH_INPUTS,
+    BATCH_SIZE,
+    DTYPE,
+    INITIAL_LATENTS_OUTPUT,
+    LATENT_TIMESTEP,
+    tensor_input,
+)
+from blocks.stable_diffusion.before_denoise import (
+    StableDiffusionInpaintPrepareLatentsStep,
+    StableDiffusionPrepareLatentsStep,
+)
 from blocks.stable_diffusion.utils import (
     SCHEDULER,
     default_size,
     do_classifier_free_guidance,
+    repeat_to_batch,
     vae_scale_factor,
 )
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME, batch_input, dtype_input, guidance_scale_input
+from .timesteps import DENOISING_START
+from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input, strength_input
 
 __all__ = [
     "StableDiffusionXLPrepareLatentsStep",
     "StableDiffusionXLImg2ImgPrepareLatentsStep",
+    "StableDiffusionXLInpaintPrepareLatentsStep",
     "StableDiffusionXLPrepareAdditionalConditioningStep",
     "StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep",
 ]
@@ -53,21 +69,17 @@ class StableDiffusionXLImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam("image_latents", type_hint=torch.Tensor, description="Latents of the image."),
-            InputParam(
-                "latent_timestep", type_hint=torch.Tensor, required=True, description="The first timestep."
-            ),
+            tensor_input("image_latents", "Latents of the image."),
+            LATENT_TIMESTEP,
             InputParam.template("latents"),
-            InputParam("denoising_start", type_hint=float, description="Start fraction of the denoising."),
-            InputParam.template("generator"),
-            batch_input(),
-            InputParam.template("num_images_per_prompt"),
-            dtype_input(),
+            DENOISING_START,
+            *BATCH_INPUTS,
+            DTYPE,
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam("latents", type_hint=torch.Tensor, description="The initial latents to denoise.")]
+        return [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         bs = self.get_block_state(state)
@@ -75,25 +87,103 @@ class StableDiffusionXLImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
             self.set_block_state(state, bs)
             return components, state
         total = bs.batch_size * bs.num_images_per_prompt
-        latents = bs.image_latents
-        if total > latents.shape[0]:
-            if total % latents.shape[0] != 0:
-                msg = (
-                    f"{type(self).__name__}: {latents.shape[0]} images cannot be repeated to a batch of {total} "
-                    f"(prompts x num_images_per_prompt); pass 1 image or {total}"
-                )
-                raise ValueError(msg)
-            # torch.cat, not repeat: it keeps the VAE output's memory layout, as the classic pipeline does.
-            latents = torch.cat([latents] * (total // latents.shape[0]))
+        latents = repeat_images(self, bs.image_latents, total)
         if bs.denoising_start is None:
-            if isinstance(bs.generator, list) and len(bs.generator) != total:
-                msg = f"{type(self).__name__}: a list of generators needs one per image (got {len(bs.generator)} for a batch of {total})"
-                raise ValueError(msg)
+            check_generators(self, bs.generator, total)
             noise = randn_tensor(
                 latents.shape, generator=bs.generator, device=components._execution_device, dtype=bs.dtype
             )
             latents = components.scheduler.add_noise(latents, noise, bs.latent_timestep)
         bs.latents = latents
+        self.set_block_state(state, bs)
+        return components, state
+
+
+class StableDiffusionXLInpaintPrepareLatentsStep(StableDiffusionInpaintPrepareLatentsStep):
+    """Initial latents and mask latents for inpainting, drawing from the generator in the classic order."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Draws the initial noise (pure noise at strength 1, else image_latents noised to latent_timestep; "
+            "with denoising_start the image latents themselves), then downsamples the mask to the latent size "
+            "and encodes the masked image; both are repeated to the batch and doubled when guidance is on."
+        )
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            tensor_input("image_latents", "Scaled VAE latents of the image."),
+            tensor_input("mask_condition", "The binarized mask.", required=True),
+            tensor_input("masked_image", "The masked image."),
+            LATENT_TIMESTEP,
+            strength_input(),
+            DENOISING_START,
+            InputParam.template("latents"),
+            InputParam.template("height"),
+            InputParam.template("width"),
+            *BATCH_INPUTS,
+            DTYPE,
+            guidance_scale_input(),
+        ]
+
+    def _initial(self, components, bs, total: int, strength: float):
+        """(latents, noise) as the classic prepare_latents makes them."""
+        device, dtype, generator = components._execution_device, bs.dtype, bs.generator
+        scale = vae_scale_factor(components)
+        shape = (
+            total,
+            components.vae.config.latent_channels,
+            int(bs.height) // scale,
+            int(bs.width) // scale,
+        )
+        if bs.denoising_start is not None:
+            # Refiner-style start: the image latents are taken as partly denoised already.
+            return bs.image_latents.to(device), randn_tensor(
+                shape, generator=generator, device=device, dtype=dtype
+            )
+        if bs.latents is not None:
+            noise = bs.latents.to(device)
+            return noise * components.scheduler.init_noise_sigma, noise
+        noise = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+        if strength == 1.0:
+            return noise * components.scheduler.init_noise_sigma, noise
+        return components.scheduler.add_noise(bs.image_latents, noise, bs.latent_timestep), noise
+
+    def __call__(self, components, state):
+        bs = self.get_block_state(state)
+        total = bs.batch_size * bs.num_images_per_prompt
+        check_generators(self, bs.generator, total)
+        name = type(self).__name__
+        strength = INPAINT_STRENGTH if bs.strength is None else bs.strength
+        if bs.image_latents is not None:
+            # A repeated copy even for a factor of 1, as the classic pipeline makes.
+            bs.image_latents = repeat_to_batch(bs.image_latents, total, f"{name}: image", copy=True)
+        elif (bs.latents is None and strength != 1.0) or bs.denoising_start is not None:
+            msg = f"{type(self).__name__}: strength {strength} < 1 starts from the image, but image_latents is missing"
+            raise ValueError(msg)
+        bs.latents, bs.noise = self._initial(components, bs, total, strength)
+
+        device, dtype = components._execution_device, bs.dtype
+        guided = do_classifier_free_guidance(components, bs.guidance_scale)
+        scale = vae_scale_factor(components)
+        mask = torch.nn.functional.interpolate(
+            bs.mask_condition, size=(bs.height // scale, bs.width // scale)
+        )
+        mask = repeat_to_batch(mask.to(device=device, dtype=dtype), total, f"{name}: mask_image")
+        bs.mask = torch.cat([mask] * 2) if guided else mask
+        masked = None
+        if bs.masked_image is not None:
+            # Encoded after the noise is drawn: the generator's draws keep the classic order.
+            pixels = bs.masked_image.to(device=device, dtype=dtype)
+            masked = repeat_to_batch(
+                encode_image_latents(components.vae, pixels, bs.generator), total, f"{name}: image"
+            )
+            masked = (torch.cat([masked] * 2) if guided else masked).to(device=device, dtype=dtype)
+        bs.masked_image_latents = masked
+        self._check_unet(components, bs.mask, masked)
         self.set_block_state(state, bs)
         return components, state
 
@@ -121,10 +211,10 @@ _CONDITIONING_INPUTS = [
     InputParam(
         "pooled_prompt_embeds", type_hint=torch.Tensor, required=True, description="Pooled embeddings."
     ),
-    batch_input(),
+    BATCH_SIZE,
     InputParam.template("num_images_per_prompt"),
     guidance_scale_input(),
-    dtype_input(),
+    DTYPE,
 ]
 _CONDITIONING_OUTPUTS = [
     OutputParam(

@@ -19,9 +19,13 @@ from blocks.stable_diffusion.checks import (
 )
 from modular import BlockState, InputParam
 
-from .encoders import NEGATIVE_PROMPT_2, PROMPT_2
-from .inpainting import INPAINT_STRENGTH
-from .timesteps import DENOISING_START, StableDiffusionXLImg2ImgSetTimestepsStep, is_fraction
+from .encoders import PROMPT_INPUTS
+from .timesteps import (
+    DENOISING_START,
+    StableDiffusionXLImg2ImgSetTimestepsStep,
+    StableDiffusionXLInpaintSetTimestepsStep,
+    is_fraction,
+)
 from .utils import MODEL_NAME, guidance_scale_input, strength_input
 
 __all__ = [
@@ -35,15 +39,7 @@ class _SDXLRules:
     """SDXL's prompt inputs and rules, mixed into each of Stable Diffusion's check steps."""
 
     def prompt_inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("prompt"),
-            PROMPT_2,
-            InputParam.template("negative_prompt"),
-            NEGATIVE_PROMPT_2,
-            InputParam.template("prompt_embeds"),
-            InputParam.template("negative_prompt_embeds"),
-            guidance_scale_input(),
-        ]
+        return [*PROMPT_INPUTS, guidance_scale_input()]
 
     def check_prompts(self, components: Any, bs: BlockState, problems: InputProblems) -> None:
         """No empty prompt list; with guidance, each negative prompt a string or one entry per prompt."""
@@ -96,7 +92,7 @@ class StableDiffusionXLInpaintCheckInputsStep(_SDXLRules, StableDiffusionInpaint
     """Inpainting: also check image, mask, strength (or denoising_start) and the latents' shape."""
 
     model_name = MODEL_NAME
-    default_strength = INPAINT_STRENGTH
+    default_strength = StableDiffusionXLInpaintSetTimestepsStep.default_strength
 
     @property
     def description(self) -> str:

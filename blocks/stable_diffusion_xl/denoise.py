@@ -1,35 +1,36 @@
-"""The denoising loop: per step, prepare the UNet input, predict the noise with SDXL's added conditions, step."""
+"""The denoising loop: per step, prepare the UNet input, predict the noise with SDXL's added conditions, step;
+for inpainting, the mask handling around it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from diffusers import UNet2DConditionModel
 
+from blocks.common.params import tensor_input
 from blocks.stable_diffusion.denoise import (
     StableDiffusionDenoiseLoopWrapper,
+    StableDiffusionInpaintDenoiseStep,
+    StableDiffusionInpaintLoopAfterDenoiser,
+    StableDiffusionInpaintLoopBeforeDenoiser,
     StableDiffusionLoopAfterDenoiser,
     StableDiffusionLoopBeforeDenoiser,
     StableDiffusionLoopDenoiser,
 )
 from blocks.stable_diffusion.utils import do_classifier_free_guidance
-from modular import ComponentSpec, InputParam
+from modular import InputParam
 
-from .utils import MODEL_NAME, guidance_scale_input
+from .utils import MODEL_NAME, guidance_scale_input, with_sdxl_guidance
 
 __all__ = [
     "StableDiffusionXLLoopBeforeDenoiser",
+    "StableDiffusionXLInpaintLoopBeforeDenoiser",
     "StableDiffusionXLLoopDenoiser",
     "StableDiffusionXLLoopAfterDenoiser",
+    "StableDiffusionXLInpaintLoopAfterDenoiser",
     "StableDiffusionXLDenoiseStep",
+    "StableDiffusionXLInpaintDenoiseStep",
 ]
-
-_UNET = ComponentSpec("unet", UNet2DConditionModel)
-
-
-def _tensor(name: str, description: str, required: bool = False) -> InputParam:
-    return InputParam(name, type_hint=torch.Tensor, required=required, description=description)
 
 
 class StableDiffusionXLLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser):
@@ -39,7 +40,17 @@ class StableDiffusionXLLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser):
 
     @property
     def inputs(self) -> list[InputParam]:
-        return [_tensor("latents", "The latents being denoised.", required=True), guidance_scale_input()]
+        return with_sdxl_guidance(super().inputs)
+
+
+class StableDiffusionXLInpaintLoopBeforeDenoiser(StableDiffusionInpaintLoopBeforeDenoiser):
+    """Loop step for inpainting: as the plain one, plus mask and masked-image latents for a 9-channel UNet."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return with_sdxl_guidance(super().inputs)
 
 
 class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
@@ -60,10 +71,10 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
         return [
             InputParam.template("prompt_embeds", required=True),
             InputParam.template("negative_prompt_embeds"),
-            _tensor("pooled_prompt_embeds", "Pooled text embeddings.", required=True),
-            _tensor("negative_pooled_prompt_embeds", "Pooled negative embeddings."),
-            _tensor("add_time_ids", "Micro-conditioning ids.", required=True),
-            _tensor("negative_add_time_ids", "Micro-conditioning ids of the unconditional prediction."),
+            tensor_input("pooled_prompt_embeds", "Pooled text embeddings.", required=True),
+            tensor_input("negative_pooled_prompt_embeds", "Pooled negative embeddings."),
+            tensor_input("add_time_ids", "Micro-conditioning ids.", required=True),
+            tensor_input("negative_add_time_ids", "Micro-conditioning ids of the unconditional prediction."),
             guidance_scale_input(),
             InputParam(
                 "guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."
@@ -92,6 +103,16 @@ class StableDiffusionXLLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
     model_name = MODEL_NAME
 
 
+class StableDiffusionXLInpaintLoopAfterDenoiser(StableDiffusionInpaintLoopAfterDenoiser):
+    """Loop step for inpainting: as Stable Diffusion's, with SDXL's guidance default."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return with_sdxl_guidance(super().inputs)
+
+
 class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
     """The text-to-image and image-to-image denoising loop."""
 
@@ -100,7 +121,6 @@ class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         StableDiffusionXLLoopDenoiser,
         StableDiffusionXLLoopAfterDenoiser,
     ]
-    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     @property
     def description(self) -> str:
@@ -109,3 +129,13 @@ class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
             "scale_model_input), denoiser (UNet with SDXL's added conditions, guidance), after_denoiser "
             "(scheduler step)."
         )
+
+
+class StableDiffusionXLInpaintDenoiseStep(StableDiffusionInpaintDenoiseStep):
+    """The inpainting denoising loop, for 4- and 9-channel UNets, with SDXL's UNet conditions."""
+
+    block_classes = [
+        StableDiffusionXLInpaintLoopBeforeDenoiser,
+        StableDiffusionXLLoopDenoiser,
+        StableDiffusionXLInpaintLoopAfterDenoiser,
+    ]

@@ -1,23 +1,31 @@
-"""Encoder steps: the two CLIP prompt encoders (and the refiner's one), and VAE encoding for image-to-image."""
+"""Encoder steps: the two CLIP prompt encoders (and the refiner's one), and VAE encoding for image-to-image
+and inpainting."""
 
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKL
 from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-from blocks.stable_diffusion.encoders import IMAGE_PROCESSOR
-from blocks.stable_diffusion.utils import image_processor_for_vae
+from blocks.common.batch import check_generators, repeat_images
+from blocks.common.params import BATCH_INPUTS, DTYPE, tensor_input, tensor_output
+from blocks.common.prompts import as_list, check_prompt_or_embeds
+from blocks.stable_diffusion.encoders import (
+    StableDiffusionInpaintVaeEncoderStep,
+    StableDiffusionVaeEncoderStep,
+)
+from blocks.stable_diffusion.utils import default_size, image_processor_for_vae
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME, batch_input, dtype_input, encode_image_latents, guidance_scale_input
+from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input, strength_input
 
 __all__ = [
     "PROMPT_2",
     "NEGATIVE_PROMPT_2",
+    "PROMPT_INPUTS",
     "StableDiffusionXLTextEncoderStep",
     "StableDiffusionXLRefinerTextEncoderStep",
     "StableDiffusionXLVaeEncoderStep",
+    "StableDiffusionXLInpaintVaeEncoderStep",
 ]
 
 PROMPT_2 = InputParam(
@@ -28,12 +36,17 @@ NEGATIVE_PROMPT_2 = InputParam(
     type_hint=str | list[str],
     description="The negative prompt for the second encoder (default: negative_prompt).",
 )
+# The prompts and their embeddings, as the check-inputs steps declare them too.
+PROMPT_INPUTS = (
+    InputParam.template("prompt"),
+    PROMPT_2,
+    InputParam.template("negative_prompt"),
+    NEGATIVE_PROMPT_2,
+    InputParam.template("prompt_embeds"),
+    InputParam.template("negative_prompt_embeds"),
+)
 _POOLED = "pooled_prompt_embeds"
 _NEG_POOLED = "negative_pooled_prompt_embeds"
-
-
-def _as_list(text: str | list[str], batch_size: int) -> list[str]:
-    return [text] * batch_size if isinstance(text, str) else list(text)
 
 
 class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
@@ -76,16 +89,9 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam.template("prompt"),
-            PROMPT_2,
-            InputParam.template("negative_prompt"),
-            NEGATIVE_PROMPT_2,
-            InputParam.template("prompt_embeds"),
-            InputParam.template("negative_prompt_embeds"),
-            InputParam(_POOLED, type_hint=torch.Tensor, description="Precomputed pooled prompt embeddings."),
-            InputParam(
-                _NEG_POOLED, type_hint=torch.Tensor, description="Precomputed pooled negative embeddings."
-            ),
+            *PROMPT_INPUTS,
+            tensor_input(_POOLED, "Precomputed pooled prompt embeddings."),
+            tensor_input(_NEG_POOLED, "Precomputed pooled negative embeddings."),
             guidance_scale_input(),
             InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
         ]
@@ -95,10 +101,8 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         return [
             OutputParam.template("prompt_embeds"),
             OutputParam.template("negative_prompt_embeds"),
-            OutputParam(_POOLED, type_hint=torch.Tensor, description="Pooled text embeddings of the prompt."),
-            OutputParam(
-                _NEG_POOLED, type_hint=torch.Tensor, description="Pooled embeddings of the negative prompt."
-            ),
+            tensor_output(_POOLED, "Pooled text embeddings of the prompt."),
+            tensor_output(_NEG_POOLED, "Pooled embeddings of the negative prompt."),
         ]
 
     def _encode(
@@ -125,8 +129,8 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
     def _negative_texts(self, negative_prompt, negative_prompt_2, batch_size: int) -> list[list[str]]:
         # A single string is used for every prompt, as in the classic pipeline.
         # With one encoder (a refiner), only negative_prompt is used, as in the classic pipeline.
-        negative = _as_list(negative_prompt or "", batch_size)
-        negative_2 = _as_list(negative_prompt_2 or negative_prompt or "", batch_size)
+        negative = as_list(negative_prompt or "", batch_size)
+        negative_2 = as_list(negative_prompt_2 or negative_prompt or "", batch_size)
         for name, texts in (("negative_prompt", negative), ("negative_prompt_2", negative_2)):
             if len(texts) != batch_size:
                 msg = (
@@ -137,10 +141,7 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         return [negative, negative_2][: len(self.encoder_names)]
 
     def _check(self, bs) -> None:
-        if (bs.prompt is None) == (bs.prompt_embeds is None):
-            got = "both" if bs.prompt is not None else "neither"
-            msg = f"{type(self).__name__}: pass exactly one of prompt and prompt_embeds (got {got})"
-            raise ValueError(msg)
+        check_prompt_or_embeds(self, bs.prompt, bs.prompt_embeds)
         pairs = (("prompt_embeds", _POOLED), ("negative_prompt_embeds", _NEG_POOLED))
         for embeds, pooled in pairs:
             if getattr(bs, embeds) is not None and getattr(bs, pooled) is None:
@@ -152,10 +153,10 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         bs = self.get_block_state(state)
         self._check(bs)
         prompt = bs.prompt
-        batch_size = len(_as_list(prompt, 1)) if prompt is not None else bs.prompt_embeds.shape[0]
+        batch_size = len(as_list(prompt, 1)) if prompt is not None else bs.prompt_embeds.shape[0]
         prompt_embeds, pooled = bs.prompt_embeds, bs.pooled_prompt_embeds
         if prompt_embeds is None:
-            texts = [_as_list(prompt, 1), _as_list(bs.prompt_2 or prompt, 1)][: len(self.encoder_names)]
+            texts = [as_list(prompt, 1), as_list(bs.prompt_2 or prompt, 1)][: len(self.encoder_names)]
             if len(texts[-1]) != batch_size:
                 msg = (
                     f"{type(self).__name__}: prompt_2 needs one entry per prompt (got {len(texts[-1])} for "
@@ -213,7 +214,7 @@ class StableDiffusionXLRefinerTextEncoderStep(StableDiffusionXLTextEncoderStep):
         ]
 
 
-class StableDiffusionXLVaeEncoderStep(ModularPipelineBlocks):
+class StableDiffusionXLVaeEncoderStep(StableDiffusionVaeEncoderStep):
     """Image-to-image: preprocess the reference image and encode it to normalized VAE latents."""
 
     model_name = MODEL_NAME
@@ -227,26 +228,12 @@ class StableDiffusionXLVaeEncoderStep(ModularPipelineBlocks):
         )
 
     @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
-
-    @property
     def inputs(self) -> list[InputParam]:
         return [
             InputParam.template("image", required=True),
             InputParam.template("latents"),
-            InputParam.template("generator"),
-            batch_input(),
-            InputParam.template("num_images_per_prompt"),
-            dtype_input(),
-        ]
-
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            OutputParam(
-                "image_latents", type_hint=torch.Tensor, description="Scaled VAE latents of the image."
-            )
+            *BATCH_INPUTS,
+            DTYPE,
         ]
 
     @torch.no_grad()
@@ -262,15 +249,51 @@ class StableDiffusionXLVaeEncoderStep(ModularPipelineBlocks):
                 bs.image_latents = image
             else:
                 if isinstance(generator, list):
-                    if len(generator) != total:
-                        msg = (
-                            f"{type(self).__name__}: a list of generators needs one per image "
-                            f"(got {len(generator)} for a batch of {total})"
-                        )
-                        raise ValueError(msg)
+                    check_generators(self, generator, total)
                     # One generator per output image: repeat the images to the batch, encode each with its own.
-                    if image.shape[0] < total and total % image.shape[0] == 0:
-                        image = torch.cat([image] * (total // image.shape[0]))
+                    image = repeat_images(self, image, total)
                 bs.image_latents = encode_image_latents(components.vae, image, generator)
+        self.set_block_state(state, bs)
+        return components, state
+
+
+class StableDiffusionXLInpaintVaeEncoderStep(StableDiffusionInpaintVaeEncoderStep):
+    """Inpainting: preprocess image and mask; encode the image when the UNet or the strength needs it."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Preprocesses `image` and `mask_image` to height x width, makes the masked image (the image where the "
+            "mask is below 0.5), and encodes the image into image_latents (normalized as "
+            "StableDiffusionXLVaeEncoderStep's) when needed: for a 4-channel UNet (pasted back each step) or a "
+            "strength below 1 (noised start). The masked image is encoded later, after the noise is drawn, so "
+            "the generator is used in the classic order."
+        )
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [strength_input() if p.name == "strength" else p for p in super().inputs]
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        bs = self.get_block_state(state)
+        height, width = default_size(components, bs.height, bs.width)
+        image = image_processor_for_vae(components).preprocess(bs.image, height=height, width=width)
+        image = image.to(dtype=torch.float32)
+        mask = image_processor_for_vae(components, "mask_processor").preprocess(
+            bs.mask_image, height=height, width=width
+        )
+        strength = INPAINT_STRENGTH if bs.strength is None else bs.strength
+        dtype = bs.dtype or components.vae.dtype
+        bs.image_latents = None
+        if image.shape[1] == 4:
+            bs.image_latents = image.to(device=components._execution_device, dtype=dtype)
+        elif components.unet.config.in_channels == 4 or (bs.latents is None and strength != 1.0):
+            pixels = image.to(device=components._execution_device, dtype=dtype)
+            bs.image_latents = encode_image_latents(components.vae, pixels, bs.generator)
+        bs.masked_image = None if image.shape[1] == 4 else image * (mask < 0.5)
+        bs.mask_condition, bs.height, bs.width = mask, height, width
         self.set_block_state(state, bs)
         return components, state

@@ -1,12 +1,24 @@
-"""The Stable Diffusion XL compositions: per-stage auto blocks, the auto blocks and the refiner blocks."""
+"""The Stable Diffusion XL compositions: per-stage auto blocks, the auto blocks and the refiner blocks.
+
+The stages choose their branches as Stable Diffusion's do (``mask_image`` for inpainting, ``image`` for
+image-to-image), so each auto step is Stable Diffusion's with SDXL's steps in it.
+"""
 
 from __future__ import annotations
 
-from modular import AutoPipelineBlocks, SequentialPipelineBlocks
+from blocks.common.workflows import IMAGE2IMAGE, INPAINTING, TEXT2IMAGE, FamilyBlocks
+from blocks.stable_diffusion.modular_blocks import (
+    StableDiffusionAutoBeforeDenoiseStep,
+    StableDiffusionAutoCheckInputsStep,
+    StableDiffusionAutoDenoiseStep,
+    StableDiffusionAutoVaeEncoderStep,
+)
+from modular import SequentialPipelineBlocks
 
 from .before_denoise import (
     StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep,
     StableDiffusionXLImg2ImgPrepareLatentsStep,
+    StableDiffusionXLInpaintPrepareLatentsStep,
     StableDiffusionXLPrepareAdditionalConditioningStep,
     StableDiffusionXLPrepareLatentsStep,
 )
@@ -16,20 +28,19 @@ from .checks import (
     StableDiffusionXLInpaintCheckInputsStep,
 )
 from .decoders import StableDiffusionXLDecodeStep
-from .denoise import StableDiffusionXLDenoiseStep
+from .denoise import StableDiffusionXLDenoiseStep, StableDiffusionXLInpaintDenoiseStep
 from .encoders import (
+    StableDiffusionXLInpaintVaeEncoderStep,
     StableDiffusionXLRefinerTextEncoderStep,
     StableDiffusionXLTextEncoderStep,
     StableDiffusionXLVaeEncoderStep,
 )
-from .inpainting import (
-    StableDiffusionXLInpaintDenoiseStep,
-    StableDiffusionXLInpaintPrepareLatentsStep,
-    StableDiffusionXLInpaintSetTimestepsStep,
-    StableDiffusionXLInpaintVaeEncoderStep,
-)
 from .inputs import StableDiffusionXLInputStep
-from .timesteps import StableDiffusionXLImg2ImgSetTimestepsStep, StableDiffusionXLSetTimestepsStep
+from .timesteps import (
+    StableDiffusionXLImg2ImgSetTimestepsStep,
+    StableDiffusionXLInpaintSetTimestepsStep,
+    StableDiffusionXLSetTimestepsStep,
+)
 
 __all__ = [
     "StableDiffusionXLAutoCheckInputsStep",
@@ -44,7 +55,7 @@ __all__ = [
 ]
 
 
-class StableDiffusionXLAutoCheckInputsStep(AutoPipelineBlocks):
+class StableDiffusionXLAutoCheckInputsStep(StableDiffusionAutoCheckInputsStep):
     """Check the inputs of inpainting, image-to-image or text-to-image before any model runs."""
 
     block_classes = [
@@ -52,34 +63,16 @@ class StableDiffusionXLAutoCheckInputsStep(AutoPipelineBlocks):
         StableDiffusionXLImg2ImgCheckInputsStep,
         StableDiffusionXLCheckInputsStep,
     ]
-    block_names = ["inpaint_check_inputs", "img2img_check_inputs", "check_inputs"]
-    block_trigger_inputs = ["mask_image", "image", None]
-
-    @property
-    def description(self) -> str:
-        return (
-            "Input checks before any model runs: `inpaint_check_inputs` when mask_image is given, "
-            "`img2img_check_inputs` when image is given, `check_inputs` otherwise."
-        )
 
 
-class StableDiffusionXLAutoVaeEncoderStep(AutoPipelineBlocks):
+class StableDiffusionXLAutoVaeEncoderStep(StableDiffusionAutoVaeEncoderStep):
     """Encode the reference image: the inpainting encoder with a mask, the img2img one with an image only."""
 
     block_classes = [StableDiffusionXLInpaintVaeEncoderStep, StableDiffusionXLVaeEncoderStep]
-    block_names = ["inpaint_vae_encoder", "img2img_vae_encoder"]
-    block_trigger_inputs = ["mask_image", "image"]
-
-    @property
-    def description(self) -> str:
-        return (
-            "VAE encoding of the reference image: `inpaint_vae_encoder` when mask_image is given, "
-            "`img2img_vae_encoder` when image is given, nothing for text-to-image."
-        )
 
 
 class StableDiffusionXLBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Text-to-image: timesteps, initial noise, micro-conditioning."""
+    """Text-to-image preparation: set_timesteps, prepare_latents (noise), prepare_add_cond (time ids)."""
 
     block_classes = [
         StableDiffusionXLSetTimestepsStep,
@@ -87,10 +80,6 @@ class StableDiffusionXLBeforeDenoiseStep(SequentialPipelineBlocks):
         StableDiffusionXLPrepareAdditionalConditioningStep,
     ]
     block_names = ["set_timesteps", "prepare_latents", "prepare_add_cond"]
-
-    @property
-    def description(self) -> str:
-        return "Text-to-image preparation: set_timesteps, prepare_latents (initial noise), prepare_add_cond (time ids)."
 
 
 class StableDiffusionXLImg2ImgBeforeDenoiseStep(SequentialPipelineBlocks):
@@ -129,7 +118,7 @@ class StableDiffusionXLInpaintBeforeDenoiseStep(SequentialPipelineBlocks):
         )
 
 
-class StableDiffusionXLAutoBeforeDenoiseStep(AutoPipelineBlocks):
+class StableDiffusionXLAutoBeforeDenoiseStep(StableDiffusionAutoBeforeDenoiseStep):
     """Choose the preparation for inpainting, image-to-image or text-to-image."""
 
     block_classes = [
@@ -137,30 +126,15 @@ class StableDiffusionXLAutoBeforeDenoiseStep(AutoPipelineBlocks):
         StableDiffusionXLImg2ImgBeforeDenoiseStep,
         StableDiffusionXLBeforeDenoiseStep,
     ]
-    block_names = ["inpaint", "img2img", "text2img"]
-    block_trigger_inputs = ["mask_image", "image", None]
-
-    @property
-    def description(self) -> str:
-        return (
-            "Preparation before denoising: `inpaint` when mask_image is given, `img2img` when image is given, "
-            "`text2img` otherwise."
-        )
 
 
-class StableDiffusionXLAutoDenoiseStep(AutoPipelineBlocks):
+class StableDiffusionXLAutoDenoiseStep(StableDiffusionAutoDenoiseStep):
     """Choose the inpainting loop (with a mask) or the plain loop."""
 
     block_classes = [StableDiffusionXLInpaintDenoiseStep, StableDiffusionXLDenoiseStep]
-    block_names = ["inpaint_denoise", "denoise"]
-    block_trigger_inputs = ["mask_image", None]
-
-    @property
-    def description(self) -> str:
-        return "The denoising loop: `inpaint_denoise` when mask_image is given, `denoise` otherwise."
 
 
-class StableDiffusionXLAutoBlocks(SequentialPipelineBlocks):
+class StableDiffusionXLAutoBlocks(FamilyBlocks):
     """Stable Diffusion XL: text-to-image, image-to-image and inpainting, chosen by the inputs given.
 
     Supported workflows:
@@ -178,30 +152,17 @@ class StableDiffusionXLAutoBlocks(SequentialPipelineBlocks):
         StableDiffusionXLAutoDenoiseStep,
         StableDiffusionXLDecodeStep,
     ]
-    block_names = [
-        "check_inputs",
-        "text_encoder",
-        "input",
-        "vae_encoder",
-        "before_denoise",
-        "denoise",
-        "decode",
-    ]
-    _workflow_map = {
-        "text2image": {"prompt": True},
-        "image2image": {"image": True, "prompt": True},
-        "inpainting": {"mask_image": True, "image": True, "prompt": True},
-    }
+    _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE, "inpainting": INPAINTING}
 
     @property
     def description(self) -> str:
         return (
             "Stable Diffusion XL with two CLIP text encoders and micro-conditioning: text-to-image with a prompt, "
-            "image-to-image with an image."
+            "image-to-image with an image, inpainting with an image and a mask_image."
         )
 
 
-class StableDiffusionXLRefinerBlocks(SequentialPipelineBlocks):
+class StableDiffusionXLRefinerBlocks(FamilyBlocks):
     """Image-to-image for a refiner-style repo (``text_encoder_2`` only, aesthetic-score conditioning)."""
 
     block_classes = [
@@ -212,15 +173,6 @@ class StableDiffusionXLRefinerBlocks(SequentialPipelineBlocks):
         StableDiffusionXLImg2ImgBeforeDenoiseStep,
         StableDiffusionXLDenoiseStep,
         StableDiffusionXLDecodeStep,
-    ]
-    block_names = [
-        "check_inputs",
-        "text_encoder",
-        "input",
-        "vae_encoder",
-        "before_denoise",
-        "denoise",
-        "decode",
     ]
 
     @property

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from blocks.stable_diffusion.timesteps import set_scheduler_timesteps
+from blocks.common.params import BATCH_SIZE, LATENT_TIMESTEP_OUTPUT, TIMESTEPS_OUTPUTS
+from blocks.common.timesteps import checked_strength
+from blocks.stable_diffusion.timesteps import TIMESTEP_INPUTS, kept_steps, set_scheduler_timesteps
 from blocks.stable_diffusion.utils import SCHEDULER
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME, batch_input, strength_input
+from .utils import INPAINT_STRENGTH, MODEL_NAME, strength_input
 
 __all__ = [
     "DENOISING_START",
     "is_fraction",
     "StableDiffusionXLSetTimestepsStep",
     "StableDiffusionXLImg2ImgSetTimestepsStep",
+    "StableDiffusionXLInpaintSetTimestepsStep",
 ]
 
 
@@ -44,18 +47,12 @@ DENOISING_START = InputParam(
     description="Start when this fraction of the denoising is done (0 < x < 1); strength is then ignored.",
 )
 _TIMESTEP_INPUTS = [
-    InputParam.template("num_inference_steps"),
-    InputParam.template("timesteps"),
-    InputParam("sigmas", type_hint=list[float], description="Custom sigmas."),
+    *TIMESTEP_INPUTS,
     InputParam(
         "denoising_end",
         type_hint=float,
         description="Stop when this fraction of the denoising is done (0 < x < 1), leaving the rest to a refiner.",
     ),
-]
-_TIMESTEP_OUTPUTS = [
-    OutputParam("timesteps", type_hint=torch.Tensor, description="The timesteps to denoise at."),
-    OutputParam("num_inference_steps", type_hint=int, description="The number of denoising steps."),
 ]
 
 
@@ -81,7 +78,7 @@ class StableDiffusionXLSetTimestepsStep(ModularPipelineBlocks):
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return list(_TIMESTEP_OUTPUTS)
+        return list(TIMESTEPS_OUTPUTS)
 
     def __call__(self, components, state):
         bs = self.get_block_state(state)
@@ -120,24 +117,18 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
             *_TIMESTEP_INPUTS,
             DENOISING_START,
             strength_input(),
-            batch_input(),
+            BATCH_SIZE,
             InputParam.template("num_images_per_prompt"),
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            *_TIMESTEP_OUTPUTS,
-            OutputParam(
-                "latent_timestep", type_hint=torch.Tensor, description="The first timestep, once per image."
-            ),
-        ]
+        return [*TIMESTEPS_OUTPUTS, LATENT_TIMESTEP_OUTPUT]
 
     def _start(self, scheduler, steps: int, strength: float, denoising_start) -> int:
         """The index of the first timestep to run."""
         if not is_fraction(denoising_start):
-            kept = min(int(steps * strength), steps)
-            return max(steps - kept, 0) * scheduler.order
+            return (steps - kept_steps(steps, strength)) * scheduler.order
         remaining = int((scheduler.timesteps < _cutoff(scheduler, denoising_start)).sum().item())
         # A second-order scheduler must not stop between the two halves of a step.
         if scheduler.order == 2 and remaining % 2 == 0:
@@ -146,10 +137,7 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
 
     def __call__(self, components, state):
         bs = self.get_block_state(state)
-        strength = self.default_strength if bs.strength is None else bs.strength
-        if not 0 <= strength <= 1:
-            msg = f"{type(self).__name__}: strength must be in [0, 1] (got {strength})"
-            raise ValueError(msg)
+        strength = checked_strength(self, bs.strength, self.default_strength)
         start, end = bs.denoising_start, bs.denoising_end
         if is_fraction(start) and is_fraction(end) and start >= end:
             msg = f"{type(self).__name__}: denoising_start ({start}) must be below denoising_end ({end})"
@@ -172,3 +160,9 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
         bs.timesteps, bs.num_inference_steps = _end_at(scheduler, timesteps, end)
         self.set_block_state(state, bs)
         return components, state
+
+
+class StableDiffusionXLInpaintSetTimestepsStep(StableDiffusionXLImg2ImgSetTimestepsStep):
+    """Image-to-image timesteps with inpainting's default strength of 0.9999."""
+
+    default_strength = INPAINT_STRENGTH

@@ -10,14 +10,19 @@ SDXL ships, so one 64x64 image takes a fraction of a second.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from blocks.stable_diffusion.tiny import make_tiny_tokenizer
+from blocks.common.tiny import (
+    make_tiny_clip_tokenizer,
+    tiny_clip_config,
+    tiny_vae,
+    write_variant_weights,
+)
+from blocks.stable_diffusion.tiny import tiny_unet
 
 __all__ = ["make_tiny_repo"]
 
@@ -34,45 +39,24 @@ _SCHEDULER_CONFIG = {
     "use_karras_sigmas": False,
 }
 
-_VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-_TEXT_WIDTH = 32
+_TEXT_WIDTH = 32  # the tiny CLIP text models' width
 _TIME_EMBED_DIM = 8
 
 
 def _text_config():
-    from transformers import CLIPTextConfig
-
-    tokenizer_ids = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1}
-    return CLIPTextConfig(
-        **tokenizer_ids,
-        hidden_size=_TEXT_WIDTH,
-        intermediate_size=37,
-        layer_norm_eps=1e-05,
-        num_attention_heads=4,
-        num_hidden_layers=5,
-        vocab_size=1000,
-        hidden_act="gelu",
-        projection_dim=_TEXT_WIDTH,
-    )
+    return tiny_clip_config(hidden_act="gelu")
 
 
 def _tiny_models(refiner: bool, inpainting: bool, seed: int) -> dict[str, Any]:
     """Build the random models, each from its own seed so that one change leaves the others as they were."""
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
+    from diffusers import EulerDiscreteScheduler
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     # time ids: original size (2) + crop (2) + target size (2), or + aesthetic score (1) for a refiner.
     time_ids = 5 if refiner else 6
     torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
-        block_out_channels=(32, 64),
-        layers_per_block=2,
-        sample_size=32,
-        # An inpainting UNet also takes the mask (1) and the masked image's latents (4).
-        in_channels=9 if inpainting else 4,
-        out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+    unet = tiny_unet(
+        inpainting,
         attention_head_dim=(2, 4),
         use_linear_projection=True,
         addition_embed_type="text_time",
@@ -84,17 +68,7 @@ def _tiny_models(refiner: bool, inpainting: bool, seed: int) -> dict[str, Any]:
         norm_num_groups=1,
     )
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
-        block_out_channels=(32, 64),
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        latent_channels=4,
-        sample_size=128,
-        scaling_factor=0.13025,
-        force_upcast=True,
-    )
+    vae = tiny_vae((32, 64), latent_channels=4, sample_size=128, scaling_factor=0.13025, force_upcast=True)
     models: dict[str, Any] = {"unet": unet.eval(), "vae": vae.eval()}
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(_text_config()).eval()
@@ -151,7 +125,7 @@ def make_tiny_repo(
     folder.mkdir(parents=True, exist_ok=True)
     models = _tiny_models(refiner, inpainting, seed)
     with tempfile.TemporaryDirectory() as tok_dir:
-        tokenizer = make_tiny_tokenizer(tok_dir)
+        tokenizer = make_tiny_clip_tokenizer(tok_dir)
     shared: dict[str, Any] = {"image_encoder": None, "feature_extractor": None, "add_watermarker": False}
     if refiner:
         pipe = StableDiffusionXLImg2ImgPipeline(
@@ -171,16 +145,7 @@ def make_tiny_repo(
     for name in ("tokenizer", "tokenizer_2"):
         if (folder / name).is_dir():
             # Rewrite with the plain BPE files (vocab.json, merges.txt) beside tokenizer.json, as real repos.
-            make_tiny_tokenizer(folder / name)
+            make_tiny_clip_tokenizer(folder / name)
     if variant is not None:
-        dtype = _VARIANT_DTYPES.get(variant, torch.float32)
-        for name in ("unet", "vae", "text_encoder", "text_encoder_2"):
-            if models[name] is None:
-                continue
-            # Save to a scratch folder and keep only the weights: the config stays the plain one.
-            with tempfile.TemporaryDirectory() as scratch:
-                models[name].to(dtype).save_pretrained(scratch, safe_serialization=True, variant=variant)
-                models[name].to(torch.float32)
-                for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
-                    shutil.copyfile(weights, folder / name / weights.name)
+        write_variant_weights(folder, models, ("unet", "vae", "text_encoder", "text_encoder_2"), variant)
     return folder

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from blocks.stable_diffusion.utils import retrieve_latents
+from blocks.common.vae import sample_latents
 from modular import InputParam
 
 __all__ = [
     "MODEL_NAME",
+    "INPAINT_STRENGTH",
     "guidance_scale_input",
+    "with_sdxl_guidance",
     "strength_input",
-    "batch_input",
-    "dtype_input",
     "latents_stats",
     "vae_in_float32",
     "encode_image_latents",
@@ -24,10 +24,18 @@ __all__ = [
 
 MODEL_NAME = "stable-diffusion-xl"
 
+# The classic inpainting pipeline's default strength: just below 1, so the image's latents seed the noise.
+INPAINT_STRENGTH = 0.9999
+
 
 def guidance_scale_input() -> InputParam:
     """``guidance_scale`` with SDXL's default of 5.0 (both classic SDXL pipelines use it)."""
     return InputParam.template("guidance_scale", default=5.0)
+
+
+def with_sdxl_guidance(params: Iterable[InputParam]) -> list[InputParam]:
+    """`params` (a Stable Diffusion block's inputs) with SDXL's ``guidance_scale`` in place of SD's."""
+    return [guidance_scale_input() if p.name == "guidance_scale" else p for p in params]
 
 
 def strength_input() -> InputParam:
@@ -37,16 +45,6 @@ def strength_input() -> InputParam:
         default=None,
         description="How much to transform the reference image, in [0, 1]; default 0.3 for image-to-image.",
     )
-
-
-def batch_input() -> InputParam:
-    """The number of prompts, which the input step reads from the embeddings."""
-    return InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
-
-
-def dtype_input() -> InputParam:
-    """The dtype of the model inputs (that of the prompt embeddings)."""
-    return InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs.")
 
 
 def latents_stats(vae: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -89,16 +87,7 @@ def encode_image_latents(
     dtype = image.dtype
     upcast = bool(getattr(vae.config, "force_upcast", False))
     with vae_in_float32(vae, upcast):
-        pixels = image.float() if upcast else image
-        if isinstance(generator, list):
-            latents = torch.cat(
-                [
-                    retrieve_latents(vae.encode(pixels[i : i + 1]), generator=generator[i])
-                    for i in range(pixels.shape[0])
-                ]
-            )
-        else:
-            latents = retrieve_latents(vae.encode(pixels), generator=generator)
+        latents = sample_latents(vae, image.float() if upcast else image, generator)
     latents = latents.to(dtype)
     stats = latents_stats(vae, latents)
     if stats is None:

@@ -6,28 +6,21 @@ import torch
 from diffusers import ZImageTransformer2DModel
 from diffusers.utils.torch_utils import randn_tensor
 
+from blocks.common.batch import check_generators, repeat_images
+from blocks.common.params import BATCH_INPUTS, DTYPE, INITIAL_LATENTS_OUTPUT, LATENT_TIMESTEP, tensor_input
+from blocks.common.vae import patched_latent_size
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME, SCHEDULER, latent_size, resolve_size
+from .utils import MODEL_NAME, SCHEDULER, resolve_size
 
 __all__ = ["ZImagePrepareLatentsStep", "ZImageImg2ImgPrepareLatentsStep"]
 
 _TRANSFORMER = ComponentSpec("transformer", ZImageTransformer2DModel)
-_BATCH = InputParam("batch_size", type_hint=int, required=True, description="Number of prompts.")
 
 
 def _latent_shape(components, total: int, height: int, width: int) -> tuple[int, int, int, int]:
-    latent_height, latent_width = latent_size(components, height, width)
+    latent_height, latent_width = patched_latent_size(components, height, width)
     return (total, components.transformer.config.in_channels, latent_height, latent_width)
-
-
-def _check_generators(block: ModularPipelineBlocks, generator, total: int) -> None:
-    if isinstance(generator, list) and len(generator) != total:
-        msg = (
-            f"{type(block).__name__}: a list of generators needs one per image (got {len(generator)} for a batch "
-            f"of {total} = prompts x num_images_per_prompt); pass one generator or {total}"
-        )
-        raise ValueError(msg)
 
 
 class ZImagePrepareLatentsStep(ModularPipelineBlocks):
@@ -52,14 +45,12 @@ class ZImagePrepareLatentsStep(ModularPipelineBlocks):
             InputParam.template("height"),
             InputParam.template("width"),
             InputParam.template("latents"),
-            InputParam.template("generator"),
-            _BATCH,
-            InputParam.template("num_images_per_prompt"),
+            *BATCH_INPUTS,
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam("latents", type_hint=torch.Tensor, description="The initial latents to denoise.")]
+        return [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -68,7 +59,7 @@ class ZImagePrepareLatentsStep(ModularPipelineBlocks):
         shape = _latent_shape(components, total, height, width)
         device = components._execution_device
         if block_state.latents is None:
-            _check_generators(self, block_state.generator, total)
+            check_generators(self, block_state.generator, total)
             # The classic pipeline denoises in float32 whatever the models' dtype.
             latents = randn_tensor(shape, generator=block_state.generator, device=device, dtype=torch.float32)
         else:
@@ -103,36 +94,18 @@ class ZImageImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam(
-                "image_latents", type_hint=torch.Tensor, description="Normalized VAE latents of the image."
-            ),
-            InputParam(
-                "latent_timestep", type_hint=torch.Tensor, required=True, description="The first timestep."
-            ),
+            tensor_input("image_latents", "Normalized VAE latents of the image."),
+            LATENT_TIMESTEP,
             InputParam.template("height"),
             InputParam.template("width"),
             InputParam.template("latents"),
-            InputParam.template("generator"),
-            _BATCH,
-            InputParam.template("num_images_per_prompt"),
-            InputParam("dtype", type_hint=torch.dtype, description="The dtype of the text embeddings."),
+            *BATCH_INPUTS,
+            DTYPE,
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam("latents", type_hint=torch.Tensor, description="The initial latents to denoise.")]
-
-    def _repeat(self, image_latents: torch.Tensor, total: int) -> torch.Tensor:
-        count = image_latents.shape[0]
-        if total <= count:
-            return image_latents
-        if total % count != 0:
-            msg = (
-                f"{type(self).__name__}: {count} images cannot be repeated to a batch of {total} "
-                f"(prompts x num_images_per_prompt); pass 1 image or {total}"
-            )
-            raise ValueError(msg)
-        return torch.cat([image_latents] * (total // count))
+        return [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -147,8 +120,8 @@ class ZImageImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
             raise ValueError(msg)
         height, width = resolve_size(self, components, block_state.height, block_state.width)
         total = block_state.batch_size * block_state.num_images_per_prompt
-        _check_generators(self, block_state.generator, total)
-        image_latents = self._repeat(block_state.image_latents, total)
+        check_generators(self, block_state.generator, total)
+        image_latents = repeat_images(self, block_state.image_latents, total)
         shape = _latent_shape(components, total, height, width)
         if tuple(image_latents.shape) != shape:
             msg = (

@@ -12,33 +12,24 @@ from typing import Any
 from blocks.common.checks import (
     CheckInputsStep,
     InputProblems,
-    check_at_least_one,
-    check_image,
-    check_image_count,
+    batch_total,
+    check_counts,
     check_latent_memory,
     check_latents,
     check_one_per_prompt,
-    check_output_type,
     check_prompt,
+    check_reference_image,
     check_size,
-    check_steps_left,
-    check_strength,
-    image_info,
+    check_strength_and_steps,
     model_dtype,
-    prompt_count,
 )
+from blocks.common.timesteps import flow_kept_steps
+from blocks.common.vae import patched_latent_size, vae_scale_factor
 from modular import BlockState, InputParam
 
-from .encoders import guidance_scale_input
-from .timesteps import SIGMAS, STRENGTH_INPUT, kept_steps
-from .utils import (
-    DEFAULT_SIZE,
-    MODEL_NAME,
-    do_classifier_free_guidance,
-    embeds_input,
-    latent_size,
-    vae_scale_factor,
-)
+from .encoders import PROMPT_INPUTS
+from .timesteps import SIGMAS, STRENGTH, STRENGTH_INPUT
+from .utils import DEFAULT_SIZE, MODEL_NAME, do_classifier_free_guidance
 
 __all__ = ["ZImageCheckInputsStep", "ZImageImg2ImgCheckInputsStep"]
 
@@ -64,11 +55,7 @@ class ZImageCheckInputsStep(CheckInputsStep):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam.template("prompt"),
-            InputParam.template("negative_prompt"),
-            embeds_input("prompt_embeds"),
-            embeds_input("negative_prompt_embeds"),
-            guidance_scale_input(),
+            *PROMPT_INPUTS,
             InputParam.template("num_inference_steps"),
             SIGMAS,
             InputParam.template("num_images_per_prompt"),
@@ -84,17 +71,13 @@ class ZImageCheckInputsStep(CheckInputsStep):
         check_prompt(problems, "prompt", bs.prompt)
         if do_classifier_free_guidance(bs.guidance_scale) and bs.negative_prompt_embeds is None:
             check_one_per_prompt(problems, "negative_prompt", bs.negative_prompt, bs.prompt)
-        check_at_least_one(problems, "num_inference_steps", bs.num_inference_steps, "denoising steps")
-        check_at_least_one(problems, "num_images_per_prompt", bs.num_images_per_prompt, "images per prompt")
-        check_output_type(problems, bs.output_type)
+        check_counts(problems, bs)
         multiple = vae_scale_factor(components) * 2
         before = len(problems)
         check_size(problems, "height", bs.height, multiple)
         check_size(problems, "width", bs.width, multiple)
         sized = len(problems) == before
-        count = prompt_count(bs.prompt, bs.prompt_embeds)
-        per_prompt = bs.num_images_per_prompt
-        total = count * per_prompt if count and per_prompt is not None and per_prompt >= 1 else None
+        _, total = batch_total(bs)
         self.check_workflow(components, bs, problems, total, sized)
 
     def check_workflow(
@@ -106,7 +89,7 @@ class ZImageCheckInputsStep(CheckInputsStep):
             return
         height = DEFAULT_SIZE if bs.height is None else bs.height
         width = DEFAULT_SIZE if bs.width is None else bs.width
-        shape = (total, transformer.config.in_channels, *latent_size(components, height, width))
+        shape = (total, transformer.config.in_channels, *patched_latent_size(components, height, width))
         check_latents(problems, bs.latents, shape, (height, width))
         if bs.latents is None:
             check_latent_memory(problems, shape, model_dtype(components, "transformer"), (height, width))
@@ -135,14 +118,15 @@ class ZImageImg2ImgCheckInputsStep(ZImageCheckInputsStep):
         transformer = getattr(components, "transformer", None)
         rgb = vae.config.in_channels if vae is not None else 3
         latent_channels = transformer.config.in_channels if transformer is not None else 16
-        info = image_info(bs.image)
-        check_image(problems, "image", info, rgb, latent_channels)
-        if total is not None:
-            check_image_count(problems, "image", info.images, total)
-        check_strength(problems, bs.strength)
-        steps = bs.num_inference_steps
-        if 0 <= bs.strength <= 1 and bs.sigmas is None and steps is not None:
-            check_steps_left(problems, bs.strength, steps, kept_steps(steps, bs.strength))
+        info = check_reference_image(problems, "image", bs.image, rgb, latent_channels, total)
+        check_strength_and_steps(
+            problems,
+            bs.strength,
+            STRENGTH,
+            bs.num_inference_steps,
+            flow_kept_steps,
+            custom=bs.sigmas is not None,
+        )
         if info.channels != rgb or info.height is None or info.width is None:
             return
         multiple = vae_scale_factor(components) * 2
@@ -162,5 +146,5 @@ class ZImageImg2ImgCheckInputsStep(ZImageCheckInputsStep):
             check_latents(problems, bs.latents, (total, latent_channels, None, None))
             # The image's latents, repeated to the batch, and the noise beside them.
             size = (image_size["height"], image_size["width"])
-            shape = (total, latent_channels, *latent_size(components, *size))
+            shape = (total, latent_channels, *patched_latent_size(components, *size))
             check_latent_memory(problems, shape, model_dtype(components, "transformer"), size)

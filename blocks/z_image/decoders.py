@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from blocks.common import VaeDecodeStep
+from blocks.common.vae import unscale_and_shift
 from modular import BlockState
 
 from .utils import IMAGE_PROCESSOR, MODEL_NAME
@@ -30,5 +31,4 @@ class ZImageDecodeStep(VaeDecodeStep):
 
     def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
         vae = components.vae
-        latents = block_state.latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
-        return vae.decode(latents, return_dict=False)[0]
+        return vae.decode(unscale_and_shift(vae, block_state.latents.to(vae.dtype)), return_dict=False)[0]

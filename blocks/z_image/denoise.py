@@ -12,8 +12,7 @@ from modular import (
     ModularPipelineBlocks,
 )
 
-from .encoders import guidance_scale_input
-from .utils import MODEL_NAME, SCHEDULER, do_classifier_free_guidance, embeds_input
+from .utils import MODEL_NAME, SCHEDULER, do_classifier_free_guidance, embeds_input, guidance_scale_input
 
 __all__ = [
     "ZImageLoopBeforeDenoiser",
@@ -183,7 +182,6 @@ class ZImageDenoiseStep(ZImageDenoiseLoopWrapper):
     """The text-to-image and image-to-image denoising loop."""
 
     block_classes = [ZImageLoopBeforeDenoiser, ZImageLoopDenoiser, ZImageLoopAfterDenoiser]
-    block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     @property
     def description(self) -> str:

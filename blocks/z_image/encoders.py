@@ -6,6 +6,9 @@ import torch
 from diffusers import AutoencoderKL, ZImageTransformer2DModel
 from transformers import PreTrainedModel, Qwen2Tokenizer
 
+from blocks.common.params import DTYPE, HEIGHT_WIDTH_OUTPUTS, tensor_output
+from blocks.common.prompts import as_list, check_prompt_or_embeds
+from blocks.common.vae import encode_shifted_latents
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
@@ -13,23 +16,25 @@ from .utils import (
     MODEL_NAME,
     do_classifier_free_guidance,
     embeds_input,
-    encode_image_latents,
+    guidance_scale_input,
     image_processor_for_vae,
     resolve_size,
 )
 
-__all__ = ["ZImageTextEncoderStep", "ZImageVaeEncoderStep", "GUIDANCE_SCALE", "guidance_scale_input"]
+__all__ = [
+    "ZImageTextEncoderStep",
+    "ZImageVaeEncoderStep",
+    "PROMPT_INPUTS",
+]
 
-GUIDANCE_SCALE = 5.0  # the classic pipelines' default
-
-
-def guidance_scale_input() -> InputParam:
-    """``guidance_scale`` with Z-Image's default (5.0) and meaning (0 turns guidance off)."""
-    return InputParam.template(
-        "guidance_scale",
-        default=GUIDANCE_SCALE,
-        description="Classifier-free guidance scale: pred = pos + scale * (pos - neg); 0 turns guidance off.",
-    )
+# What the prompt encoding reads, as the check-inputs step declares it too.
+PROMPT_INPUTS = (
+    InputParam.template("prompt"),
+    InputParam.template("negative_prompt"),
+    embeds_input("prompt_embeds"),
+    embeds_input("negative_prompt_embeds"),
+    guidance_scale_input(),
+)
 
 
 def _embeds_output(name: str) -> OutputParam:
@@ -59,11 +64,7 @@ class ZImageTextEncoderStep(ModularPipelineBlocks):
     @property
     def inputs(self) -> list[InputParam]:
         return [
-            InputParam.template("prompt"),
-            InputParam.template("negative_prompt"),
-            embeds_input("prompt_embeds"),
-            embeds_input("negative_prompt_embeds"),
-            guidance_scale_input(),
+            *PROMPT_INPUTS,
             InputParam(
                 "max_sequence_length",
                 type_hint=int,
@@ -102,7 +103,7 @@ class ZImageTextEncoderStep(ModularPipelineBlocks):
     def _negative_texts(self, negative_prompt, count: int) -> list[str]:
         if negative_prompt is None:
             return [""] * count
-        texts = [negative_prompt] if isinstance(negative_prompt, str) else list(negative_prompt)
+        texts = as_list(negative_prompt)
         if len(texts) != count:
             msg = (
                 f"{type(self).__name__}: negative_prompt needs one entry per prompt (got {len(texts)} negative "
@@ -115,10 +116,7 @@ class ZImageTextEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         prompt, prompt_embeds = block_state.prompt, block_state.prompt_embeds
-        if (prompt is None) == (prompt_embeds is None):
-            got = "both" if prompt is not None else "neither"
-            msg = f"{type(self).__name__}: pass exactly one of prompt and prompt_embeds (got {got})"
-            raise ValueError(msg)
+        check_prompt_or_embeds(self, prompt, prompt_embeds)
         guided = do_classifier_free_guidance(block_state.guidance_scale)
         negative_prompt_embeds = block_state.negative_prompt_embeds
         device = components._execution_device
@@ -130,7 +128,7 @@ class ZImageTextEncoderStep(ModularPipelineBlocks):
                 )
                 raise ValueError(msg)
         else:
-            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            texts = as_list(prompt)
             negative_texts = self._negative_texts(block_state.negative_prompt, len(texts)) if guided else []
             prompt_embeds = self.encode(components, texts, device, block_state.max_sequence_length)
             if guided and negative_prompt_embeds is None:
@@ -172,19 +170,16 @@ class ZImageVaeEncoderStep(ModularPipelineBlocks):
             InputParam.template("width"),
             InputParam.template("latents"),
             InputParam.template("generator"),
-            InputParam("dtype", type_hint=torch.dtype, description="The dtype of the model inputs."),
+            DTYPE,
         ]
 
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
         return [
-            OutputParam(
-                "image_latents",
-                type_hint=torch.Tensor,
-                description="Normalized VAE latents of the image (None when latents are given).",
+            tensor_output(
+                "image_latents", "Normalized VAE latents of the image (None when latents are given)."
             ),
-            OutputParam("height", type_hint=int, description="The image height in pixels."),
-            OutputParam("width", type_hint=int, description="The image width in pixels."),
+            *HEIGHT_WIDTH_OUTPUTS,
         ]
 
     @torch.no_grad()
@@ -201,7 +196,7 @@ class ZImageVaeEncoderStep(ModularPipelineBlocks):
             if image.shape[1] == components.transformer.config.in_channels:
                 image_latents = image
             else:
-                image_latents = encode_image_latents(components.vae, image, block_state.generator)
+                image_latents = encode_shifted_latents(components.vae, image, block_state.generator)
         block_state.image_latents = image_latents
         self.set_block_state(state, block_state)
         return components, state

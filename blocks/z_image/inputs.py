@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from blocks.common.params import BATCH_SIZE_OUTPUT, DTYPE_OUTPUT
 from modular import InputParam, ModularPipelineBlocks, OutputParam
 
-from .encoders import guidance_scale_input
-from .utils import MODEL_NAME, do_classifier_free_guidance, embeds_input
+from .utils import MODEL_NAME, do_classifier_free_guidance, embeds_input, guidance_scale_input
 
 __all__ = ["ZImageInputStep"]
 
@@ -37,8 +37,8 @@ class ZImageInputStep(ModularPipelineBlocks):
     @property
     def intermediate_outputs(self) -> list[OutputParam]:
         return [
-            OutputParam("batch_size", type_hint=int, description="Number of prompts."),
-            OutputParam("dtype", type_hint=torch.dtype, description="The dtype of the text embeddings."),
+            BATCH_SIZE_OUTPUT,
+            DTYPE_OUTPUT,
             OutputParam.template("prompt_embeds", type_hint=list[torch.Tensor], note="repeated per image"),
             OutputParam.template(
                 "negative_prompt_embeds", type_hint=list[torch.Tensor], note="repeated per image"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from modular import AutoPipelineBlocks, SequentialPipelineBlocks
+from blocks.common.workflows import IMAGE2IMAGE, TEXT2IMAGE, ChosenByInputs, FamilyBlocks
+from modular import SequentialPipelineBlocks
 
 from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
 from .checks import ZImageCheckInputsStep, ZImageImg2ImgCheckInputsStep
@@ -22,68 +23,48 @@ __all__ = [
 ]
 
 
-class ZImageAutoCheckInputsStep(AutoPipelineBlocks):
+class ZImageAutoCheckInputsStep(ChosenByInputs):
     """Check the inputs of image-to-image or text-to-image before any model runs."""
 
     block_classes = [ZImageImg2ImgCheckInputsStep, ZImageCheckInputsStep]
     block_names = ["img2img_check_inputs", "check_inputs"]
     block_trigger_inputs = ["image", None]
-
-    @property
-    def description(self) -> str:
-        return (
-            "Input checks before any model runs: `img2img_check_inputs` when image is given, `check_inputs` "
-            "otherwise."
-        )
+    summary = "Input checks before any model runs"
 
 
-class ZImageAutoVaeEncoderStep(AutoPipelineBlocks):
+class ZImageAutoVaeEncoderStep(ChosenByInputs):
     """Encode the reference image when one is given."""
 
     block_classes = [ZImageVaeEncoderStep]
     block_names = ["img2img_vae_encoder"]
     block_trigger_inputs = ["image"]
-
-    @property
-    def description(self) -> str:
-        return "VAE encoding of the reference image: runs `img2img_vae_encoder` when image is given, else nothing."
+    summary = "VAE encoding of the reference image"
 
 
 class ZImageBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Text-to-image: timesteps, then the initial noise."""
+    """Text-to-image preparation: set_timesteps, then prepare_latents (initial noise)."""
 
     block_classes = [ZImageSetTimestepsStep, ZImagePrepareLatentsStep]
     block_names = ["set_timesteps", "prepare_latents"]
 
-    @property
-    def description(self) -> str:
-        return "Text-to-image preparation: set_timesteps, then prepare_latents (initial noise)."
-
 
 class ZImageImg2ImgBeforeDenoiseStep(SequentialPipelineBlocks):
-    """Image-to-image: timesteps cut by strength, then the noised image latents."""
+    """Image-to-image preparation: set_timesteps (cut by strength), then prepare_latents (noised image)."""
 
     block_classes = [ZImageImg2ImgSetTimestepsStep, ZImageImg2ImgPrepareLatentsStep]
     block_names = ["set_timesteps", "prepare_latents"]
 
-    @property
-    def description(self) -> str:
-        return "Image-to-image preparation: set_timesteps (cut by strength), then prepare_latents (noised image)."
 
-
-class ZImageAutoBeforeDenoiseStep(AutoPipelineBlocks):
+class ZImageAutoBeforeDenoiseStep(ChosenByInputs):
     """Choose the preparation for image-to-image or text-to-image."""
 
     block_classes = [ZImageImg2ImgBeforeDenoiseStep, ZImageBeforeDenoiseStep]
     block_names = ["img2img", "text2img"]
     block_trigger_inputs = ["image", None]
-
-    @property
-    def description(self) -> str:
-        return "Preparation before denoising: `img2img` when image is given, `text2img` otherwise."
+    summary = "Preparation before denoising"
 
 
-class ZImageAutoBlocks(SequentialPipelineBlocks):
+class ZImageAutoBlocks(FamilyBlocks):
     """Z-Image: text-to-image and image-to-image, chosen by the inputs given.
 
     Supported workflows:
@@ -100,19 +81,7 @@ class ZImageAutoBlocks(SequentialPipelineBlocks):
         ZImageDenoiseStep,
         ZImageDecodeStep,
     ]
-    block_names = [
-        "check_inputs",
-        "text_encoder",
-        "input",
-        "vae_encoder",
-        "before_denoise",
-        "denoise",
-        "decode",
-    ]
-    _workflow_map = {
-        "text2image": {"prompt": True},
-        "image2image": {"image": True, "prompt": True},
-    }
+    _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE}
 
     @property
     def description(self) -> str:

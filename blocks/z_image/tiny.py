@@ -10,7 +10,6 @@ it runs the same code as loading a real repo. The sizes follow diffusers' own Z-
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from blocks.common.bpe import bytes_to_unicode
+from blocks.common.tiny import tiny_vae, write_variant_weights
 
 __all__ = ["make_tiny_repo", "make_tiny_tokenizer", "CHAT_TEMPLATE"]
 
@@ -43,8 +43,6 @@ CHAT_TEMPLATE = (
 
 # Z-Image-Turbo's scheduler: flow matching with a fixed shift of 3.
 _SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}
-
-_VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _vocab_and_merges() -> tuple[dict[str, int], list[str]]:
@@ -96,7 +94,7 @@ def make_tiny_tokenizer(folder: str | Path):
 
 def _tiny_models(seed: int) -> dict[str, Any]:
     """Build the random models, each from its own seed so that one change leaves the others as they were."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
     from transformers import Qwen3Config, Qwen3Model
 
     torch.manual_seed(seed)
@@ -122,12 +120,8 @@ def _tiny_models(seed: int) -> dict[str, Any]:
         transformer.x_pad_token.copy_(torch.ones_like(transformer.x_pad_token))
         transformer.cap_pad_token.copy_(torch.ones_like(transformer.cap_pad_token))
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(32, 64),
+    vae = tiny_vae(
+        (32, 64),
         layers_per_block=1,
         latent_channels=16,
         norm_num_groups=32,
@@ -186,11 +180,5 @@ def make_tiny_repo(folder: str | Path, variant: str | None = None, *, seed: int 
         tokenizer = make_tiny_tokenizer(tok_dir)
     ZImagePipeline(**models, tokenizer=tokenizer).save_pretrained(folder, safe_serialization=True)
     if variant is not None:
-        dtype = _VARIANT_DTYPES.get(variant, torch.float32)
-        for name in ("transformer", "vae", "text_encoder"):
-            # Save to a scratch folder and keep only the weights: the config stays the plain one.
-            with tempfile.TemporaryDirectory() as scratch:
-                models[name].to(dtype).save_pretrained(scratch, safe_serialization=True, variant=variant)
-                for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
-                    shutil.copyfile(weights, folder / name / weights.name)
+        write_variant_weights(folder, models, ("transformer", "vae", "text_encoder"), variant)
     return folder

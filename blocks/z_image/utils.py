@@ -1,4 +1,4 @@
-"""Small helpers the Z-Image blocks share: component specs, sizes, the timestep shift, VAE latents."""
+"""Small helpers the Z-Image blocks share: component specs, sizes, the default sigmas, guidance."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.image_processor import VaeImageProcessor
 
-from blocks.common.vae import processor_for_vae, retrieve_latents, vae_scale_factor
+from blocks.common.vae import processor_for_vae, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
 __all__ = [
@@ -16,14 +16,12 @@ __all__ = [
     "SCHEDULER",
     "IMAGE_PROCESSOR",
     "DEFAULT_SIZE",
-    "vae_scale_factor",
+    "GUIDANCE_SCALE",
     "image_processor_for_vae",
     "resolve_size",
-    "latent_size",
-    "calculate_shift",
     "default_sigmas",
     "do_classifier_free_guidance",
-    "encode_image_latents",
+    "guidance_scale_input",
     "embeds_input",
 ]
 
@@ -70,55 +68,26 @@ def resolve_size(block: Any, components: Any, height: int | None, width: int | N
     return height, width
 
 
-def latent_size(components: Any, height: int, width: int) -> tuple[int, int]:
-    """The latent height and width for an image of `height` x `width` pixels (always even)."""
-    multiple = vae_scale_factor(components) * 2
-    return 2 * (int(height) // multiple), 2 * (int(width) // multiple)
-
-
-def calculate_shift(
-    image_seq_len: int,
-    base_seq_len: int = 256,
-    max_seq_len: int = 4096,
-    base_shift: float = 0.5,
-    max_shift: float = 1.15,
-) -> float:
-    """The timestep shift ``mu`` for a sequence length: linear from base_shift to max_shift."""
-    slope = (max_shift - base_shift) / (max_seq_len - base_seq_len)
-    return image_seq_len * slope + (base_shift - slope * base_seq_len)
-
-
 def default_sigmas(num_inference_steps: int) -> list[float]:
     """Z-Image's default schedule: sigmas evenly spaced from 1 down to 1 / num_inference_steps."""
     return torch.linspace(1.0, 1 / num_inference_steps, num_inference_steps).tolist()
 
 
+GUIDANCE_SCALE = 5.0  # the classic pipelines' default
+
+
+def guidance_scale_input() -> InputParam:
+    """``guidance_scale`` with Z-Image's default (5.0) and meaning (0 turns guidance off)."""
+    return InputParam.template(
+        "guidance_scale",
+        default=GUIDANCE_SCALE,
+        description="Classifier-free guidance scale: pred = pos + scale * (pos - neg); 0 turns guidance off.",
+    )
+
+
 def do_classifier_free_guidance(guidance_scale: float) -> bool:
     """Z-Image runs guidance for any scale above 0 (its guidance adds scale x (pos - neg) to pos)."""
     return guidance_scale > 0
-
-
-def encode_image_latents(
-    vae: Any, image: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None
-) -> torch.Tensor:
-    """Encode pixel images [B, 3, H, W] in [-1, 1] to latents normalized as the transformer sees them.
-
-    The VAE's sample is shifted and scaled: ``(latents - shift_factor) * scaling_factor`` (decoding
-    undoes it). With a list of generators, image ``i`` is sampled with ``generator[i]``.
-    """
-    if isinstance(generator, list):
-        if len(generator) < image.shape[0]:
-            msg = (
-                f"generator: a list of generators needs one per image (got {len(generator)} generators for "
-                f"{image.shape[0]} images); pass one generator or a list of length {image.shape[0]}"
-            )
-            raise ValueError(msg)
-        latents = torch.cat(
-            [retrieve_latents(vae.encode(image[i : i + 1]), generator[i]) for i in range(image.shape[0])]
-        )
-    else:
-        latents = retrieve_latents(vae.encode(image), generator)
-    return (latents - vae.config.shift_factor) * vae.config.scaling_factor
 
 
 def embeds_input(name: str, required: bool = False, note: str | None = None) -> InputParam:

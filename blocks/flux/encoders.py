@@ -1,17 +1,32 @@
-"""Prompt encoding for Flux: the pooled CLIP embedding and the T5 sequence embedding."""
+"""Encoder steps: the prompt with CLIP (pooled) and T5 (per token), the reference image (image-to-image)
+and the control image (control workflows) with the VAE."""
 
 from __future__ import annotations
 
 import logging
 
 import torch
+from diffusers import AutoencoderKL
 from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
 
+from blocks.common.batch import check_generators
+from blocks.common.params import BATCH_INPUTS, DTYPE, tensor_input, tensor_output
+from blocks.common.prompts import as_list, check_prompt_or_embeds
+from blocks.common.vae import encode_shifted_latents, retrieve_latents, shift_and_scale
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME
+from .utils import IMAGE_PROCESSOR, LATENTS, MODEL_NAME, default_size, image_processor_for_vae, pack_latents
 
-__all__ = ["FluxTextEncoderStep", "NEGATIVE_PROMPT", "PROMPT_2", "PROMPT_EMBEDS", "TRUE_CFG_SCALE"]
+__all__ = [
+    "CONTROL_IMAGE",
+    "NEGATIVE_PROMPT",
+    "PROMPT_2",
+    "PROMPT_EMBEDS",
+    "TRUE_CFG_SCALE",
+    "FluxTextEncoderStep",
+    "FluxVaeEncoderStep",
+    "FluxControlImageEncoderStep",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +43,6 @@ TRUE_CFG_SCALE = InputParam(
     default=1.0,
     description="True classifier-free guidance scale; above 1 with a negative prompt runs it.",
 )
-
-
-def _as_list(text: str | list[str]) -> list[str]:
-    return [text] if isinstance(text, str) else list(text)
 
 
 class FluxTextEncoderStep(ModularPipelineBlocks):
@@ -66,16 +77,10 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
             NEGATIVE_PROMPT,
             InputParam("negative_prompt_2", type_hint=text, description="The negative prompt for T5."),
             PROMPT_EMBEDS,
-            InputParam(
-                "pooled_prompt_embeds",
-                type_hint=torch.Tensor,
-                description="Precomputed pooled CLIP embeddings.",
-            ),
+            tensor_input("pooled_prompt_embeds", "Precomputed pooled CLIP embeddings."),
             InputParam.template("negative_prompt_embeds"),
-            InputParam(
-                "negative_pooled_prompt_embeds",
-                type_hint=torch.Tensor,
-                description="Precomputed pooled CLIP embeddings of the negative prompt.",
+            tensor_input(
+                "negative_pooled_prompt_embeds", "Precomputed pooled CLIP embeddings of the negative prompt."
             ),
             TRUE_CFG_SCALE,
             InputParam(
@@ -137,20 +142,16 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
         return embeds.to(dtype=text_encoder.dtype, device=device)
 
     def _encode(self, components, prompt, prompt_2, max_length: int, device: torch.device):
-        prompt = _as_list(prompt)
-        prompt_2 = prompt if prompt_2 is None else _as_list(prompt_2)
+        prompt = as_list(prompt)
+        prompt_2 = prompt if prompt_2 is None else as_list(prompt_2)
         return self._t5(components, prompt_2, max_length, device), self._clip_pooled(
             components, prompt, device
         )
 
     def _check(self, block_state) -> None:
         name = type(self).__name__
-        prompt, embeds = block_state.prompt, block_state.prompt_embeds
-        if (prompt is None) == (embeds is None):
-            got = "both" if prompt is not None else "neither"
-            msg = f"{name}: pass exactly one of prompt and prompt_embeds (got {got})"
-            raise ValueError(msg)
-        if embeds is not None and block_state.prompt_2 is not None:
+        check_prompt_or_embeds(self, block_state.prompt, block_state.prompt_embeds)
+        if block_state.prompt_embeds is not None and block_state.prompt_2 is not None:
             msg = f"{name}: prompt_2 is encoded into prompt_embeds; pass prompt_2 or prompt_embeds, not both"
             raise ValueError(msg)
         for kind in ("", "negative_"):
@@ -223,5 +224,134 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
         block_state.text_ids = torch.zeros(embeds.shape[1], 3).to(
             device=device, dtype=components.text_encoder.dtype
         )
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+CONTROL_IMAGE = InputParam.template(
+    "image",
+    name="control_image",
+    required=True,
+    description="The control image (e.g. canny edges or a depth map) the control transformer follows.",
+)
+
+
+class FluxVaeEncoderStep(ModularPipelineBlocks):
+    """Image-to-image: preprocess the reference image to height x width and encode it to Flux latents."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Preprocesses `image` to height x width (default 128 latent cells a side) in [-1, 1] and encodes it "
+            "with the VAE into image_latents [N, C, h, w], (sample - shift_factor) * scaling_factor. A tensor "
+            "with the VAE's latent channels is taken as latents already; with given `latents` nothing is encoded."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            InputParam.template("image", required=True),
+            InputParam.template("height"),
+            InputParam.template("width"),
+            LATENTS,
+            *BATCH_INPUTS,
+            DTYPE,
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [
+            tensor_output(
+                "image_latents", "VAE latents of the image, not packed; None when latents are given."
+            )
+        ]
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        height, width = default_size(components, block_state.height, block_state.width)
+        image = image_processor_for_vae(components).preprocess(block_state.image, height=height, width=width)
+        total = block_state.batch_size * block_state.num_images_per_prompt
+        check_generators(self, block_state.generator, total)
+        image_latents = None
+        if block_state.latents is None:
+            vae = components.vae
+            dtype = block_state.dtype or vae.dtype
+            image = image.to(dtype=torch.float32).to(device=components._execution_device, dtype=dtype)
+            if image.shape[1] == vae.config.latent_channels:
+                image_latents = image
+            else:
+                # One generator per given image (not per output image), as the classic pipeline draws them.
+                image_latents = encode_shifted_latents(vae, image, block_state.generator)
+        block_state.image_latents = image_latents
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+class FluxControlImageEncoderStep(ModularPipelineBlocks):
+    """Control: preprocess the control image, repeat it to the batch, encode and pack it."""
+
+    model_name = MODEL_NAME
+
+    @property
+    def description(self) -> str:
+        return (
+            "Preprocesses `control_image` to height x width (a tensor is taken as preprocessed), repeats it to "
+            "the batch, encodes it with the VAE ((sample - shift_factor) * scaling_factor) and packs it into "
+            "control_latents [B, tokens, C * 4], read beside the latents by a control transformer. A 3-dim "
+            "tensor is taken as packed latents already. It runs before the initial noise is drawn, so the "
+            "generator's draws keep the classic order."
+        )
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return [
+            CONTROL_IMAGE,
+            InputParam.template("height"),
+            InputParam.template("width"),
+            *BATCH_INPUTS,
+        ]
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [
+            tensor_output("control_latents", "Packed VAE latents of the control image, [B, tokens, C * 4].")
+        ]
+
+    @torch.no_grad()
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        height, width = default_size(components, block_state.height, block_state.width)
+        count = block_state.num_images_per_prompt
+        total = block_state.batch_size * count
+        check_generators(self, block_state.generator, total)
+        image = block_state.control_image
+        if not isinstance(image, torch.Tensor):
+            image = image_processor_for_vae(components).preprocess(image, height=height, width=width)
+        # One control image serves every output image; one per prompt is repeated per image of that prompt.
+        image = image.repeat_interleave(total if image.shape[0] == 1 else count, dim=0)
+        vae = components.vae
+        image = image.to(device=components._execution_device, dtype=vae.dtype)
+        if image.ndim == 4:
+            # The generator (or list of them) samples the whole batch at once, as the classic pipeline does.
+            latents = retrieve_latents(vae.encode(image), generator=block_state.generator)
+            image = pack_latents(shift_and_scale(vae, latents))
+        if image.shape[0] != total:
+            msg = (
+                f"{type(self).__name__}: {image.shape[0]} control images for a batch of {total} "
+                "(prompts x num_images_per_prompt); pass 1 control image or one per prompt"
+            )
+            raise ValueError(msg)
+        block_state.control_latents = image
         self.set_block_state(state, block_state)
         return components, state
