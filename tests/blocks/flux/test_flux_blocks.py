@@ -1,87 +1,58 @@
 """The Flux family: workflows, registration, shared components, and bad input on the Flux pipelines."""
 
-import numpy as np
 import pytest
 import torch
 
 from blocks.flux import FAMILY, FluxAutoBlocks, make_tiny_repo
-from modular import (
-    ComponentsManager,
-    InputTypeError,
-    MissingInputError,
-    ModularPipeline,
-    UnknownInputError,
-    available_families,
-)
+from modular import ComponentsManager, MissingInputError, ModularPipeline, UnknownInputError
 
-from .conftest import COMPONENTS, classic_from, make_image
+from .. import helpers
+from ..helpers import STEPS, workflow_steps
+from .conftest import COMPONENTS, make_image, run_both
 
-STEPS = 2
 SIZE = {"height": 32, "width": 32}
 
 
 def test_workflows_select_the_expected_blocks():
     """Each named workflow runs the encoder, preparation and loop of its task, and the inputs choose it."""
-    blocks = FluxAutoBlocks()
-    assert blocks.available_workflows == ["text2image", "image2image", "control"]
-    common = ["text_encoder", "input"]
     prepare = ["prepare_latents", "set_timesteps", "prepare_guidance"]
+    img2img_prepare = ["set_timesteps", "prepare_latents", "prepare_guidance"]
     expected = {
-        "text2image": ["check_inputs", *common, *prepare, "denoise", "decode"],
-        "image2image": [
-            "img2img_check_inputs",
-            *common,
-            "img2img_vae_encoder",
-            "set_timesteps",
-            "prepare_latents",
-            "prepare_guidance",
-        ]
-        + ["denoise", "decode"],
-        "control": [
-            "control_check_inputs",
-            *common,
-            "control_image_encoder",
-            *prepare,
-            "control_denoise",
-            "decode",
-        ],
+        "text2image": workflow_steps("check_inputs", prepare=prepare),
+        "image2image": workflow_steps("img2img_check_inputs", ["img2img_vae_encoder"], img2img_prepare),
+        "control": workflow_steps(
+            "control_check_inputs", ["control_image_encoder"], prepare, "control_denoise"
+        ),
     }
-    for workflow, names in expected.items():
-        assert list(blocks.get_workflow(workflow).sub_blocks) == names
     chosen = {
-        "text2image": blocks.get_execution_blocks(prompt="a cat"),
-        "image2image": blocks.get_execution_blocks(prompt="a cat", image=make_image()),
-        "control": blocks.get_execution_blocks(prompt="a cat", control_image=make_image()),
+        "text2image": {"prompt": "a cat"},
+        "image2image": {"prompt": "a cat", "image": make_image()},
+        "control": {"prompt": "a cat", "control_image": make_image()},
     }
-    for workflow, execution in chosen.items():
-        assert list(execution.sub_blocks) == expected[workflow]
+    helpers.assert_workflows(FluxAutoBlocks(), expected, chosen)
 
 
 def test_family_is_known():
     """FAMILY is known by name and serves the three classic Flux pipeline classes."""
-    assert available_families()["flux"] is FAMILY
-    assert FAMILY.blocks_class is FluxAutoBlocks
-    assert FAMILY.make_tiny_repo is make_tiny_repo
+    helpers.assert_family(FAMILY, "flux", FluxAutoBlocks, make_tiny_repo)
     assert FAMILY.classic_pipelines == ("FluxPipeline", "FluxImg2ImgPipeline", "FluxControlPipeline")
 
 
 def test_from_pretrained_on_classic_repos(flux_repo, flux_control_repo):
     """from_pretrained maps a FluxPipeline or FluxControlPipeline index to the Flux blocks, loading nothing."""
-    for repo in (flux_repo, flux_control_repo):
-        pipe = ModularPipeline.from_pretrained(repo)
-        assert isinstance(pipe.blocks, FluxAutoBlocks)
-        assert set(pipe.null_component_names) == set(COMPONENTS)
-        assert pipe.get_component_spec("transformer").load_id == f"{repo}|transformer|null|null"
+    repos = (flux_repo, flux_control_repo)
+    helpers.assert_from_pretrained_loads_nothing(repos, FluxAutoBlocks, COMPONENTS, "transformer")
 
 
 def test_doc_lists_components_inputs_and_workflows():
     """The blocks' doc names every component, Flux's inputs with defaults, and the three workflows."""
-    doc = FluxAutoBlocks().doc
-    for name in (*COMPONENTS, "image_processor"):
-        assert f"    {name} (" in doc
-    assert "num_inference_steps (int, default: 28)" in doc
-    assert "max_sequence_length (int, default: 512)" in doc
-    assert "control: control_image, prompt" in doc
+    helpers.assert_doc_names(
+        FluxAutoBlocks().doc,
+        (*COMPONENTS, "image_processor"),
+        "num_inference_steps (int, default: 28)",
+        "max_sequence_length (int, default: 512)",
+        "control: control_image, prompt",
+    )
 
 
 def test_three_workflows_share_encoders_and_vae(flux_repo, flux_control_repo, flux_pipe):
@@ -103,10 +74,7 @@ def test_three_workflows_share_encoders_and_vae(flux_repo, flux_control_repo, fl
     ):
         pipe.set_progress_bar_config(disable=True)
         kwargs = {**SIZE, "prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", **extra}
-        ours = pipe(generator=torch.Generator("cpu").manual_seed(0), output="images", **kwargs)
-        theirs = classic_from(pipe, workflow)(
-            generator=torch.Generator("cpu").manual_seed(0), **kwargs
-        ).images
+        ours, theirs = run_both(pipe, workflow, **kwargs)
         assert torch.equal(ours, theirs)
 
 
@@ -118,12 +86,6 @@ def test_control_workflow_needs_control_image(flux_control_repo, flux_control_pi
         pipe(prompt="a cat", num_inference_steps=STEPS, **SIZE)
     assert "needs input 'control_image'" in str(info.value)
     assert "control_image_encoder" in str(info.value)
-
-
-def reference(pipe, **extra):
-    """A fixed small call, to check that a failed call left the pipeline working as before."""
-    kwargs = {**SIZE, "num_inference_steps": STEPS, "output_type": "np", "output": "images", **extra}
-    return pipe(prompt="a cat", generator=torch.Generator("cpu").manual_seed(0), **kwargs)
 
 
 ENCODER = "FluxTextEncoderStep: "
@@ -159,23 +121,8 @@ BAD_CALLS = {
         ValueError,
         "FluxCheckInputsStep: negative_prompt has 1 entry for 2 prompts; pass one per prompt",
     ),
-    "output_type": (
-        {"prompt": "a cat", "output_type": "jpeg"},
-        ValueError,
-        "FluxCheckInputsStep: output_type ('jpeg') must be one of ['pil', 'np', 'pt', 'latent']; pass one of those",
-    ),
-    "strength": (
-        {"prompt": "a cat", "image": make_image(), "strength": 1.5},
-        ValueError,
-        "FluxImg2ImgCheckInputsStep: strength (1.5) must be in [0, 1]; pass 0 to keep the image, 1 to replace it, "
-        "or a value between",
-    ),
-    "no_steps_left": (
-        {"prompt": "a cat", "image": make_image(), "strength": 0.0},
-        ValueError,
-        "FluxImg2ImgCheckInputsStep: strength (0.0) with num_inference_steps (2) leaves 0 denoising steps; "
-        "raise strength or num_inference_steps",
-    ),
+    **helpers.common_bad_calls("Flux", image=make_image(), no_steps_strength=0.0),
+    # Replaces the common case with a longer message: Flux's names the step.
     "generators": (
         {"prompt": "a cat", "generator": [torch.Generator("cpu")] * 3},
         ValueError,
@@ -187,7 +134,6 @@ BAD_CALLS = {
         "FluxControlCheckInputsStep: the transformer takes 16 input channels for 16 output channels, "
         "not a control transformer; load a control transformer",
     ),
-    "image_type": ({"prompt": "a cat", "image": "cat.png"}, InputTypeError, "input 'image' must be"),
     "misspelled": ({"promt": "a cat"}, UnknownInputError, "did you mean 'prompt'?"),
 }
 
@@ -195,12 +141,9 @@ BAD_CALLS = {
 @pytest.mark.parametrize("case", list(BAD_CALLS))
 def test_bad_input_raises_and_leaves_pipeline_working(flux_pipe, case):
     """Each bad call raises a clear error naming the block or input, and the next good call is unchanged."""
-    before = reference(flux_pipe)
     kwargs, error, message = BAD_CALLS[case]
-    with pytest.raises(error) as info:
-        flux_pipe(**{**SIZE, "num_inference_steps": STEPS, **kwargs})
-    assert message in str(info.value)
-    assert np.array_equal(reference(flux_pipe), before)
+    call = {**SIZE, "num_inference_steps": STEPS, **kwargs}
+    helpers.assert_refused_and_unchanged(flux_pipe, call, error, message, **SIZE)
 
 
 CONTROL_BAD_CALLS = {
@@ -220,19 +163,12 @@ CONTROL_BAD_CALLS = {
 @pytest.mark.parametrize("case", list(CONTROL_BAD_CALLS))
 def test_bad_control_input(flux_control_pipe, case):
     """A control transformer without a control image, or a wrong count of control images, is refused clearly."""
-    control_image = make_image(1)
-    before = reference(flux_control_pipe, control_image=control_image)
     kwargs, message = CONTROL_BAD_CALLS[case]
-    with pytest.raises(ValueError) as info:
-        flux_control_pipe(**{**SIZE, "num_inference_steps": STEPS, **kwargs})
-    assert message in str(info.value)
-    assert np.array_equal(reference(flux_control_pipe, control_image=control_image), before)
+    call = {**SIZE, "num_inference_steps": STEPS, **kwargs}
+    reference = {**SIZE, "control_image": make_image(1)}
+    helpers.assert_refused_and_unchanged(flux_control_pipe, call, ValueError, message, **reference)
 
 
 def test_output_types(flux_pipe):
     """output_type 'pt' gives a [B, 3, H, W] tensor in [0, 1] equal to the 'np' array transposed."""
-    as_pt = reference(flux_pipe, output_type="pt")
-    as_np = reference(flux_pipe, output_type="np")
-    assert as_pt.shape == (1, 3, 32, 32)
-    assert 0 <= as_pt.min() and as_pt.max() <= 1
-    assert torch.equal(as_pt.permute(0, 2, 3, 1), torch.from_numpy(as_np))
+    helpers.assert_pt_is_np_transposed(flux_pipe, 32, **SIZE)

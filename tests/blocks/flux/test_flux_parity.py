@@ -1,33 +1,15 @@
 """Our Flux blocks equal diffusers' classic Flux pipelines bit for bit on CPU float32."""
 
-import numpy as np
 import pytest
 import torch
 
 from blocks.common import vae_scale_factor
 
-from .conftest import classic_from, make_image
+from .. import helpers
+from ..helpers import STEPS, assert_identical, over_cases, seeded
+from .conftest import make_image, run_both
 
-STEPS = 2
 SIZE = {"height": 32, "width": 32}
-
-
-def run_both(pipe, workflow, seed=0, **kwargs):
-    """Run ours and the classic pipeline with the same inputs and a fresh generator of the same seed each."""
-    classic = classic_from(pipe, workflow)
-    theirs = classic(generator=torch.Generator("cpu").manual_seed(seed), **kwargs).images
-    ours = pipe(generator=torch.Generator("cpu").manual_seed(seed), output="images", **kwargs)
-    return ours, theirs
-
-
-def assert_identical(ours, theirs):
-    """torch.equal on tensors and on numpy arrays (as tensors)."""
-    if isinstance(theirs, np.ndarray):
-        assert isinstance(ours, np.ndarray)
-        ours, theirs = torch.from_numpy(ours), torch.from_numpy(theirs)
-    assert ours.shape == theirs.shape
-    assert ours.dtype == theirs.dtype
-    assert torch.equal(ours, theirs)
 
 
 TEXT2IMAGE_CASES = {
@@ -40,8 +22,7 @@ TEXT2IMAGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(TEXT2IMAGE_CASES))
+@over_cases(TEXT2IMAGE_CASES)
 def test_text2image_parity(flux_pipe, case, output_type):
     """Text-to-image equals FluxPipeline for prompts, batches, n per prompt, prompt_2, true CFG and sizes."""
     kwargs = {**SIZE, "num_inference_steps": STEPS, "output_type": output_type, **TEXT2IMAGE_CASES[case]}
@@ -57,8 +38,7 @@ IMAGE2IMAGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(IMAGE2IMAGE_CASES))
+@over_cases(IMAGE2IMAGE_CASES)
 def test_image2image_parity(flux_pipe, case, output_type):
     """Image-to-image equals FluxImg2ImgPipeline, including the default strength (0.6) and guidance (7.0)."""
     kwargs = {**SIZE, "num_inference_steps": STEPS, "output_type": output_type, **IMAGE2IMAGE_CASES[case]}
@@ -73,8 +53,7 @@ CONTROL_CASES = {
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(CONTROL_CASES))
+@over_cases(CONTROL_CASES)
 def test_control_parity(flux_control_pipe, case, output_type):
     """Control equals FluxControlPipeline: encoded, packed control latents beside the latents each step."""
     kwargs = {
@@ -89,13 +68,13 @@ def test_control_parity(flux_control_pipe, case, output_type):
 
 def test_precomputed_embeddings(flux_pipe):
     """Precomputed T5, pooled CLIP and negative embeddings give what the classic pipeline gives for them."""
-    generator = torch.Generator("cpu").manual_seed(3)
-    embeds = {
-        "prompt_embeds": torch.randn(2, 8, 32, generator=generator),
-        "pooled_prompt_embeds": torch.randn(2, 32, generator=generator),
-        "negative_prompt_embeds": torch.randn(2, 8, 32, generator=generator),
-        "negative_pooled_prompt_embeds": torch.randn(2, 32, generator=generator),
-    }
+    embeds = helpers.random_tensors(
+        3,
+        prompt_embeds=(2, 8, 32),
+        pooled_prompt_embeds=(2, 32),
+        negative_prompt_embeds=(2, 8, 32),
+        negative_pooled_prompt_embeds=(2, 32),
+    )
     kwargs = {**SIZE, **embeds, "true_cfg_scale": 3.0, "num_inference_steps": STEPS, "output_type": "latent"}
     assert_identical(*run_both(flux_pipe, "text2image", **kwargs))
 
@@ -110,16 +89,12 @@ def test_generator_list(flux_pipe, flux_control_pipe, workflow):
     }
     kwargs = {**SIZE, "prompt": "a cat", "num_images_per_prompt": 2, "num_inference_steps": STEPS}
     kwargs.update(extra.get(workflow, {}), output_type="latent")
-    theirs = classic_from(pipe, workflow)(
-        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], **kwargs
-    ).images
-    ours = pipe(generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], output="images", **kwargs)
-    assert_identical(ours, theirs)
+    assert_identical(*run_both(pipe, workflow, seed=(1, 2), **kwargs))
 
 
 def test_given_latents_and_sigmas(flux_pipe):
     """Given packed latents and custom sigmas are used as the classic pipeline uses them."""
-    latents = torch.randn(1, 64, 16, generator=torch.Generator("cpu").manual_seed(5))
+    latents = torch.randn(1, 64, 16, generator=seeded(5))
     kwargs = {**SIZE, "prompt": "a cat", "latents": latents, "sigmas": [1.0, 0.6, 0.2], "output_type": "np"}
     assert_identical(*run_both(flux_pipe, "text2image", **kwargs))
 
@@ -129,8 +104,7 @@ def test_default_size_and_pil_output(flux_pipe):
     ours, theirs = run_both(
         flux_pipe, "text2image", prompt="a cat", num_inference_steps=1, max_sequence_length=8
     )
-    assert [image.size for image in ours] == [(256, 256)]
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs, strict=True))
+    helpers.assert_identical_pil(ours, theirs, size=(256, 256))
 
 
 def test_transformer_without_guidance_embedding(flux_pipe):
@@ -158,10 +132,7 @@ def test_image_sizes_follow_the_vae_scale_not_16(flux_pipe, flux_control_pipe, w
     image = (
         {"control_image": make_image(1, size=50)} if workflow == "control" else {"image": make_image(size=50)}
     )
-    kwargs = {"prompt": "a cat", "height": 36, "width": 44, "num_inference_steps": 3, "output_type": "np"}
-    ours, theirs = run_both(pipe, workflow, **image, **kwargs)
-    assert ours.shape == (1, 36, 44, 3)
-    assert_identical(ours, theirs)
+    helpers.assert_makes_44x36_as_the_classic(run_both, pipe, workflow, height=36, width=44, **image)
 
 
 def test_size_not_a_multiple_is_rounded_down_as_the_classic(flux_pipe, caplog):
@@ -169,8 +140,7 @@ def test_size_not_a_multiple_is_rounded_down_as_the_classic(flux_pipe, caplog):
     kwargs = {"prompt": "a cat", "height": 38, "width": 42, "num_inference_steps": STEPS, "output_type": "np"}
     with caplog.at_level("WARNING", logger="blocks.common.checks"):
         ours, theirs = run_both(flux_pipe, "text2image", **kwargs)
-    assert ours.shape == (1, 36, 40, 3)
-    assert_identical(ours, theirs)
+    assert_identical(ours, theirs, shape=(1, 36, 40, 3))
     warnings = [r.getMessage() for r in caplog.records if r.name == "blocks.common.checks"]
     assert warnings == [
         "height (38) is not divisible by 4; it is rounded down to 36",

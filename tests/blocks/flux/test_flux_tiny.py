@@ -4,9 +4,10 @@ import json
 
 import torch
 from diffusers import FluxControlPipeline, FluxPipeline
-from safetensors.torch import load_file
 
 from blocks.flux.tiny import make_tiny_repo
+
+from .. import helpers
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -41,27 +42,15 @@ def test_control_repo(tmp_path):
 
 def test_same_arguments_write_same_weights(tmp_path):
     """Two repos built with the same seed hold identical weights; another seed changes them."""
-    first = load_file(make_tiny_repo(tmp_path / "a") / "transformer" / WEIGHTS)
-    second = load_file(make_tiny_repo(tmp_path / "b") / "transformer" / WEIGHTS)
-    other = load_file(make_tiny_repo(tmp_path / "c", seed=1) / "transformer" / WEIGHTS)
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    assert not all(torch.equal(first[k], other[k]) for k in first)
+    helpers.assert_seed_decides_weights(make_tiny_repo, tmp_path, f"transformer/{WEIGHTS}")
 
 
 def test_variant_files_hold_variant_dtype(tmp_path):
     """With variant='bf16' each model folder also holds a bfloat16 `.bf16.safetensors` file."""
     repo = make_tiny_repo(tmp_path / "flux", variant="bf16")
-    for name, weights in [
-        ("transformer", "diffusion_pytorch_model"),
-        ("vae", "diffusion_pytorch_model"),
-        ("text_encoder", "model"),
-        ("text_encoder_2", "model"),
-    ]:
-        plain = load_file(repo / name / f"{weights}.safetensors")
-        half = load_file(repo / name / f"{weights}.bf16.safetensors")
-        assert {t.dtype for t in plain.values()} == {torch.float32}
-        assert {t.dtype for t in half.values()} == {torch.bfloat16}
-        assert plain.keys() == half.keys()
+    folders = [(name, "diffusion_pytorch_model") for name in ("transformer", "vae")]
+    folders += [(name, "model") for name in ("text_encoder", "text_encoder_2")]
+    helpers.assert_variant_files(repo, "bf16", torch.bfloat16, folders)
 
 
 def test_tokenizers_know_whole_words(tmp_path):

@@ -1,6 +1,5 @@
 """The SDXL family: workflows, registration, from_pretrained, and bad input on the SDXL pipelines."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -10,50 +9,30 @@ from blocks.stable_diffusion_xl import (
     StableDiffusionXLRefinerBlocks,
     make_tiny_repo,
 )
-from modular import InputTypeError, MissingInputError, ModularPipeline, UnknownInputError, available_families
+from modular import MissingInputError, ModularPipeline, UnknownInputError
 
-from .conftest import COMPONENTS, classic_from, make_image, make_mask
-
-STEPS = 2
+from .. import helpers
+from ..helpers import STEPS, make_image, make_mask, workflow_steps
+from .conftest import COMPONENTS, run_both
 
 
 def test_workflows_select_the_expected_blocks():
     """Each named workflow runs the encoder, preparation and loop of its task, and nothing else."""
-    blocks = StableDiffusionXLAutoBlocks()
-    assert blocks.available_workflows == ["text2image", "image2image", "inpainting"]
     prepare = ["set_timesteps", "prepare_latents", "prepare_add_cond"]
     expected = {
-        "text2image": ["check_inputs", "text_encoder", "input", *prepare, "denoise", "decode"],
-        "image2image": [
-            "img2img_check_inputs",
-            "text_encoder",
-            "input",
-            "img2img_vae_encoder",
-            *prepare,
-            "denoise",
-            "decode",
-        ],
-        "inpainting": [
-            "inpaint_check_inputs",
-            "text_encoder",
-            "input",
-            "inpaint_vae_encoder",
-            *prepare,
-            "inpaint_denoise",
-            "decode",
-        ],
+        "text2image": workflow_steps("check_inputs", prepare=prepare),
+        "image2image": workflow_steps("img2img_check_inputs", ["img2img_vae_encoder"], prepare),
+        "inpainting": workflow_steps(
+            "inpaint_check_inputs", ["inpaint_vae_encoder"], prepare, "inpaint_denoise"
+        ),
     }
-    for workflow, names in expected.items():
-        assert list(blocks.get_workflow(workflow).sub_blocks) == names
-    chosen = blocks.get_execution_blocks(prompt="a cat", image=make_image())
-    assert list(chosen.sub_blocks) == expected["image2image"]
+    chosen = {"image2image": {"prompt": "a cat", "image": make_image()}}
+    helpers.assert_workflows(StableDiffusionXLAutoBlocks(), expected, chosen)
 
 
 def test_family_is_registered():
     """FAMILY is known by name and serves the classic SDXL text-to-image and image-to-image classes."""
-    assert available_families()["stable-diffusion-xl"] is FAMILY
-    assert FAMILY.blocks_class is StableDiffusionXLAutoBlocks
-    assert FAMILY.make_tiny_repo is make_tiny_repo
+    helpers.assert_family(FAMILY, "stable-diffusion-xl", StableDiffusionXLAutoBlocks, make_tiny_repo)
     assert set(FAMILY.classic_pipelines) == {
         "StableDiffusionXLPipeline",
         "StableDiffusionXLImg2ImgPipeline",
@@ -71,9 +50,8 @@ def test_from_pretrained_matches_classic(sdxl_repo, sdxl_inpaint_repo, sdxl_pipe
     pipe.load_components(torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     kwargs = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent"}
-    ours = pipe(generator=torch.Generator("cpu").manual_seed(0), output="images", **kwargs)
-    theirs = classic_from(sdxl_pipe, "text2image")(generator=torch.Generator("cpu").manual_seed(0), **kwargs)
-    assert torch.equal(ours, theirs.images)
+    ours, theirs = run_both(pipe, "text2image", classic_on=sdxl_pipe, **kwargs)
+    assert torch.equal(ours, theirs)
 
 
 def test_refiner_blocks_bind_to_refiner_repo(sdxl_refiner_repo):
@@ -86,23 +64,13 @@ def test_refiner_blocks_bind_to_refiner_repo(sdxl_refiner_repo):
 
 def test_doc_lists_components_inputs_and_workflows():
     """The blocks' doc names both encoders, SDXL's inputs with their defaults, and both workflows."""
-    doc = StableDiffusionXLAutoBlocks().doc
-    for name in ("unet", "vae", "text_encoder", "text_encoder_2", "tokenizer_2", "scheduler"):
-        assert f"    {name} (" in doc
-    assert "guidance_scale (float, default: 5.0)" in doc
-    assert "aesthetic_score (float, default: 6.0)" in doc
-    assert "image2image: image, prompt" in doc
-    assert "inpainting: mask_image, image, prompt" in doc
-
-
-def reference(pipe):
-    """A fixed small call, to check that a failed call left the pipeline working as before."""
-    return pipe(
-        prompt="a cat",
-        num_inference_steps=STEPS,
-        generator=torch.Generator("cpu").manual_seed(0),
-        output_type="np",
-        output="images",
+    helpers.assert_doc_names(
+        StableDiffusionXLAutoBlocks().doc,
+        ("unet", "vae", "text_encoder", "text_encoder_2", "tokenizer_2", "scheduler"),
+        "guidance_scale (float, default: 5.0)",
+        "aesthetic_score (float, default: 6.0)",
+        "image2image: image, prompt",
+        "inpainting: mask_image, image, prompt",
     )
 
 
@@ -128,18 +96,8 @@ BAD_CALLS = {
         ValueError,
         "prompt_2 needs one entry per prompt (got 1 for 2 prompts)",
     ),
-    "output_type": (
-        {"prompt": "a cat", "output_type": "jpeg"},
-        ValueError,
-        "StableDiffusionXLCheckInputsStep: output_type ('jpeg') must be one of ['pil', 'np', 'pt', 'latent']; "
-        "pass one of those",
-    ),
-    "strength": (
-        {"prompt": "a cat", "image": make_image(), "strength": 1.5},
-        ValueError,
-        "StableDiffusionXLImg2ImgCheckInputsStep: strength (1.5) must be in [0, 1]; pass 0 to keep the image, "
-        "1 to replace it, or a value between",
-    ),
+    **helpers.common_bad_calls("StableDiffusionXL", image=make_image(), no_steps_strength=0.3),
+    # Replaces the common case: SDXL's leaves strength at its default, 0.3.
     "no_steps_left": (
         {"prompt": "a cat", "image": make_image()},
         ValueError,
@@ -151,17 +109,11 @@ BAD_CALLS = {
         ValueError,
         "denoising_start (0.8) must be below denoising_end (0.5)",
     ),
-    "generators": (
-        {"prompt": "a cat", "generator": [torch.Generator("cpu")] * 3},
-        ValueError,
-        "a list of generators needs one per image (got 3 for a batch of 1",
-    ),
     "mask_without_image": (
         {"prompt": "a cat", "mask_image": make_mask()},
         MissingInputError,
         "block 'inpaint_vae_encoder' (StableDiffusionXLInpaintVaeEncoderStep) needs input 'image'",
     ),
-    "image_type": ({"prompt": "a cat", "image": "cat.png"}, InputTypeError, "input 'image' must be"),
     "misspelled": ({"prompt": "a cat", "promt_2": "a dog"}, UnknownInputError, "did you mean 'prompt_2'?"),
 }
 
@@ -169,12 +121,8 @@ BAD_CALLS = {
 @pytest.mark.parametrize("case", list(BAD_CALLS))
 def test_bad_input_raises_and_leaves_pipeline_working(sdxl_pipe, case):
     """Each bad call raises a clear error naming the block or input, and the next good call is unchanged."""
-    before = reference(sdxl_pipe)
     kwargs, error, message = BAD_CALLS[case]
-    with pytest.raises(error) as info:
-        sdxl_pipe(**{"num_inference_steps": STEPS, **kwargs})
-    assert message in str(info.value)
-    assert np.array_equal(reference(sdxl_pipe), before)
+    helpers.assert_refused_and_unchanged(sdxl_pipe, {"num_inference_steps": STEPS, **kwargs}, error, message)
 
 
 def test_time_ids_that_do_not_fit_the_unet(sdxl_pipe):

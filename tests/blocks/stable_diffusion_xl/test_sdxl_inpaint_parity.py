@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from .conftest import classic_from, make_image, make_mask
-from .test_sdxl_parity import assert_identical, run_both
+from ..helpers import STEPS, assert_identical, make_image, make_mask, over_cases, seeded
+from .conftest import run_both
 
-STEPS = 2
 # The classic inpainting pipeline's default guidance (ours is SDXL's 5.0 in every workflow).
 CLASSIC_GUIDANCE = {"guidance_scale": 7.5}
 
@@ -21,8 +20,7 @@ INPAINT_CASES = {
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(INPAINT_CASES))
+@over_cases(INPAINT_CASES)
 @pytest.mark.parametrize("unet_channels", [9, 4])
 def test_inpainting_parity(sdxl_pipe, sdxl_inpaint_pipe, unet_channels, case, output_type):
     """Inpainting equals the classic pipeline for a 9-channel and a 4-channel (pasted back) UNet."""
@@ -34,19 +32,14 @@ def test_inpainting_parity(sdxl_pipe, sdxl_inpaint_pipe, unet_channels, case, ou
         **CLASSIC_GUIDANCE,
         **INPAINT_CASES[case],
     }
-    ours, theirs = run_both(pipe, "inpainting", image=make_image(), mask_image=make_mask(), **kwargs)
-    assert_identical(ours, theirs)
+    assert_identical(*run_both(pipe, "inpainting", image=make_image(), mask_image=make_mask(), **kwargs))
 
 
 def test_inpainting_given_latents_and_generator_list(sdxl_inpaint_pipe):
     """Given latents start the loop at full strength; one generator per image gives the classic result."""
     kwargs = {"prompt": "a cat", "image": make_image(), "mask_image": make_mask(), "num_images_per_prompt": 2}
     kwargs.update(num_inference_steps=STEPS, output_type="latent", **CLASSIC_GUIDANCE)
-    latents = torch.randn(2, 4, 32, 32, generator=torch.Generator("cpu").manual_seed(5))
+    latents = torch.randn(2, 4, 32, 32, generator=seeded(5))
     # The masked image is still encoded (sampled), so both runs get a generator of the same seed.
-    ours, theirs = run_both(sdxl_inpaint_pipe, "inpainting", latents=latents, strength=1.0, **kwargs)
-    assert_identical(ours, theirs)
-    generators = [torch.Generator("cpu").manual_seed(s) for s in (1, 2)]
-    theirs = classic_from(sdxl_inpaint_pipe, "inpainting")(generator=generators, **kwargs).images
-    generators = [torch.Generator("cpu").manual_seed(s) for s in (1, 2)]
-    assert_identical(sdxl_inpaint_pipe(generator=generators, output="images", **kwargs), theirs)
+    assert_identical(*run_both(sdxl_inpaint_pipe, "inpainting", latents=latents, strength=1.0, **kwargs))
+    assert_identical(*run_both(sdxl_inpaint_pipe, "inpainting", seed=(1, 2), **kwargs))

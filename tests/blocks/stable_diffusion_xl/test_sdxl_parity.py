@@ -2,46 +2,23 @@
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
 from blocks.common import vae_scale_factor
 
-from .conftest import classic_from, make_image
-
-STEPS = 2
-
-
-def run_both(pipe, workflow, seed=0, classic_config=None, **kwargs):
-    """Run ours and the classic pipeline with the same inputs and a fresh generator of the same seed each."""
-    classic = classic_from(pipe, workflow, **(classic_config or {}))
-    theirs = classic(generator=torch.Generator("cpu").manual_seed(seed), **kwargs).images
-    ours = pipe(generator=torch.Generator("cpu").manual_seed(seed), output="images", **kwargs)
-    return ours, theirs
-
-
-def assert_identical(ours, theirs):
-    """torch.equal on tensors and on numpy arrays (as tensors)."""
-    if isinstance(theirs, np.ndarray):
-        assert isinstance(ours, np.ndarray)
-        ours, theirs = torch.from_numpy(ours), torch.from_numpy(theirs)
-    assert ours.shape == theirs.shape
-    assert ours.dtype == theirs.dtype
-    assert torch.equal(ours, theirs)
-
+from .. import helpers
+from ..helpers import STEPS, assert_identical, make_image, over_cases, seeded
+from .conftest import classic_from, run_both
 
 TEXT2IMAGE_CASES = {
-    "guided": {"prompt": "a photo of a cat"},
-    "negative_prompt": {"prompt": "a photo of a cat", "negative_prompt": "blurry"},
+    **helpers.PROMPT_CASES,
     "second_prompts": {
         "prompt": "a cat",
         "prompt_2": "a red dog",
         "negative_prompt": "blurry",
         "negative_prompt_2": "blue",
     },
-    "two_per_prompt": {"prompt": "a photo of a cat", "num_images_per_prompt": 2},
-    "two_prompts": {"prompt": ["a photo of a cat", "a red dog"], "negative_prompt": ["blurry", "blue"]},
     "no_guidance": {"prompt": ["a photo of a cat", "a red dog"], "guidance_scale": 1.0},
     "guidance_rescale": {"prompt": "a cat", "guidance_rescale": 0.7, "num_images_per_prompt": 2},
     "size": {"prompt": "a cat", "height": 48, "width": 32},
@@ -60,35 +37,25 @@ TEXT2IMAGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(TEXT2IMAGE_CASES))
+@over_cases(TEXT2IMAGE_CASES)
 def test_text2image_parity(sdxl_pipe, case, output_type):
     """Text-to-image equals StableDiffusionXLPipeline: prompts, second prompts, batches, sizes, time ids."""
     kwargs = {"num_inference_steps": STEPS, "output_type": output_type, **TEXT2IMAGE_CASES[case]}
-    ours, theirs = run_both(sdxl_pipe, "text2image", **kwargs)
-    assert_identical(ours, theirs)
+    assert_identical(*run_both(sdxl_pipe, "text2image", **kwargs))
 
 
 @pytest.mark.parametrize("guidance_scale", [5.0, 1.0])
 def test_text2image_precomputed_embeddings(sdxl_pipe, guidance_scale):
     """Precomputed prompt, pooled and negative embeddings give what the classic pipeline gives for them."""
-    generator = torch.Generator("cpu").manual_seed(3)
-    embeds = {
-        "prompt_embeds": torch.randn(2, 77, 64, generator=generator),
-        "negative_prompt_embeds": torch.randn(2, 77, 64, generator=generator),
-        "pooled_prompt_embeds": torch.randn(2, 32, generator=generator),
-        "negative_pooled_prompt_embeds": torch.randn(2, 32, generator=generator),
-    }
-    ours, theirs = run_both(
-        sdxl_pipe,
-        "text2image",
-        guidance_scale=guidance_scale,
-        num_images_per_prompt=2,
-        num_inference_steps=STEPS,
-        output_type="latent",
-        **embeds,
+    embeds = helpers.random_tensors(
+        3,
+        prompt_embeds=(2, 77, 64),
+        negative_prompt_embeds=(2, 77, 64),
+        pooled_prompt_embeds=(2, 32),
+        negative_pooled_prompt_embeds=(2, 32),
     )
-    assert_identical(ours, theirs)
+    kwargs = {"guidance_scale": guidance_scale, "num_images_per_prompt": 2, "num_inference_steps": STEPS}
+    assert_identical(*run_both(sdxl_pipe, "text2image", output_type="latent", **embeds, **kwargs))
 
 
 def test_encoded_negative_prompt_without_force_zeros(sdxl_pipe):
@@ -112,19 +79,7 @@ def test_encoded_negative_prompt_without_force_zeros(sdxl_pipe):
 
 def test_text2image_given_latents_and_generator_list(sdxl_pipe):
     """Given latents start the loop; a list of generators (one per image) gives the classic result."""
-    latents = torch.randn(2, 4, 32, 32, generator=torch.Generator("cpu").manual_seed(5))
-    kwargs = {
-        "prompt": "a cat",
-        "num_images_per_prompt": 2,
-        "num_inference_steps": STEPS,
-        "output_type": "np",
-    }
-    theirs = classic_from(sdxl_pipe, "text2image")(latents=latents, **kwargs).images
-    assert_identical(sdxl_pipe(latents=latents, output="images", **kwargs), theirs)
-    generators = [torch.Generator("cpu").manual_seed(s) for s in (1, 2)]
-    theirs = classic_from(sdxl_pipe, "text2image")(generator=generators, **kwargs).images
-    generators = [torch.Generator("cpu").manual_seed(s) for s in (1, 2)]
-    assert_identical(sdxl_pipe(generator=generators, output="images", **kwargs), theirs)
+    helpers.assert_latents_and_generator_list(run_both, sdxl_pipe, (2, 4, 32, 32))
 
 
 IMAGE2IMAGE_CASES = {
@@ -145,29 +100,20 @@ IMAGE2IMAGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(IMAGE2IMAGE_CASES))
+@over_cases(IMAGE2IMAGE_CASES)
 def test_image2image_parity(sdxl_pipe, case, output_type):
     """Image-to-image equals StableDiffusionXLImg2ImgPipeline, including the default strength (0.3)."""
     kwargs = {"num_inference_steps": STEPS, "output_type": output_type, **IMAGE2IMAGE_CASES[case]}
-    ours, theirs = run_both(sdxl_pipe, "image2image", image=make_image(), **kwargs)
-    assert_identical(ours, theirs)
+    assert_identical(*run_both(sdxl_pipe, "image2image", image=make_image(), **kwargs))
 
 
 def test_image2image_generator_list_and_latents(sdxl_pipe):
     """One generator per image encodes each repeated image with its own; given latents skip the encoding."""
     kwargs = {"prompt": "a cat", "image": make_image(), "num_images_per_prompt": 2, "strength": 0.7}
     kwargs.update(num_inference_steps=3, output_type="latent")
-    theirs = classic_from(sdxl_pipe, "image2image")(
-        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], **kwargs
-    ).images
-    ours = sdxl_pipe(
-        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], output="images", **kwargs
-    )
-    assert_identical(ours, theirs)
-    latents = torch.randn(2, 4, 32, 32, generator=torch.Generator("cpu").manual_seed(5))
-    ours, theirs = run_both(sdxl_pipe, "image2image", latents=latents, **kwargs)
-    assert_identical(ours, theirs)
+    assert_identical(*run_both(sdxl_pipe, "image2image", seed=(1, 2), **kwargs))
+    latents = torch.randn(2, 4, 32, 32, generator=seeded(5))
+    assert_identical(*run_both(sdxl_pipe, "image2image", latents=latents, **kwargs))
 
 
 def test_refiner_parity(sdxl_refiner_pipe):
@@ -193,12 +139,7 @@ def test_base_then_refiner_ensemble(sdxl_pipe, sdxl_refiner_pipe):
     """Base to denoising_end=0.5 as latents, then the refiner from denoising_start=0.5, equals the classic chain."""
     config = {"requires_aesthetics_score": True, "force_zeros_for_empty_prompt": False}
     base = {"prompt": "a cat", "num_inference_steps": 4, "output_type": "latent"}
-    ours = sdxl_pipe(
-        denoising_end=0.5, generator=torch.Generator("cpu").manual_seed(0), output="images", **base
-    )
-    theirs = classic_from(sdxl_pipe, "text2image")(
-        denoising_end=0.5, generator=torch.Generator("cpu").manual_seed(0), **base
-    ).images
+    ours, theirs = run_both(sdxl_pipe, "text2image", denoising_end=0.5, **base)
     assert_identical(ours, theirs)
     refined, classic_refined = run_both(
         sdxl_refiner_pipe,
@@ -214,8 +155,7 @@ def test_base_then_refiner_ensemble(sdxl_pipe, sdxl_refiner_pipe):
 def test_pil_output(sdxl_pipe):
     """output_type='pil' (the default) gives PIL images with the classic pipeline's pixels."""
     ours, theirs = run_both(sdxl_pipe, "text2image", prompt="a cat", num_inference_steps=STEPS)
-    assert [image.size for image in ours] == [(64, 64)]
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs, strict=True))
+    helpers.assert_identical_pil(ours, theirs, size=(64, 64))
 
 
 @pytest.mark.parametrize("workflow", ["text2image", "image2image"])
@@ -228,11 +168,9 @@ def test_float16_vae_is_upcast_like_the_classic(sdxl_pipe, workflow):
     kwargs = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "np", **extra}
     sdxl_pipe.update_components(vae=half)
     try:
-        ours = sdxl_pipe(generator=torch.Generator("cpu").manual_seed(0), output="images", **kwargs)
+        ours = sdxl_pipe(generator=seeded(0), output="images", **kwargs)
         assert sdxl_pipe.vae.dtype == torch.float16
-        theirs = classic_from(sdxl_pipe, workflow)(
-            generator=torch.Generator("cpu").manual_seed(0), **kwargs
-        ).images
+        theirs = classic_from(sdxl_pipe, workflow)(generator=seeded(0), **kwargs).images
     finally:
         sdxl_pipe.update_components(vae=original)
     assert_identical(ours, theirs)
@@ -243,7 +181,4 @@ def test_image2image_size_follows_the_vae_scale_not_8(sdxl_pipe):
     (an image processor fixed at 8 made 40x32)."""
     assert vae_scale_factor(sdxl_pipe) == 2
     image = make_image(size=44).crop((0, 0, 44, 36))
-    kwargs = {"prompt": "a cat", "image": image, "num_inference_steps": 4, "output_type": "np"}
-    ours, theirs = run_both(sdxl_pipe, "image2image", **kwargs)
-    assert ours.shape == (1, 36, 44, 3)
-    assert_identical(ours, theirs)
+    helpers.assert_makes_44x36_as_the_classic(run_both, sdxl_pipe, "image2image", steps=4, image=image)

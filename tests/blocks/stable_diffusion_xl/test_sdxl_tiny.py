@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 
 from blocks.stable_diffusion_xl.tiny import make_tiny_repo
 
+from .. import helpers
+
 
 def test_classic_pipeline_loads_and_runs(sdxl_repo):
     """StableDiffusionXLPipeline.from_pretrained loads the tiny repo and makes a 64x64 image in 2 steps."""
@@ -57,11 +59,7 @@ def test_inpainting_repo_runs_in_classic_inpaint(sdxl_inpaint_repo):
 def test_same_seed_same_weights_and_variants(tmp_path):
     """The same seed writes identical weights, another seed other ones; variant='fp16' adds float16 files."""
     weights = "unet/diffusion_pytorch_model.safetensors"
-    first = load_file(make_tiny_repo(tmp_path / "a", variant="fp16") / weights)
-    second = load_file(make_tiny_repo(tmp_path / "b") / weights)
-    other = load_file(make_tiny_repo(tmp_path / "c", seed=1) / weights)
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    assert not all(torch.equal(first[k], other[k]) for k in first)
+    helpers.assert_seed_decides_weights(make_tiny_repo, tmp_path, weights, variant="fp16")
     for name, stem in [("unet", "diffusion_pytorch_model"), ("text_encoder_2", "model")]:
         half = load_file(tmp_path / "a" / name / f"{stem}.fp16.safetensors")
         assert {t.dtype for t in half.values()} == {torch.float16}

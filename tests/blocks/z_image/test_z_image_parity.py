@@ -1,69 +1,38 @@
 """Our Z-Image blocks equal diffusers' ZImagePipeline and ZImageImg2ImgPipeline bit for bit on CPU float32."""
 
-import copy
-
-import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from blocks.common import vae_scale_factor
 
-from .conftest import SIZE, classic_from, make_image
-
-STEPS = 2
-
-
-def run_both(pipe, workflow, seed=0, **kwargs):
-    """Run ours and the classic pipeline on the same inputs, each with a fresh generator of the same seed.
-
-    Each gets its own copy of the inputs: the classic pipeline rewrites a list prompt in place.
-    """
-    classic = classic_from(pipe, workflow)
-    theirs = classic(generator=torch.Generator("cpu").manual_seed(seed), **copy.deepcopy(kwargs)).images
-    ours = pipe(generator=torch.Generator("cpu").manual_seed(seed), output="images", **copy.deepcopy(kwargs))
-    return ours, theirs
-
-
-def assert_identical(ours, theirs):
-    """torch.equal on tensors and on numpy arrays (as tensors)."""
-    if isinstance(theirs, np.ndarray):
-        assert isinstance(ours, np.ndarray)
-        ours, theirs = torch.from_numpy(ours), torch.from_numpy(theirs)
-    assert ours.shape == theirs.shape
-    assert ours.dtype == theirs.dtype
-    assert torch.equal(ours, theirs)
-
+from .. import helpers
+from ..helpers import STEPS, assert_identical, over_cases, seeded
+from .conftest import SIZE, make_image, run_both
 
 TEXT2IMAGE_CASES = {
-    "guided": {"prompt": "a photo of a cat"},
-    "negative_prompt": {"prompt": "a photo of a cat", "negative_prompt": "blurry"},
-    "two_per_prompt": {"prompt": "a photo of a cat", "num_images_per_prompt": 2},
-    "two_prompts": {"prompt": ["a photo of a cat", "a red dog"], "negative_prompt": ["blurry", "blue"]},
+    **helpers.PROMPT_CASES,
     "no_guidance": {"prompt": ["a photo of a cat", "a red dog"], "guidance_scale": 0.0},
     "cfg_options": {"prompt": "a cat", "cfg_normalization": True, "cfg_truncation": 0.1},
     "size_and_length": {"prompt": "the astronaut", "height": 48, "width": 32, "max_sequence_length": 8},
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(TEXT2IMAGE_CASES))
+@over_cases(TEXT2IMAGE_CASES)
 def test_text2image_parity(zimage_pipe, case, output_type):
     """Text-to-image equals ZImagePipeline for prompts, negatives, batches, n per prompt, no CFG and CFG options."""
     kwargs = {"height": SIZE, "width": SIZE, **TEXT2IMAGE_CASES[case]}
-    ours, theirs = run_both(
-        zimage_pipe, "text2image", num_inference_steps=STEPS, output_type=output_type, **kwargs
-    )
-    assert_identical(ours, theirs)
+    kwargs.update(num_inference_steps=STEPS, output_type=output_type)
+    assert_identical(*run_both(zimage_pipe, "text2image", **kwargs))
 
 
 def test_cfg_options_change_the_result(zimage_pipe):
     """cfg_truncation and cfg_normalization take effect (the parity case above is not a no-op)."""
     kwargs = {"prompt": "a cat", "height": SIZE, "width": SIZE, "num_inference_steps": STEPS}
     kwargs.update(output_type="latent", output="images")
-    plain = zimage_pipe(generator=torch.Generator("cpu").manual_seed(0), **kwargs)
-    truncated = zimage_pipe(generator=torch.Generator("cpu").manual_seed(0), cfg_truncation=0.1, **kwargs)
-    normalized = zimage_pipe(generator=torch.Generator("cpu").manual_seed(0), cfg_normalization=0.5, **kwargs)
+    plain = zimage_pipe(generator=seeded(0), **kwargs)
+    truncated = zimage_pipe(generator=seeded(0), cfg_truncation=0.1, **kwargs)
+    normalized = zimage_pipe(generator=seeded(0), cfg_normalization=0.5, **kwargs)
     assert not torch.equal(plain, truncated)
     assert not torch.equal(plain, normalized)
 
@@ -71,7 +40,7 @@ def test_cfg_options_change_the_result(zimage_pipe):
 @pytest.mark.parametrize("guidance_scale", [4.0, 0.0])
 def test_text2image_precomputed_embeddings(zimage_pipe, guidance_scale):
     """Precomputed prompt_embeds and negative_prompt_embeds lists (of different lengths) give the classic result."""
-    generator = torch.Generator("cpu").manual_seed(3)
+    generator = seeded(3)
     prompt_embeds = [torch.randn(5, 16, generator=generator), torch.randn(9, 16, generator=generator)]
     negative_prompt_embeds = [
         torch.randn(7, 16, generator=generator),
@@ -95,22 +64,15 @@ def test_text2image_precomputed_embeddings(zimage_pipe, guidance_scale):
 def test_text2image_latents_sigmas_and_generator_list(zimage_pipe):
     """Given latents, custom sigmas, and a list of generators (one per image) each give the classic result."""
     base = {"prompt": "a cat", "num_images_per_prompt": 2, "height": SIZE, "width": SIZE}
-    latents = torch.randn(2, 16, 16, 16, generator=torch.Generator("cpu").manual_seed(5))
+    latents = torch.randn(2, 16, 16, 16, generator=seeded(5))
     cases = [
         {"latents": latents, "num_inference_steps": STEPS, "output_type": "np"},
         {"sigmas": [1.0, 0.8, 0.3], "num_inference_steps": 3, "output_type": "latent"},
     ]
     for extra in cases:
-        ours, theirs = run_both(zimage_pipe, "text2image", **base, **extra)
-        assert_identical(ours, theirs)
+        assert_identical(*run_both(zimage_pipe, "text2image", **base, **extra))
     kwargs = {**base, "num_inference_steps": STEPS, "output_type": "latent"}
-    theirs = classic_from(zimage_pipe, "text2image")(
-        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], **copy.deepcopy(kwargs)
-    ).images
-    ours = zimage_pipe(
-        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], output="images", **kwargs
-    )
-    assert_identical(ours, theirs)
+    assert_identical(*run_both(zimage_pipe, "text2image", seed=(1, 2), **kwargs))
 
 
 IMAGE2IMAGE_CASES = {
@@ -123,13 +85,13 @@ IMAGE2IMAGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("output_type", ["latent", "np"])
-@pytest.mark.parametrize("case", list(IMAGE2IMAGE_CASES))
+@over_cases(IMAGE2IMAGE_CASES)
 def test_image2image_parity(zimage_pipe, case, output_type):
     """Image-to-image equals ZImageImg2ImgPipeline, including the default strength (0.6)."""
     kwargs = {"num_inference_steps": STEPS, **IMAGE2IMAGE_CASES[case]}
-    ours, theirs = run_both(zimage_pipe, "image2image", image=make_image(), output_type=output_type, **kwargs)
-    assert_identical(ours, theirs)
+    assert_identical(
+        *run_both(zimage_pipe, "image2image", image=make_image(), output_type=output_type, **kwargs)
+    )
 
 
 def test_image2image_size_latents_and_generator_list(zimage_pipe):
@@ -138,24 +100,14 @@ def test_image2image_size_latents_and_generator_list(zimage_pipe):
     ours, theirs = run_both(
         zimage_pipe, "image2image", prompt="a cat", image=wide, num_inference_steps=3, output_type="np"
     )
-    assert ours.shape == (1, 32, 48, 3)
-    assert_identical(ours, theirs)
-    latents = torch.randn(1, 16, 8, 12, generator=torch.Generator("cpu").manual_seed(5))
+    assert_identical(ours, theirs, shape=(1, 32, 48, 3))
+    latents = torch.randn(1, 16, 8, 12, generator=seeded(5))
     ours, theirs = run_both(
         zimage_pipe, "image2image", prompt="a cat", image=wide, latents=latents, num_inference_steps=3
     )
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs, strict=True))
+    helpers.assert_identical_pil(ours, theirs)
     kwargs = {"prompt": "a cat", "image": make_image(), "num_images_per_prompt": 2, "num_inference_steps": 3}
-    theirs = classic_from(zimage_pipe, "image2image")(
-        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)], output_type="latent", **kwargs
-    ).images
-    ours = zimage_pipe(
-        generator=[torch.Generator("cpu").manual_seed(s) for s in (1, 2)],
-        output_type="latent",
-        output="images",
-        **kwargs,
-    )
-    assert_identical(ours, theirs)
+    assert_identical(*run_both(zimage_pipe, "image2image", seed=(1, 2), output_type="latent", **kwargs))
 
 
 def test_parity_with_dynamic_shifting(zimage_pipe):
@@ -166,8 +118,7 @@ def test_parity_with_dynamic_shifting(zimage_pipe):
     try:
         for workflow, extra in {"text2image": {}, "image2image": {"image": make_image()}}.items():
             kwargs = {"prompt": "a cat", "height": SIZE, "width": SIZE, "num_inference_steps": 3, **extra}
-            ours, theirs = run_both(zimage_pipe, workflow, output_type="latent", **kwargs)
-            assert_identical(ours, theirs)
+            assert_identical(*run_both(zimage_pipe, workflow, output_type="latent", **kwargs))
     finally:
         zimage_pipe.update_components(scheduler=original)
 
@@ -177,8 +128,7 @@ def test_pil_output(zimage_pipe):
     ours, theirs = run_both(
         zimage_pipe, "text2image", prompt="a cat", height=SIZE, width=SIZE, num_inference_steps=STEPS
     )
-    assert [image.size for image in ours] == [(SIZE, SIZE)]
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(ours, theirs, strict=True))
+    helpers.assert_identical_pil(ours, theirs, size=(SIZE, SIZE))
 
 
 def test_image2image_size_follows_the_vae_scale_not_16(zimage_pipe):
@@ -186,7 +136,4 @@ def test_image2image_size_follows_the_vae_scale_not_16(zimage_pipe):
     (an image processor fixed at 16 made 32x32)."""
     assert vae_scale_factor(zimage_pipe) == 2
     image = make_image(size=44).crop((0, 0, 44, 36))
-    kwargs = {"prompt": "a cat", "image": image, "num_inference_steps": 3, "output_type": "np"}
-    ours, theirs = run_both(zimage_pipe, "image2image", **kwargs)
-    assert ours.shape == (1, 36, 44, 3)
-    assert_identical(ours, theirs)
+    helpers.assert_makes_44x36_as_the_classic(run_both, zimage_pipe, "image2image", image=image)

@@ -4,9 +4,10 @@ import json
 
 import torch
 from diffusers import ZImagePipeline
-from safetensors.torch import load_file
 
 from blocks.z_image.tiny import make_tiny_repo
+
+from .. import helpers
 
 
 def test_classic_pipeline_loads_and_runs(zimage_repo):
@@ -47,24 +48,15 @@ def test_tokenizer_chat_template_and_words(zimage_repo):
 
 def test_same_arguments_write_same_weights(tmp_path):
     """Two repos built with the same seed hold identical weights; another seed changes them."""
-    weights = "transformer/diffusion_pytorch_model.safetensors"
-    first = load_file(make_tiny_repo(tmp_path / "a") / weights)
-    second = load_file(make_tiny_repo(tmp_path / "b") / weights)
-    other = load_file(make_tiny_repo(tmp_path / "c", seed=1) / weights)
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    assert not all(torch.equal(first[k], other[k]) for k in first)
+    helpers.assert_seed_decides_weights(
+        make_tiny_repo, tmp_path, "transformer/diffusion_pytorch_model.safetensors"
+    )
 
 
 def test_variant_files_hold_variant_dtype(tmp_path):
     """With variant='bf16' each model folder also holds a bfloat16 `.bf16.safetensors` file."""
     repo = make_tiny_repo(tmp_path / "z", variant="bf16")
-    for name, weights in [
-        ("transformer", "diffusion_pytorch_model"),
-        ("vae", "diffusion_pytorch_model"),
-        ("text_encoder", "model"),
-    ]:
-        plain = load_file(repo / name / f"{weights}.safetensors")
-        half = load_file(repo / name / f"{weights}.bf16.safetensors")
-        assert {t.dtype for t in plain.values()} == {torch.float32}
-        assert {t.dtype for t in half.values()} == {torch.bfloat16}
-        assert plain.keys() == half.keys()
+    folders = [(name, "diffusion_pytorch_model") for name in ("transformer", "vae")] + [
+        ("text_encoder", "model")
+    ]
+    helpers.assert_variant_files(repo, "bf16", torch.bfloat16, folders)

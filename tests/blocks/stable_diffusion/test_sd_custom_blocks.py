@@ -9,7 +9,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from blocks.stable_diffusion import StableDiffusionAutoBlocks
 from modular import BlockCompositionError, ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .conftest import classic_from
+from .conftest import SD, classic_from
 
 STEPS = 2
 
@@ -68,9 +68,7 @@ class ScaleLatentsStep(ModularPipelineBlocks):
 
 def reuse_models(pipe, source):
     """Give `pipe` the very model objects of `source` (no second load)."""
-    pipe.update_components(
-        **{name: getattr(source, name) for name in ("unet", "vae", "text_encoder", "tokenizer", "scheduler")}
-    )
+    pipe.update_components(**{name: getattr(source, name) for name in SD.components})
     pipe.set_progress_bar_config(disable=True)
 
 

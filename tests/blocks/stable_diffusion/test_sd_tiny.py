@@ -4,9 +4,10 @@ import json
 
 import torch
 from diffusers import StableDiffusionInpaintPipeline, StableDiffusionPipeline
-from safetensors.torch import load_file
 
 from blocks.stable_diffusion.tiny import make_tiny_repo
+
+from .. import helpers
 
 
 def test_classic_pipeline_loads_and_runs(tmp_path):
@@ -23,26 +24,18 @@ def test_classic_pipeline_loads_and_runs(tmp_path):
 
 def test_same_arguments_write_same_weights(tmp_path):
     """Two repos built with the same seed hold identical weights; another seed changes them."""
-    first = load_file(make_tiny_repo(tmp_path / "a") / "unet" / "diffusion_pytorch_model.safetensors")
-    second = load_file(make_tiny_repo(tmp_path / "b") / "unet" / "diffusion_pytorch_model.safetensors")
-    other = load_file(make_tiny_repo(tmp_path / "c", seed=1) / "unet" / "diffusion_pytorch_model.safetensors")
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    assert not all(torch.equal(first[k], other[k]) for k in first)
+    helpers.assert_seed_decides_weights(make_tiny_repo, tmp_path, "unet/diffusion_pytorch_model.safetensors")
 
 
 def test_variant_files_hold_variant_dtype(tmp_path):
     """With variant='fp16' each model folder also holds a float16 `.fp16.safetensors` file."""
     repo = make_tiny_repo(tmp_path / "sd", variant="fp16")
-    for name, weights in [
+    folders = [
         ("unet", "diffusion_pytorch_model"),
         ("vae", "diffusion_pytorch_model"),
         ("text_encoder", "model"),
-    ]:
-        plain = load_file(repo / name / f"{weights}.safetensors")
-        half = load_file(repo / name / f"{weights}.fp16.safetensors")
-        assert {t.dtype for t in plain.values()} == {torch.float32}
-        assert {t.dtype for t in half.values()} == {torch.float16}
-        assert plain.keys() == half.keys()
+    ]
+    helpers.assert_variant_files(repo, "fp16", torch.float16, folders)
 
 
 def test_tokenizer_files_written_offline(tmp_path):
