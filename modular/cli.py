@@ -1,9 +1,10 @@
-"""The command line: ``modular run`` (the main job), ``modular inspect`` and ``modular families``.
+"""The command line: ``modular run`` (the main job), ``modular batch``, ``inspect`` and ``families``.
 
 ``modular run`` with no repo runs the built-in scenario: the seed's three FLUX.1 workflows (text-to-image,
 Canny and Depth control) on tiny repos built on the fly, on one ComponentsManager under auto offload,
 printing the manager's table after each workflow and the offload summary at the end.
 ``modular run REPO [options] [--then REPO_B [options]] ...`` runs any supported repos on one manager;
+``modular batch JOB`` runs a job file's images, resumable and data-parallel (``modular/cli_batch.py``);
 ``modular inspect REPO`` shows a pipeline without loading weights; ``modular families`` lists the
 installed block families and their workflows.
 
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
-from . import cli_run
+from . import cli_batch, cli_run
 from .cli_run import DEFAULT_FAMILY, add_job_arguments, byte_size, family_named, positive_int, tiny_repo
 
 __all__ = ["main", "positive_int"]
@@ -33,6 +34,7 @@ THEN = "--then"
 DESCRIPTION = """\
 modular run                            the built-in scenario: three FLUX.1 workflows, one manager, auto offload
 modular run REPO [--then REPO_B ...]   any supported repos on one manager (see modular run --help)
+modular batch JOB                      a job file's images: resumable, data-parallel under torchrun
 modular inspect REPO                   a pipeline's blocks, docs and components, without loading weights
 modular families                       the installed block families and their workflows"""
 
@@ -50,6 +52,10 @@ class _Parser(argparse.ArgumentParser):
 def run(args: argparse.Namespace) -> int:
     cli_run.run_command(args, args.thens)
     return 0
+
+
+def batch(args: argparse.Namespace) -> int:
+    return cli_batch.batch_command(args)
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -137,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--out", help=argparse.SUPPRESS)  # the older spelling: one tiny-repo image
     run_parser.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_common(run_parser)
+    batch_parser = commands.add_parser(
+        "batch",
+        help="a job file's images: resumable, data-parallel under torchrun (see docs/batch.md)",
+        description=cli_batch.BATCH_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cli_batch.add_batch_arguments(batch_parser)
+    _add_common(batch_parser)
     inspect_parser = commands.add_parser(
         "inspect", help="show a pipeline's blocks and components (no weights)"
     )
@@ -202,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("MODULAR_DEBUG", "") not in ("", "0")
     try:
         _quiet_libraries()
-        return {"run": run, "inspect": inspect, "families": families}[args.command](args)
+        commands = {"run": run, "batch": batch, "inspect": inspect, "families": families}
+        return commands[args.command](args)
     except KeyboardInterrupt:
         if debug:
             raise

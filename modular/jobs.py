@@ -24,7 +24,7 @@ from .errors import MissingInputError, UnknownInputError
 from .pipeline import ModularPipeline
 from .planning import check_inputs, known_inputs
 
-__all__ = ["Demo", "Job", "JobResult", "JobRunner"]
+__all__ = ["Demo", "Job", "JobResult", "JobRunner", "call_job"]
 
 Derive = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 
@@ -199,7 +199,9 @@ class JobRunner:
             done[job.name] = result.images
             yield result
 
-    def _load(self, job: Job, pipe: ModularPipeline) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def load(self, job: Job, pipe: ModularPipeline) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Load the job's components into ``pipe`` (those it reuses excepted); returns
+        ``(names this loaded, names the manager or the previous job held already)``."""
         names = [
             name
             for name in pipe.pretrained_component_names
@@ -217,23 +219,17 @@ class JobRunner:
 
     def _run(self, job: Job, pipe: ModularPipeline, done: Mapping[str, np.ndarray]) -> JobResult:
         derived = dict(job.derive(done)) if job.derive is not None else {}
-        inputs = {**job.inputs, **derived}
-        params = known_inputs(pipe.blocks)
-        loaded, reused = self._load(job, pipe)
+        loaded, reused = self.load(job, pipe)
         pipe.set_progress_bar_config(
             desc=f"{job.name}: denoising", unit="step", leave=False, disable=self._disable
         )
-        if job.seed is not None:
-            inputs["generator"] = torch.Generator("cpu").manual_seed(job.seed)
-        if "output_type" in params:
-            inputs["output_type"] = "np"
         started = time.perf_counter()
-        output = pipe(output="images", **inputs)
+        images = call_job(pipe, job, derived)
         finished = time.perf_counter()
         return JobResult(
             job=job,
             pipeline=pipe,
-            images=_as_array(output),
+            images=images,
             derived=derived,
             loaded=loaded,
             reused=reused,
@@ -241,6 +237,17 @@ class JobRunner:
             finished=finished,
             table=str(self.manager),
         )
+
+
+def call_job(pipe: ModularPipeline, job: Job, extra: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Call ``pipe`` with the job's inputs (and ``extra``), a CPU generator seeded with ``job.seed`` and
+    numpy output; returns the images, ``[N, H, W, 3]`` float32 in [0, 1]."""
+    inputs = {**job.inputs, **(extra or {})}
+    if job.seed is not None:
+        inputs["generator"] = torch.Generator("cpu").manual_seed(job.seed)
+    if "output_type" in known_inputs(pipe.blocks):
+        inputs["output_type"] = "np"
+    return _as_array(pipe(output="images", **inputs))
 
 
 def _as_array(images: Any) -> np.ndarray:

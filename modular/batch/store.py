@@ -1,0 +1,222 @@
+"""A batch job's output folder: outputs written atomically, each with a JSON sidecar; finished entries found.
+
+An entry's output ``<name>.png`` (or ``.npy``) and its sidecar ``<name>.png.json`` are each written to
+a temporary file ``.<file>.<rank>-<pid>.partial`` in the same folder, flushed to disk and renamed over
+the final name (``os.replace``), image first, sidecar last. So a kill at any point leaves, for each
+entry, no file, a complete image without a sidecar (it runs again), or both; an entry counts as done
+only when its sidecar describes the entry as it is now and its image has the recorded size. A
+leftover ``.partial`` file is removed when the job starts again. ``manifest.json``, the job's entries
+with their status, is written the same way when every rank has finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import uuid
+from collections.abc import Iterable, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+
+from .entries import BatchEntry
+
+__all__ = ["LOGS", "MANIFEST", "OutputStore", "check_writable", "encode", "library_versions"]
+
+MANIFEST = "manifest.json"
+LOGS = "logs"
+PARTIAL = ".partial"
+_LIBRARIES = ("modular-pipelines", "torch", "diffusers", "transformers", "accelerate", "numpy", "pillow")
+
+
+def library_versions() -> dict[str, str | None]:
+    """Python's and the libraries' versions, as each output's sidecar records them."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def encode(images: np.ndarray, fmt: str) -> bytes:
+    """One image ``[1, H, W, 3]`` (float32 in [0, 1]) as PNG bytes (8 bits, rounded) or ``.npy`` bytes (exact)."""
+    if images.shape[0] != 1:
+        msg = f"a batch entry makes one image (got {images.shape[0]})"
+        raise ValueError(msg)
+    buffer = io.BytesIO()
+    if fmt == "npy":
+        np.save(buffer, images[0].astype(np.float32, copy=False), allow_pickle=False)
+    else:
+        pixels = (np.clip(images[0], 0.0, 1.0) * 255).round().astype(np.uint8)
+        PIL.Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def check_writable(folder: Path) -> None:
+    """Check that ``folder`` (or, while it does not exist, the folder that would hold it) takes files.
+
+    Raises:
+        PermissionError: it cannot be written (the message says why and what to change).
+    """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    problem = None
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a folder"
+    else:
+        probe = existing / f".modular-batch-probe-{uuid.uuid4().hex}{PARTIAL}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink(missing_ok=True)
+        except OSError as error:
+            problem = f"{type(error).__name__}: {error.strerror or error}"
+    if problem is not None:
+        msg = f"output folder '{folder}' is not writable ({problem}); choose another 'output' or fix its permissions"
+        raise PermissionError(msg)
+
+
+def _write_atomically(path: Path, data: bytes, tag: str) -> None:
+    """``path`` holds ``data`` or what it held before, never a part: a temporary file renamed over it."""
+    temporary = path.with_name(f".{path.name}.{tag}{PARTIAL}")
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # interrupted too (Ctrl-C): leave no partial file behind
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists), for comparing with a sidecar."""
+    return json.loads(json.dumps(value))
+
+
+class OutputStore:
+    """The files of one job's output folder.
+
+    Args:
+        folder: The output folder (created on first write).
+        fmt: ``"png"`` or ``"npy"``.
+        tag: Names this process's temporary files (``"<rank>-<pid>"``), so ranks never share one.
+    """
+
+    def __init__(self, folder: Path, fmt: str = "png", tag: str | None = None) -> None:
+        self.folder = Path(folder)
+        self.fmt = fmt
+        self.tag = tag or f"0-{os.getpid()}"
+
+    def path(self, entry: BatchEntry) -> Path:
+        return self.folder / f"{entry.name}.{self.fmt}"
+
+    def sidecar_path(self, entry: BatchEntry) -> Path:
+        return self.folder / f"{entry.name}.{self.fmt}.json"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.folder / MANIFEST
+
+    def remove_partial_files(self) -> list[Path]:
+        """Remove the temporary files a killed run left; returns them."""
+        if not self.folder.is_dir():
+            return []
+        leftovers = sorted(self.folder.glob(f".*{PARTIAL}"))
+        for path in leftovers:
+            path.unlink(missing_ok=True)
+        return leftovers
+
+    def finished(self, entry: BatchEntry) -> dict[str, Any] | None:
+        """The entry's sidecar when its output is complete and was made from this same entry, else None."""
+        try:
+            sidecar = json.loads(self.sidecar_path(entry).read_text())
+            size = self.path(entry).stat().st_size
+        except (OSError, ValueError):
+            return None
+        if not isinstance(sidecar, dict) or sidecar.get("entry") != _json_value(entry.describe()):
+            return None
+        return sidecar if sidecar.get("bytes") == size else None
+
+    def scan(self, entries: Iterable[BatchEntry]) -> dict[int, dict[str, Any]]:
+        """The sidecar of every finished entry, by index."""
+        found = {}
+        for entry in entries:
+            sidecar = self.finished(entry)
+            if sidecar is not None:
+                found[entry.index] = sidecar
+        return found
+
+    def write(self, entry: BatchEntry, data: bytes, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Write the output, then its sidecar (the entry's description, ``record``, size and sha256)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(entry)
+        sidecar = {
+            "entry": _json_value(entry.describe()),
+            "file": path.name,
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            **record,
+        }
+        _write_atomically(path, data, self.tag)
+        _write_atomically(self.sidecar_path(entry), json.dumps(sidecar, indent=1).encode(), self.tag)
+        return sidecar
+
+    def _row(self, entry: BatchEntry, status: str, record: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "index": entry.index,
+            "name": entry.name,
+            "file": self.path(entry).name,
+            "sidecar": self.sidecar_path(entry).name,
+            "workflow": entry.workflow.name,
+            "prompt": entry.prompt.text,
+            "seed": entry.seed,
+            "size": None if entry.size is None else list(entry.size),
+            "status": status,
+            "run": record.get("run"),
+            "rank": record.get("rank"),
+            "seconds": record.get("seconds"),
+        }
+
+    def manifest(
+        self,
+        entries: Iterable[BatchEntry],
+        earlier: Mapping[int, Mapping[str, Any]],
+        ran: Mapping[int, Mapping[str, Any]],
+        head: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """``head`` and a row per entry, in index order: ``ran`` in this run or done ``earlier`` (each a
+        record with the run, rank and seconds, by index).
+
+        Raises:
+            RuntimeError: an entry is in neither (its output is missing).
+        """
+        rows, missing = [], []
+        for entry in entries:
+            if entry.index in ran:
+                rows.append(self._row(entry, "ran", ran[entry.index]))
+            elif entry.index in earlier:
+                rows.append(self._row(entry, "earlier", earlier[entry.index]))
+            else:
+                missing.append(entry.index)
+        if missing:
+            msg = (
+                f"entries {missing} have no output after every rank finished; run the job again to make them"
+            )
+            raise RuntimeError(msg)
+        return {**head, "entries": rows}
+
+    def write_manifest(self, manifest: Mapping[str, Any]) -> Path:
+        """Write ``manifest.json`` (atomically, like every output)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _write_atomically(self.manifest_path, json.dumps(manifest, indent=1).encode(), self.tag)
+        return self.manifest_path
