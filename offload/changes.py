@@ -13,24 +13,27 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import Counter
+import weakref
 from collections.abc import Iterable
 
 import torch
 from torch.nn.modules import module as torch_module
 
-__all__ = ["install_registration_counter", "registrations", "unwatch", "watch"]
+__all__ = ["install_registration_counter", "registrations", "unwatch", "watch", "watched_count"]
 
 _counter = itertools.count(1)
 _latest = 0
-_watched: Counter[int] = Counter()  # id(module) -> how many ledger entries watch it
+# module -> how many ledger entries watch it. Held weakly: a model dropped without being detached (its
+# engine garbage-collected) must not leave its id behind for a new module to inherit.
+# Test: test_a_module_that_reuses_a_dropped_models_id_is_not_watched.
+_watched: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 _installed = False
 
 
 def _count_registration(module: torch.nn.Module, name: str, value: object) -> None:
     global _latest
-    if id(module) in _watched:  # a read: safe without the lock under the GIL
+    if module in _watched:  # a read: safe without the lock under the GIL
         _latest = next(_counter)  # next() on a count is atomic under the GIL; returning None keeps the value
 
 
@@ -46,21 +49,30 @@ def install_registration_counter() -> None:
         _installed = True
 
 
-def watch(module_ids: Iterable[int]) -> None:
-    """Count registrations into the modules with these ids from now on."""
+def watch(modules: Iterable[torch.nn.Module]) -> None:
+    """Count registrations into these modules from now on."""
     with _lock:
-        _watched.update(module_ids)
+        for module in modules:
+            _watched[module] = _watched.get(module, 0) + 1
 
 
-def unwatch(module_ids: Iterable[int]) -> None:
+def unwatch(modules: Iterable[torch.nn.Module]) -> None:
     """Stop counting registrations into these modules (once per earlier ``watch``)."""
     with _lock:
-        for module_id in module_ids:
-            _watched[module_id] -= 1
-            if _watched[module_id] <= 0:
-                del _watched[module_id]
+        for module in modules:
+            count = _watched.get(module, 0) - 1
+            if count <= 0:
+                _watched.pop(module, None)
+            else:
+                _watched[module] = count
 
 
 def registrations() -> int:
     """A number that changes whenever a watched module registers a parameter, buffer or submodule."""
     return _latest
+
+
+def watched_count() -> int:
+    """How many modules are watched now (those of attached models that are still alive)."""
+    with _lock:
+        return len(_watched)

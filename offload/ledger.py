@@ -34,7 +34,7 @@ class _Entry:
     # What the weights looked like when last measured, and the registration count read just before.
     fingerprint: tuple[int, int, int] = (0, 0, 0)
     generation: int = -1
-    watched: list[int] = attrs.field(factory=list)  # ids of its submodules, watched for registrations
+    watched: list[torch.nn.Module] = attrs.field(factory=list)  # its submodules, watched for registrations
 
 
 def _buffer_slots(module: torch.nn.Module):
@@ -165,7 +165,7 @@ class ResidencyLedger:
     # -- internals -----------------------------------------------------------------------------
     def _measured(self, entry: _Entry, generation: int) -> None:
         """Remember what ``entry``'s weights look like now; ``generation`` was read before looking."""
-        watched = [id(module) for module in entry.module.modules()]
+        watched = list(entry.module.modules())
         watch(watched)
         unwatch(entry.watched)
         entry.watched = watched

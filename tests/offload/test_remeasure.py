@@ -1,10 +1,12 @@
 """Weights that change under offload (a LoRA added, a submodule swapped) are measured again, host copy included."""
 
 import copy
+import gc
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 
+import offload.changes
 import offload.ledger
 from offload import OffloadEngine, SimulatedDevice, module_nbytes
 from tests.offload.helpers import MetaProbe, call, sized, tiny_vae
@@ -90,3 +92,15 @@ def test_the_model_is_walked_only_after_a_registration_into_an_attached_model(mo
     call(module)
     assert walks == [1]
     assert [d.reason for d in engine.log] == ["fits"]
+
+
+def test_a_model_dropped_with_its_engine_is_no_longer_watched():
+    """A model whose engine was dropped without detaching leaves no watch behind (its id may be reused)."""
+    gc.collect()
+    before = offload.changes.watched_count()
+    dropped = OffloadEngine(SimulatedDevice(1000), memory_reserve_margin=0)
+    dropped.attach("old", torch.nn.Sequential(sized(400), sized(400)))
+    assert offload.changes.watched_count() == before + 3
+    del dropped
+    gc.collect()
+    assert offload.changes.watched_count() == before
