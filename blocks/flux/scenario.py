@@ -54,6 +54,18 @@ def _control_from(source: str, make: Callable[[Any], Any]) -> Callable[[Mapping[
     return derive
 
 
+def _control_job(name: str, repo: Path, inputs: dict, make: Callable[[Any], Any]) -> Job:
+    """A control workflow's job: its control image is made by `make` from the text-to-image result."""
+    return Job(
+        name,
+        str(repo),
+        inputs=inputs,
+        seed=42,
+        derive=_control_from("text2image", make),
+        derives=("control_image",),
+    )
+
+
 def seed_scenario(folder: str | Path) -> Demo:
     """Write the three repos under ``folder`` and return the scenario's jobs and device budget.
 
@@ -76,22 +88,8 @@ def seed_scenario(folder: str | Path) -> Demo:
     }
     jobs = (
         Job("text2image", str(base), inputs={**common, **_TEXT2IMAGE}, seed=42),
-        Job(
-            "canny",
-            str(canny),
-            inputs={**common, **_CANNY},
-            seed=42,
-            derive=_control_from("text2image", edge_map),
-            derives=("control_image",),
-        ),
-        Job(
-            "depth",
-            str(depth),
-            inputs={**common, **_DEPTH},
-            seed=42,
-            derive=_control_from("text2image", depth_like_map),
-            derives=("control_image",),
-        ),
+        _control_job("canny", canny, {**common, **_CANNY}, edge_map),
+        _control_job("depth", depth, {**common, **_DEPTH}, depth_like_map),
     )
     title = (
         "FLUX.1 text-to-image, then Canny and Depth control, on one ComponentsManager "

@@ -141,6 +141,13 @@ PROMPT_CASES = {
     "two_prompts": {"prompt": ["a photo of a cat", "a red dog"], "negative_prompt": ["blurry", "blue"]},
 }
 
+#: The text-to-image cases the UNet families (Stable Diffusion, SDXL) share besides the prompt cases.
+UNET_TEXT2IMAGE_CASES = {
+    "no_guidance": {"prompt": ["a photo of a cat", "a red dog"], "guidance_scale": 1.0},
+    "guidance_rescale": {"prompt": "a cat", "guidance_rescale": 0.7, "num_images_per_prompt": 2},
+    "size": {"prompt": "a cat", "height": 48, "width": 32},
+}
+
 
 def over_cases(cases):
     """Parametrize a parity test over each named case of `cases` and both output types ('latent', 'np')."""

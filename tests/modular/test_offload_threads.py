@@ -6,20 +6,15 @@ import pytest
 import torch
 
 from blocks.stable_diffusion import make_tiny_repo
-from modular import ComponentsManager, ModularPipeline
+from modular import ComponentsManager
 from offload import ModelTooLargeError, SimulatedDevice, module_nbytes
+
+from .tiny_sd import tiny_sd_pipeline
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
-
-
-def _pipeline(repo, cm):
-    pipe = ModularPipeline.from_pretrained(repo, components_manager=cm)
-    pipe.load_components(torch_dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def _run(pipe, seed=0, steps=1):
@@ -36,7 +31,7 @@ def _sizes(pipe):
 def test_four_threads_share_one_manager_on_a_budget_below_the_sum_of_the_models(repo):
     """4 threads x 20 calls, every model fits alone but not with another: no error, outputs as single-threaded."""
     cm = ComponentsManager()
-    pipes = [_pipeline(repo, cm) for _ in range(4)]
+    pipes = [tiny_sd_pipeline(repo, cm) for _ in range(4)]
     expected = {seed: _run(pipes[0], seed) for seed in range(4)}
     sizes = _sizes(pipes[0])
     budget = max(sizes.values()) + 1024
@@ -68,7 +63,7 @@ def test_four_threads_share_one_manager_on_a_budget_below_the_sum_of_the_models(
 def test_disabling_offload_during_a_call_lets_the_call_finish_with_its_output(repo):
     """disable_auto_cpu_offload while a UNet forward runs waits for it; the call returns the plain output."""
     cm = ComponentsManager()
-    pipe = _pipeline(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     expected = _run(pipe, steps=2)
     started, release = threading.Event(), threading.Event()
     unet_forward = pipe.unet.forward
@@ -107,7 +102,7 @@ def test_disabling_offload_during_a_call_lets_the_call_finish_with_its_output(re
 def test_a_call_whose_model_cannot_fit_alone_fails_before_any_model_moves(repo):
     """When the UNet cannot fit even alone, the call raises at its plan: nothing was moved in for it."""
     cm = ComponentsManager()
-    pipe = _pipeline(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     sizes = _sizes(pipe)
     budget = sum(sizes.values())
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)

@@ -6,19 +6,14 @@ import pytest
 import torch
 
 from blocks.stable_diffusion import make_tiny_repo
-from modular import ComponentsManager, ModularPipeline
+from modular import ComponentsManager
+
+from .tiny_sd import tiny_sd_pipeline
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     return make_tiny_repo(tmp_path_factory.mktemp("lifetime") / "tiny-sd")
-
-
-def loaded(repo, cm):
-    pipe = ModularPipeline.from_pretrained(repo, components_manager=cm)
-    pipe.load_components(torch_dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def generate(pipe):
@@ -29,11 +24,11 @@ def generate(pipe):
 def test_fifty_dropped_pipelines_leave_what_one_live_pipeline_needs(repo):
     """50 pipelines made, loaded and dropped on one manager leave only the live pipeline's registrations."""
     cm = ComponentsManager()
-    live = loaded(repo, cm)
+    live = tiny_sd_pipeline(repo, cm)
     needed = set(cm.components)
     assert {cid.rsplit("_", 1)[0] for cid in needed} >= {"image_processor", "mask_processor", "unet"}
     for _ in range(50):
-        pipe = loaded(repo, cm)
+        pipe = tiny_sd_pipeline(repo, cm)
         assert pipe.unet is live.unet and pipe.image_processor is not live.image_processor
         del pipe
     gc.collect()
@@ -43,12 +38,12 @@ def test_fifty_dropped_pipelines_leave_what_one_live_pipeline_needs(repo):
 
 def test_two_live_pipelines_give_what_each_gives_alone(repo):
     """Two live pipelines on one manager, with dropped ones around them, give bit-equal outputs to one alone."""
-    expected = generate(loaded(repo, ComponentsManager()))
+    expected = generate(tiny_sd_pipeline(repo, ComponentsManager()))
     cm = ComponentsManager()
-    first = loaded(repo, cm)
+    first = tiny_sd_pipeline(repo, cm)
     for _ in range(3):
-        loaded(repo, cm)
-    second = loaded(repo, cm)
+        tiny_sd_pipeline(repo, cm)
+    second = tiny_sd_pipeline(repo, cm)
     gc.collect()
     assert sum(cid.startswith("image_processor_") for cid in cm.components) == 2
     assert torch.equal(generate(first), expected)
@@ -58,7 +53,7 @@ def test_two_live_pipelines_give_what_each_gives_alone(repo):
 def test_from_config_object_given_to_another_pipeline_stays_while_either_lives(repo):
     """A from-config object one pipeline made and another took stays registered until both are gone."""
     cm = ComponentsManager()
-    maker, taker = loaded(repo, cm), loaded(repo, cm)
+    maker, taker = tiny_sd_pipeline(repo, cm), tiny_sd_pipeline(repo, cm)
     processor = maker.image_processor
     taker.update_components(image_processor=processor)
     component_id = cm.get_id(processor)
@@ -74,9 +69,9 @@ def test_from_config_object_given_to_another_pipeline_stays_while_either_lives(r
 def test_dropped_pipeline_keeps_its_from_pretrained_components(repo):
     """Loaded models stay in the manager after their pipeline is gone, for the next pipeline to reuse."""
     cm = ComponentsManager()
-    pipe = loaded(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     unet_id = cm.get_id(pipe.unet)
     del pipe
     gc.collect()
     assert unet_id in cm
-    assert loaded(repo, cm).unet is cm.get_one(component_id=unet_id)
+    assert tiny_sd_pipeline(repo, cm).unet is cm.get_one(component_id=unet_id)

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from blocks.stable_diffusion import make_tiny_repo
-from modular import ComponentsManager, ModularPipeline
+from modular import ComponentsManager
 from offload import SimulatedDevice, module_nbytes
+
+from .tiny_sd import tiny_sd_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -20,17 +22,10 @@ def _run(pipe, **extra):
     )
 
 
-def _pipeline(repo, cm):
-    pipe = ModularPipeline.from_pretrained(repo, components_manager=cm)
-    pipe.load_components(torch_dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
 def test_offloaded_run_equals_the_plain_run_and_copies_nothing_back(repo):
     """With a budget that forces evictions, outputs are bit-equal and no byte goes device-to-host."""
     cm = ComponentsManager()
-    pipe = _pipeline(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     expected = _run(pipe)
     budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 1024
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
@@ -46,7 +41,7 @@ def test_offloaded_run_equals_the_plain_run_and_copies_nothing_back(repo):
 def test_the_pipeline_gives_its_plan_to_the_manager(repo, monkeypatch):
     """Before running, the pipeline tells the manager its models in order of use (loop body once)."""
     cm = ComponentsManager()
-    pipe = _pipeline(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     seen = []
     monkeypatch.setattr(cm, "set_execution_plan", lambda objs: seen.append(list(objs)))
     _run(pipe)
@@ -57,7 +52,7 @@ def test_the_pipeline_gives_its_plan_to_the_manager(repo, monkeypatch):
 def test_denoiser_stays_resident_while_the_text_encoder_makes_room(repo):
     """When the UNet and the VAE cannot both fit, the UNet is kept through the loop (no reload per step)."""
     cm = ComponentsManager()
-    pipe = _pipeline(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 1024
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     _run(pipe)
@@ -73,7 +68,7 @@ def test_blocks_place_tensors_where_the_hooked_models_run(repo, monkeypatch):
     create latents on the execution device themselves.
     """
     cm = ComponentsManager()
-    pipe = _pipeline(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     cm.enable_auto_cpu_offload(device=SimulatedDevice("1GB"), memory_reserve_margin=0)
     engine = cm.offload_engine
     # Pretend the engine runs models elsewhere than the host copies (as on CUDA).
@@ -85,7 +80,7 @@ def test_blocks_place_tensors_where_the_hooked_models_run(repo, monkeypatch):
 def test_to_is_refused_while_auto_offload_places_the_models(repo):
     """pipe.to() under auto offload raises, naming the models and the fix; nothing moves."""
     cm = ComponentsManager()
-    pipe = _pipeline(repo, cm)
+    pipe = tiny_sd_pipeline(repo, cm)
     cm.enable_auto_cpu_offload(device=SimulatedDevice("1GB"), memory_reserve_margin=0)
     with pytest.raises(
         ValueError, match=r"auto offload places \[.*'unet'.*\] on its own.*disable_auto_cpu_offload"

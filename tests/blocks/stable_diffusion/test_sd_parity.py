@@ -12,9 +12,7 @@ from .conftest import run_both
 
 TEXT2IMAGE_CASES = {
     **helpers.PROMPT_CASES,
-    "no_guidance": {"prompt": ["a photo of a cat", "a red dog"], "guidance_scale": 1.0},
-    "guidance_rescale": {"prompt": "a cat", "guidance_rescale": 0.7, "num_images_per_prompt": 2},
-    "size": {"prompt": "a cat", "height": 48, "width": 32},
+    **helpers.UNET_TEXT2IMAGE_CASES,
 }
 
 

@@ -19,9 +19,7 @@ TEXT2IMAGE_CASES = {
         "negative_prompt": "blurry",
         "negative_prompt_2": "blue",
     },
-    "no_guidance": {"prompt": ["a photo of a cat", "a red dog"], "guidance_scale": 1.0},
-    "guidance_rescale": {"prompt": "a cat", "guidance_rescale": 0.7, "num_images_per_prompt": 2},
-    "size": {"prompt": "a cat", "height": 48, "width": 32},
+    **helpers.UNET_TEXT2IMAGE_CASES,
     "micro_conditioning": {
         "prompt": ["a cat", "a dog"],
         "original_size": (128, 96),
