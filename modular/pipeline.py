@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import os
 from typing import Any
 
 import attrs
 import torch
-from diffusers import SchedulerMixin
 
 from components import ComponentsManager, ComponentSpec
 from components.load_id import LOAD_ID_FIELDS
 
 from .block import ModularPipelineBlocks
+from .call_components import CallComponents, fresh_state
 from .composite import run_steps
 from .index import read_index, specs_from_index
 from .planning import CallPlan, PlanCache, check_inputs, check_output
@@ -329,7 +328,7 @@ class ModularPipeline:
         """
         plan, params = self._plan(kwargs, state)
         check_output(output, plan, kwargs.keys() | (state.values.keys() if state is not None else set()))
-        state = _copy_state(state)
+        state = fresh_state(state)
         # Only what was given goes into the state: each block applies its own default to a missing value.
         for name, value in kwargs.items():
             state.set(name, value, params[name].kwargs_type)
@@ -367,37 +366,6 @@ class ModularPipeline:
             state = "not loaded" if obj is None else type(obj).__name__
             lines.append(f"  {name}: {state}  [{spec.load_id}]")
         return "\n".join(lines) + "\n)"
-
-
-class CallComponents:
-    """The pipeline as its blocks see it during one call.
-
-    Schedulers keep per-call state (``set_timesteps`` and ``step`` change them), so each call works on
-    its own copy: pipelines that share one scheduler through a manager can run at the same time.
-    Everything else is the pipeline's own object.
-    """
-
-    def __init__(self, pipeline: ModularPipeline) -> None:
-        self._pipeline = pipeline
-        self._copies = {
-            name: copy.deepcopy(obj)
-            for name, obj in pipeline._components.items()
-            if isinstance(obj, SchedulerMixin)
-        }
-
-    def __getattr__(self, name: str) -> Any:
-        copies = self.__dict__["_copies"]
-        if name in copies:
-            return copies[name]
-        return getattr(self.__dict__["_pipeline"], name)
-
-
-def _copy_state(state: PipelineState | None) -> PipelineState:
-    fresh = PipelineState()
-    if state is not None:
-        fresh.values = dict(state.values)
-        fresh.kwargs_mapping = {kind: list(keys) for kind, keys in state.kwargs_mapping.items()}
-    return fresh
 
 
 def _unknown(kind: str, name: str, known: Any) -> str:
