@@ -76,6 +76,8 @@ class OffloadEngine:
         # Models inside a hooked call (never evicted), threads waiting for room, models being detached.
         self._calls = CallTracker(self._changed)
         self.log = OffloadLog()
+        # Told ("plan", ids) after set_plan and ("use", id) after ensure_resident, under the lock (UseRecorder).
+        self.watchers: list[Callable[[str, object], None]] = []
         # Places models: holds the settings, the plan and the use history; called with self._lock held.
         self._placer = Placer(
             probe=self._probe,
@@ -165,6 +167,8 @@ class OffloadEngine:
                 intro = "set_plan: the call would use {models}, which cannot fit"
                 raise self._unfit(unfit, capacity, intro, " Nothing was moved.")
             self._placer.set_plan(model_ids)
+            for watcher in self.watchers:
+                watcher("plan", model_ids)
 
     # -- attach / detach -----------------------------------------------------------------------
     def attach(self, model_id: str, module: torch.nn.Module) -> None:
@@ -332,6 +336,8 @@ class OffloadEngine:
         """
         with self._lock:
             self._placer.ensure_resident(model_id)
+            for watcher in self.watchers:
+                watcher("use", model_id)
 
     def evict(self, model_id: str) -> None:
         """Take ``model_id`` off the device now (nothing is copied back)."""

@@ -70,9 +70,8 @@ class ReplayResult:
 class UseRecorder:
     """Records an engine's plans and model uses while the ``with`` block runs.
 
-    The engine's forward hooks call ``engine.ensure_resident`` before every forward and pipelines
-    call ``engine.set_plan`` before every call: the recorder wraps both on this one engine object
-    (nothing else changes) and removes the wrappers on exit.
+    The engine tells its ``watchers`` of every plan and every use (the hooks' ``ensure_resident``
+    before each forward); the recorder is one of them while the ``with`` block runs.
 
     Attributes:
         events: ``("plan", model ids)`` and ``("use", model id)`` in order: what ``replay`` takes.
@@ -87,24 +86,20 @@ class UseRecorder:
         self.sizes: dict[str, int] = {}
 
     def __enter__(self) -> UseRecorder:
-        engine = self.engine
-        ensure_resident, set_plan = engine.ensure_resident, engine.set_plan
-
-        def recorded_ensure_resident(model_id: str) -> None:
-            ensure_resident(model_id)
-            resident = {m: engine.nbytes(m) for m in engine.resident_ids()}
-            self.sizes[model_id] = engine.nbytes(model_id)
-            self.events.append(("use", model_id))
-            self.uses.append(Use(time.perf_counter(), model_id, resident))
-
-        def recorded_set_plan(model_ids: Sequence[str]) -> None:
-            set_plan(model_ids)
-            self.events.append(("plan", tuple(model_ids)))
-
-        # Instance attributes shadow the methods for this engine only.
-        vars(engine)["ensure_resident"] = recorded_ensure_resident
-        vars(engine)["set_plan"] = recorded_set_plan
+        self.engine.watchers.append(self._watch)
         return self
+
+    def _watch(self, kind: str, value: Any) -> None:
+        # Runs under the engine's lock, right after the plan was set or the model made resident.
+        if kind == "plan":
+            self.events.append(("plan", tuple(value)))
+            return
+        engine = self.engine
+        self.sizes[value] = engine.nbytes(value)
+        self.events.append(("use", value))
+        self.uses.append(
+            Use(time.perf_counter(), value, {m: engine.nbytes(m) for m in engine.resident_ids()})
+        )
 
     def __exit__(
         self,
@@ -112,8 +107,7 @@ class UseRecorder:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        vars(self.engine).pop("ensure_resident", None)
-        vars(self.engine).pop("set_plan", None)
+        self.engine.watchers.remove(self._watch)
 
 
 def replay(

@@ -48,6 +48,7 @@ def test_recorder_leaves_the_engine_as_it_found_it():
         call(modules["a"])
     call(modules["b"])
     assert "ensure_resident" not in vars(engine) and "set_plan" not in vars(engine)
+    assert engine.watchers == []
     assert [use.model_id for use in recorder.uses] == ["a"]
 
 
@@ -104,3 +105,12 @@ def test_budgeted_device_caps_free_memory_at_the_budget(monkeypatch):
     assert repr(device) == "BudgetedDevice('cuda:0', budget='3000 B')"
     monkeypatch.setattr(DeviceProbe, "free_bytes", lambda self: 500)
     assert device.free_bytes() == 500
+
+
+def test_engine_watchers_are_told_every_plan_and_use_in_order():
+    """A watcher gets ("plan", ids) after set_plan and ("use", id) after each ensure_resident, hits too."""
+    engine, modules = _engine()
+    told = []
+    engine.watchers.append(lambda kind, value: told.append((kind, value)))
+    _work(engine, modules)
+    assert told == [("plan", ("a", "b", "c"))] + [("use", m) for m in ("a", "b", "b", "c", "a", "c")]
