@@ -8,7 +8,9 @@ from components import ComponentsManager, ComponentSpec, ConfigSpec
 from .block import ModularPipelineBlocks
 from .conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
 from .errors import (
+    BlockCodeError,
     BlockCompositionError,
+    BlockRepoError,
     ComponentNotLoadedError,
     IndexFileError,
     InputTypeError,
@@ -21,13 +23,17 @@ from .families import BlockFamily, available_families, register_family
 from .loop import LoopSequentialPipelineBlocks
 from .params import InputParam, OutputParam
 from .pipeline import ModularPipeline
+from .remote import BlockSource
 from .sequential import SequentialPipelineBlocks
 from .state import BlockState, PipelineState
 
 __all__ = [
     "AutoPipelineBlocks",
+    "BlockCodeError",
     "BlockCompositionError",
     "BlockFamily",
+    "BlockRepoError",
+    "BlockSource",
     "BlockState",
     "ComponentNotLoadedError",
     "ComponentSpec",

@@ -13,17 +13,39 @@ from .state import BlockState, PipelineState
 from .steps import Known, Step
 
 if TYPE_CHECKING:
+    import os
+
     from components import ComponentsManager
 
     from .pipeline import ModularPipeline
+    from .remote import BlockSource
 
 __all__ = ["ModularPipelineBlocks"]
+
+
+class _DeclaredList:
+    """A list a block class declares as a class attribute (``inputs = [...]``).
+
+    Each read returns a new list, as a property would: a caller that extends ``block.inputs`` changes
+    neither the class nor any other instance. The items are frozen attrs classes, so sharing them is safe.
+    """
+
+    def __init__(self, items: list) -> None:
+        self._items = tuple(items)
+
+    def __get__(self, obj: object, owner: type | None = None) -> list:
+        return list(self._items)
+
+
+#: The declarations a class may give as plain lists; see :class:`_DeclaredList`.
+_LIST_DECLARATIONS = ("expected_components", "expected_configs", "inputs", "intermediate_outputs")
 
 
 class ModularPipelineBlocks:
     """Base of every block. A leaf block overrides the declarations and ``__call__``.
 
-    Declarations are properties so that a block can compute them (e.g. from its sub-blocks).
+    Declarations are class attributes (``description = "..."``, ``inputs = [InputParam(...)]``), or
+    properties where a block computes them (e.g. from its sub-blocks or its parent's declaration).
     ``__call__(components, state)`` reads its inputs with :meth:`get_block_state`, works with the
     models in ``components`` (the pipeline, or its per-call view: an object whose attributes are the
     components), writes its outputs with :meth:`set_block_state` and returns ``(components, state)``.
@@ -31,6 +53,15 @@ class ModularPipelineBlocks:
 
     model_name: str | None = None
     _workflow_map: dict[str, dict[str, Any]] | None = None
+    #: Where a block loaded by :meth:`from_pretrained` came from (repo, revision, commit, content hash).
+    source: BlockSource | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _LIST_DECLARATIONS:
+            declared = cls.__dict__.get(name)
+            if isinstance(declared, list):
+                setattr(cls, name, _DeclaredList(declared))
 
     # ----- declarations (leaf defaults) -----
     @property
@@ -183,6 +214,60 @@ class ModularPipelineBlocks:
             collection=collection,
             **index_kwargs,
         )
+
+    # ----- block repos (modular/remote/) -----
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+        *,
+        subfolder: str = "",
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        **block_kwargs: Any,
+    ) -> ModularPipelineBlocks:
+        """The block whose code a repo (local folder or hub id) holds, in the peer's layout.
+
+        ``modular_config.json`` names ``"auto_map": {"ModularPipelineBlocks": "<module>.<Class>"}``; the code
+        runs only with ``trust_remote_code=True``, from the files of ``revision`` as read once, with its
+        ``diffusers.modular_pipelines`` imports giving this project's classes. ``block_kwargs`` go to the
+        class. The result's ``source`` records the repo, revision, commit and content hash.
+
+        Raises:
+            BlockRepoError: no or a bad config, a missing file or class, a path outside the repo, untrusted
+                code, unmet requirements, or a class that is not a block. Nothing of the repo ran or was
+                registered, except in the last case, where nothing was registered.
+            BlockCodeError: the code does not parse or fails to import (the original error is chained).
+            RepoNotFoundError, RevisionNotFoundError: the repo or revision cannot be found.
+        """
+        from .remote import load_block
+
+        return load_block(
+            cls,
+            pretrained_model_name_or_path,
+            trust_remote_code=trust_remote_code,
+            revision=revision,
+            subfolder=subfolder,
+            token=token,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            block_kwargs=block_kwargs,
+        )
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write this block's class as a block repo: its module file (with the files it imports relatively)
+        and a ``modular_config.json`` naming the class, so ``from_pretrained(save_directory)`` gives it back.
+
+        Raises:
+            BlockRepoError: the class has no module file to copy (``__main__``, interactive, exec'd), is not
+                at the top level of its module, or imports relatively from above its module's folder.
+        """
+        from .remote import save_block
+
+        save_block(self, save_directory)
 
     # ----- presentation -----
     @property

@@ -11,6 +11,8 @@ __all__ = [
     "ComponentNotLoadedError",
     "IndexFileError",
     "SaveTargetInUseError",
+    "BlockRepoError",
+    "BlockCodeError",
 ]
 
 
@@ -67,3 +69,15 @@ class IndexFileError(ValueError):
 
 class SaveTargetInUseError(ValueError):
     """A save would replace files that a loaded component reads (or may still read) its weights from."""
+
+
+class BlockRepoError(ValueError):
+    """A block repo (code and ``modular_config.json``) that cannot be loaded or a block that cannot be saved as one.
+
+    The message names the repo (and commit) or folder and the file at fault. Raised before any of the repo's
+    code runs, except where the class it defines turns out not to be a block; nothing is registered then.
+    """
+
+
+class BlockCodeError(BlockRepoError, ImportError):
+    """A block repo's code does not parse or fails while it is imported; the original error is chained."""
