@@ -8,6 +8,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from blocks.common import TimestepLoopBlocks
+from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
 from modular import (
     ComponentSpec,
     InputParam,
@@ -115,13 +116,18 @@ class FluxLoopDenoiser(ModularPipelineBlocks):
                 type_hint=dict,
                 description="Extra keyword arguments for the attention processors.",
             ),
+            *IP_ADAPTER_DENOISER_INPUTS,
         ]
 
     @staticmethod
-    def _predict(components, block_state, t, embeds, pooled, context: str) -> torch.Tensor:
+    def _predict(components, block_state, t, embeds, pooled, context: str, ip_embeds=None) -> torch.Tensor:
         transformer = components.transformer
         latents = block_state.latent_model_input
         timestep = t.expand(latents.shape[0]).to(latents.dtype)
+        attention_kwargs = block_state.joint_attention_kwargs or {}
+        if ip_embeds is not None:
+            # The transformer pops the image prompt from the dict it is given: a fresh dict per prediction.
+            attention_kwargs = {**attention_kwargs, "ip_adapter_image_embeds": ip_embeds}
         # cache_context names the branch for caching hooks (first-block cache...); a no-op without them.
         cache = transformer.cache_context(context) if hasattr(transformer, "cache_context") else None
         with cache or contextlib.nullcontext():
@@ -133,15 +139,28 @@ class FluxLoopDenoiser(ModularPipelineBlocks):
                 encoder_hidden_states=embeds,
                 txt_ids=block_state.text_ids,
                 img_ids=block_state.latent_image_ids,
-                joint_attention_kwargs=block_state.joint_attention_kwargs or {},
+                joint_attention_kwargs=attention_kwargs,
                 return_dict=False,
             )[0]
 
     def __call__(self, components, block_state, i, t):
+        name = type(self).__name__
+        ip_embeds = denoiser_ip_embeds(components, block_state, "transformer", name)
         noise_pred = self._predict(
-            components, block_state, t, block_state.prompt_embeds, block_state.pooled_prompt_embeds, "cond"
+            components,
+            block_state,
+            t,
+            block_state.prompt_embeds,
+            block_state.pooled_prompt_embeds,
+            "cond",
+            ip_embeds,
         )
         if block_state.true_cfg_scale > 1 and block_state.negative_prompt_embeds is not None:
+            negative_ip_embeds = (
+                None
+                if ip_embeds is None
+                else denoiser_ip_embeds(components, block_state, "transformer", name, negative=True)
+            )
             negative = self._predict(
                 components,
                 block_state,
@@ -149,6 +168,7 @@ class FluxLoopDenoiser(ModularPipelineBlocks):
                 block_state.negative_prompt_embeds,
                 block_state.negative_pooled_prompt_embeds,
                 "uncond",
+                negative_ip_embeds,
             )
             noise_pred = negative + block_state.true_cfg_scale * (noise_pred - negative)
         block_state.noise_pred = noise_pred

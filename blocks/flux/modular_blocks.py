@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from blocks.common.ip_adapter import STAGES_WITH_IP_ADAPTER
 from blocks.common.workflows import IMAGE2IMAGE, TEXT2IMAGE, ChosenByInputs, FamilyBlocks
 from modular import SequentialPipelineBlocks
 
@@ -17,6 +18,7 @@ from .decoders import FluxDecodeStep
 from .denoise import FluxControlDenoiseStep, FluxDenoiseStep
 from .encoders import FluxControlImageEncoderStep, FluxTextEncoderStep, FluxVaeEncoderStep
 from .inputs import FluxInputStep
+from .ip_adapter import FluxIPAdapterStep
 from .timesteps import FluxImg2ImgSetTimestepsStep, FluxSetTimestepsStep
 
 __all__ = [
@@ -99,6 +101,7 @@ class FluxAutoBlocks(FamilyBlocks):
 
     block_classes = [
         FluxAutoCheckInputsStep,
+        FluxIPAdapterStep,
         FluxTextEncoderStep,
         FluxInputStep,
         FluxAutoVaeEncoderStep,
@@ -106,6 +109,7 @@ class FluxAutoBlocks(FamilyBlocks):
         FluxAutoDenoiseStep,
         FluxDecodeStep,
     ]
+    block_names = list(STAGES_WITH_IP_ADAPTER)
     _workflow_map = {
         "text2image": TEXT2IMAGE,
         "image2image": IMAGE2IMAGE,

@@ -24,8 +24,9 @@ from blocks.common.tiny import (
     tiny_vae,
     write_variant_weights,
 )
+from blocks.common.tiny_ip_adapter import IPAttentionLayer, write_tiny_ip_adapter
 
-__all__ = ["make_tiny_repo", "make_tiny_t5_tokenizer"]
+__all__ = ["make_tiny_ip_adapter", "make_tiny_repo", "make_tiny_t5_tokenizer"]
 
 LATENT_CHANNELS = 4
 _CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
@@ -308,3 +309,25 @@ def make_seed_scale_repo(
         json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
     return folder
+
+
+def make_tiny_ip_adapter(folder: str | Path, repo: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny random IP-Adapter for the transformer of `repo` into `folder`; returns `folder`.
+
+    ``models/ip-adapter.safetensors`` numbers the double-stream blocks 0, 1, ... (as XLabs' Flux IP-Adapter
+    does), beside ``models/image_encoder/``.
+    """
+    from diffusers import FluxTransformer2DModel
+
+    config = FluxTransformer2DModel.load_config(Path(repo) / "transformer")
+    with torch.device("meta"):
+        transformer = FluxTransformer2DModel.from_config(config)
+    width = transformer.config.joint_attention_dim
+    double = [
+        name for name in transformer.attn_processors if not name.startswith("single_transformer_blocks")
+    ]
+    layers = [
+        IPAttentionLayer(key=index, hidden_size=transformer.inner_dim, cross_attention_dim=width, bias=True)
+        for index in range(len(double))
+    ]
+    return write_tiny_ip_adapter(folder, layers, width, seed=seed)

@@ -8,6 +8,7 @@ import torch
 from diffusers import UNet2DConditionModel
 
 from blocks.common import TimestepLoopBlocks
+from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
 from modular import (
     ComponentSpec,
     InputParam,
@@ -130,6 +131,7 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
                 "guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."
             ),
             InputParam.template("cross_attention_kwargs"),
+            *IP_ADAPTER_DENOISER_INPUTS,
         ]
 
     def _timestep_cond(self, components, block_state) -> torch.Tensor | None:
@@ -147,9 +149,11 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
     def unet_conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, Any]]:
         """The text embeddings of the (guidance-doubled) batch, negatives first, and extra UNet inputs."""
         embeds = block_state.prompt_embeds
-        if do_classifier_free_guidance(components, block_state.guidance_scale):
+        guided = do_classifier_free_guidance(components, block_state.guidance_scale)
+        if guided:
             embeds = torch.cat([block_state.negative_prompt_embeds, embeds])
-        return embeds, {}
+        image_embeds = denoiser_ip_embeds(components, block_state, "unet", type(self).__name__, guided=guided)
+        return embeds, {} if image_embeds is None else {"added_cond_kwargs": {"image_embeds": image_embeds}}
 
     def __call__(self, components, block_state, i, t):
         guided = do_classifier_free_guidance(components, block_state.guidance_scale)

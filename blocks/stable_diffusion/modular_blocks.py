@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from blocks.common.ip_adapter import STAGES_WITH_IP_ADAPTER
 from blocks.common.workflows import IMAGE2IMAGE, INPAINTING, TEXT2IMAGE, ChosenByInputs, FamilyBlocks
 from modular import SequentialPipelineBlocks
 
@@ -23,6 +24,7 @@ from .encoders import (
     StableDiffusionVaeEncoderStep,
 )
 from .inputs import StableDiffusionInputStep
+from .ip_adapter import StableDiffusionIPAdapterStep
 from .timesteps import (
     StableDiffusionImg2ImgSetTimestepsStep,
     StableDiffusionInpaintSetTimestepsStep,
@@ -117,6 +119,7 @@ class StableDiffusionAutoBlocks(FamilyBlocks):
 
     block_classes = [
         StableDiffusionAutoCheckInputsStep,
+        StableDiffusionIPAdapterStep,
         StableDiffusionTextEncoderStep,
         StableDiffusionInputStep,
         StableDiffusionAutoVaeEncoderStep,
@@ -124,6 +127,7 @@ class StableDiffusionAutoBlocks(FamilyBlocks):
         StableDiffusionAutoDenoiseStep,
         StableDiffusionDecodeStep,
     ]
+    block_names = list(STAGES_WITH_IP_ADAPTER)
     _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE, "inpainting": INPAINTING}
 
     @property

@@ -23,8 +23,9 @@ from blocks.common.tiny import (
     write_bpe_files,
     write_variant_weights,
 )
+from blocks.common.tiny_ip_adapter import IPAttentionLayer, write_tiny_ip_adapter
 
-__all__ = ["make_tiny_repo", "make_tiny_tokenizer", "tiny_unet"]
+__all__ = ["make_tiny_ip_adapter", "make_tiny_repo", "make_tiny_tokenizer", "tiny_unet"]
 
 make_tiny_tokenizer = make_tiny_clip_tokenizer
 """The tiny CLIP tokenizer (``blocks.common.tiny.make_tiny_clip_tokenizer``), under this family's name."""
@@ -131,3 +132,26 @@ def make_tiny_repo(
     if variant is not None:
         write_variant_weights(folder, models, ("unet", "vae", "text_encoder"), variant)
     return folder
+
+
+def make_tiny_ip_adapter(folder: str | Path, repo: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny random IP-Adapter for the UNet of `repo` (SD or SDXL) into `folder`; returns `folder`.
+
+    The layout is h94/IP-Adapter's: ``models/ip-adapter.safetensors`` and ``models/image_encoder/``. The file
+    numbers the UNet's cross-attention layers 1, 3, 5, ... in ``attn_processors`` order, as diffusers reads it.
+    """
+    from diffusers import UNet2DConditionModel
+
+    config = UNet2DConditionModel.load_config(Path(repo) / "unet")
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(config)
+    cross = [name for name in unet.attn_processors if name.endswith("attn2.processor")]
+    layers = [
+        IPAttentionLayer(
+            key=1 + 2 * index,
+            hidden_size=unet.get_submodule(name.removesuffix(".processor")).to_q.in_features,
+            cross_attention_dim=unet.config.cross_attention_dim,
+        )
+        for index, name in enumerate(cross)
+    ]
+    return write_tiny_ip_adapter(folder, layers, unet.config.cross_attention_dim, seed=seed)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
 from blocks.common.params import tensor_input
 from blocks.stable_diffusion.denoise import (
     StableDiffusionDenoiseLoopWrapper,
@@ -80,6 +81,7 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
                 "guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."
             ),
             InputParam.template("cross_attention_kwargs"),
+            *IP_ADAPTER_DENOISER_INPUTS,
         ]
 
     def unet_conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -87,12 +89,18 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
         if "unet_conditions" not in block_state:
             embeds = block_state.prompt_embeds
             pooled, time_ids = block_state.pooled_prompt_embeds, block_state.add_time_ids
-            if do_classifier_free_guidance(components, block_state.guidance_scale):
+            guided = do_classifier_free_guidance(components, block_state.guidance_scale)
+            if guided:
                 embeds = torch.cat([block_state.negative_prompt_embeds, embeds])
                 pooled = torch.cat([block_state.negative_pooled_prompt_embeds, pooled])
                 time_ids = torch.cat([block_state.negative_add_time_ids, time_ids])
             device = components._execution_device
             added = {"text_embeds": pooled.to(device), "time_ids": time_ids.to(device)}
+            image_embeds = denoiser_ip_embeds(
+                components, block_state, "unet", type(self).__name__, guided=guided
+            )
+            if image_embeds is not None:
+                added["image_embeds"] = image_embeds
             block_state.unet_conditions = (embeds.to(device), {"added_cond_kwargs": added})
         return block_state.unet_conditions
 

@@ -6,6 +6,7 @@ image-to-image), so each auto step is Stable Diffusion's with SDXL's steps in it
 
 from __future__ import annotations
 
+from blocks.common.ip_adapter import STAGES_WITH_IP_ADAPTER
 from blocks.common.workflows import IMAGE2IMAGE, INPAINTING, TEXT2IMAGE, FamilyBlocks
 from blocks.stable_diffusion.modular_blocks import (
     StableDiffusionAutoBeforeDenoiseStep,
@@ -36,6 +37,7 @@ from .encoders import (
     StableDiffusionXLVaeEncoderStep,
 )
 from .inputs import StableDiffusionXLInputStep
+from .ip_adapter import StableDiffusionXLIPAdapterStep
 from .timesteps import (
     StableDiffusionXLImg2ImgSetTimestepsStep,
     StableDiffusionXLInpaintSetTimestepsStep,
@@ -145,6 +147,7 @@ class StableDiffusionXLAutoBlocks(FamilyBlocks):
 
     block_classes = [
         StableDiffusionXLAutoCheckInputsStep,
+        StableDiffusionXLIPAdapterStep,
         StableDiffusionXLTextEncoderStep,
         StableDiffusionXLInputStep,
         StableDiffusionXLAutoVaeEncoderStep,
@@ -152,6 +155,7 @@ class StableDiffusionXLAutoBlocks(FamilyBlocks):
         StableDiffusionXLAutoDenoiseStep,
         StableDiffusionXLDecodeStep,
     ]
+    block_names = list(STAGES_WITH_IP_ADAPTER)
     _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE, "inpainting": INPAINTING}
 
     @property

@@ -22,9 +22,9 @@ from blocks.common.tiny import (
     tiny_vae,
     write_variant_weights,
 )
-from blocks.stable_diffusion.tiny import tiny_unet
+from blocks.stable_diffusion.tiny import make_tiny_ip_adapter, tiny_unet
 
-__all__ = ["make_tiny_repo"]
+__all__ = ["make_tiny_ip_adapter", "make_tiny_repo"]
 
 # The scheduler config the SDXL base and refiner repos ship.
 _SCHEDULER_CONFIG = {
