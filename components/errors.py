@@ -9,6 +9,8 @@ __all__ = [
     "MissingComponentFileError",
     "PickleWeightsError",
     "PipelineTypeError",
+    "QuantizationBackendError",
+    "QuantizationConfigError",
     "RemoteCodeError",
     "RepoNotFoundError",
     "RevisionNotFoundError",
@@ -60,6 +62,14 @@ class PickleWeightsError(ComponentLoadError):
 
 class PipelineTypeError(ComponentLoadError, TypeError):
     """A component's type is a whole pipeline: its loader would read other folders' files, unchecked."""
+
+
+class QuantizationConfigError(ComponentLoadError, TypeError):
+    """A quantization config that the component's class cannot load with (wrong library, not a config, GGUF)."""
+
+
+class QuantizationBackendError(ComponentLoadError, ImportError):
+    """The package of a quantization config's backend is not installed."""
 
 
 class RemoteCodeError(ComponentLoadError):

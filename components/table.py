@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from offload.residency import Residency
+from offload.units import format_bytes
 
 if TYPE_CHECKING:
     from .manager import ComponentsManager
@@ -18,7 +19,9 @@ __all__ = [
     "MODEL_HEADER",
     "OTHER_HEADER",
     "device_cell",
+    "lora_cell",
     "manager_table",
+    "quantization_cell",
     "render_table",
 ]
 
@@ -111,6 +114,41 @@ def _plain_device_cell(info: dict[str, Any]) -> str:
     return f"{device}({info['execution_device']})" if info["execution_device"] is not None else device
 
 
+def quantization_cell(quantization: dict[str, Any] | None, size_gb: float) -> str | None:
+    """The "Quantization" line of a quantized model: backend, weights, modules skipped, packed size.
+
+    ``"torchao (Int8WeightOnlyConfig), skips ['conv_in'], packed 3.86 MB"``; ``None`` for a model not quantized.
+    """
+    if not quantization:
+        return None
+    text = quantization["method"] or "unknown method"
+    if quantization["weights"]:
+        text += f" ({quantization['weights']})"
+    if quantization["skipped_modules"]:
+        text += f", skips {quantization['skipped_modules']}"
+    return f"{text}, packed {format_bytes(size_gb * 1024**3)}"
+
+
+def lora_cell(adapters: list[dict[str, Any]] | None) -> str | None:
+    """The "LoRA" line of a model holding LoRA adapters (``components.model_info.lora_info``), ``None`` without.
+
+    ``"style (active, weight 0.8, fused, loaded by StableDiffusionAutoBlocks@0x7f...); ink (inactive, ...)"``.
+    """
+    if not adapters:
+        return None
+    parts = []
+    for adapter in adapters:
+        facts = [
+            "active" if adapter["active"] else "inactive",
+            f"weight {adapter['weight']}",
+            "fused" if adapter["fused"] else "not fused",
+        ]
+        if adapter["loaded_by"]:
+            facts.append(f"loaded by {adapter['loaded_by']}")
+        parts.append(f"{adapter['name']} ({', '.join(facts)})")
+    return "; ".join(parts)
+
+
 def manager_table(manager: ComponentsManager, residency: Callable[[str], Residency | None]) -> str:
     """The table of a ``ComponentsManager``, built from its public look-ups.
 
@@ -137,8 +175,9 @@ def manager_table(manager: ComponentsManager, residency: Callable[[str], Residen
         models.append((cells, collections))
         extra = {
             "Adapters": info["adapters"],
+            "LoRA": lora_cell(info["lora"]),
             "IP-Adapter": info["ip_adapter"],
-            "Quantization": info["quantization"],
+            "Quantization": quantization_cell(info["quantization"], info["size_gb"]),
         }
         extras.append((component_id, extra))
     return render_table(models, others, extras)

@@ -7,6 +7,7 @@ import torch
 from diffusers import PNDMScheduler
 
 from components import ComponentNotFoundError, ComponentsManager, tag_load_id
+from offload.units import format_bytes
 
 
 def module(seed=0, tied=False):
@@ -333,7 +334,7 @@ def test_model_info_reads_peft_adapters(cm):
 
 
 def test_model_info_reads_quantization_config(cm):
-    """A model quantized at load time reports its quantization config."""
+    """A model quantized at load time reports its backend and weights, read from its quantization config."""
 
     class Config:
         def to_dict(self):
@@ -346,6 +347,7 @@ def test_model_info_reads_quantization_config(cm):
     model.hf_quantizer = Quantizer()
     component_id = cm.add("transformer", model)
     assert cm.get_model_info(component_id, "quantization") == {
-        "quantization": {"quant_method": "bitsandbytes", "load_in_4bit": True}
+        "quantization": {"method": "bitsandbytes", "weights": "4-bit", "skipped_modules": None}
     }
-    assert "  Quantization: {'quant_method': 'bitsandbytes', 'load_in_4bit': True}" in str(cm)
+    size = format_bytes(cm.get_model_info(component_id)["size_gb"] * 1024**3)
+    assert f"  Quantization: bitsandbytes (4-bit), packed {size}" in str(cm)
