@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from modular import BlockState, ModularPipelineBlocks, OutputParam, PipelineState
+from modular import BlockState, ModularPipelineBlocks, PipelineState
 
 from .image_checks import (
     ImageInfo,
@@ -99,9 +99,7 @@ class CheckInputsStep(ModularPipelineBlocks):
     that lists every problem found.
     """
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return []
+    intermediate_outputs = []
 
     def check(self, components: Any, block_state: BlockState, problems: InputProblems) -> None:
         """Add to `problems` what is wrong with the inputs in `block_state`."""

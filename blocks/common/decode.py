@@ -43,9 +43,7 @@ class VaeDecodeStep(ModularPipelineBlocks):
             *self.extra_inputs,
         ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam.template("images")]
+    intermediate_outputs = [OutputParam.template("images")]
 
     def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement decode(components, block_state)")

@@ -21,9 +21,9 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
 
     block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
-    @property
-    def description(self) -> str:
-        return "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."
+    description = (
+        "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."
+    )
 
     @property
     def loop_inputs(self) -> list[InputParam]:

@@ -119,9 +119,7 @@ class _IPAdapterStepBase(ModularPipelineBlocks):
     #: The component the IP-Adapter is loaded into (``"unet"`` or ``"transformer"``).
     denoiser_name = "unet"
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(_OUTPUTS)
+    intermediate_outputs = list(_OUTPUTS)
 
     def projections(self, components: Any) -> list[torch.nn.Module]:
         return loaded_projections(components, self.denoiser_name, type(self).__name__)
@@ -149,21 +147,17 @@ class IPAdapterImageStep(_IPAdapterStepBase):
     encoding of a zero image (the others), as in the classic pipelines.
     """
 
-    @property
-    def description(self) -> str:
-        return (
-            "Encodes ip_adapter_image (and negative_ip_adapter_image) with the image encoder, one entry per "
-            "loaded IP-Adapter, into ip_adapter_image_embeds and negative_ip_adapter_image_embeds."
-        )
+    description = (
+        "Encodes ip_adapter_image (and negative_ip_adapter_image) with the image encoder, one entry per "
+        "loaded IP-Adapter, into ip_adapter_image_embeds and negative_ip_adapter_image_embeds."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            IP_ADAPTER_IMAGE,
-            NEGATIVE_IP_ADAPTER_IMAGE,
-            IP_ADAPTER_IMAGE_EMBEDS,
-            NEGATIVE_IP_ADAPTER_IMAGE_EMBEDS,
-        ]
+    inputs = [
+        IP_ADAPTER_IMAGE,
+        NEGATIVE_IP_ADAPTER_IMAGE,
+        IP_ADAPTER_IMAGE_EMBEDS,
+        NEGATIVE_IP_ADAPTER_IMAGE_EMBEDS,
+    ]
 
     def pixels(self, components: Any, image: Any) -> torch.Tensor:
         """The image prompt as the image encoder's input [N, 3, size, size]."""
@@ -246,16 +240,12 @@ class IPAdapterEmbedsStep(_IPAdapterStepBase):
     Without negative embeddings, zeros stand in for them (what the image path uses for a plain IP-Adapter).
     """
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks ip_adapter_image_embeds (one [1, images, ...] tensor per loaded IP-Adapter) and "
-            "negative_ip_adapter_image_embeds (zeros when not given) and passes them to the denoiser."
-        )
+    description = (
+        "Checks ip_adapter_image_embeds (one [1, images, ...] tensor per loaded IP-Adapter) and "
+        "negative_ip_adapter_image_embeds (zeros when not given) and passes them to the denoiser."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [IP_ADAPTER_IMAGE_EMBEDS, NEGATIVE_IP_ADAPTER_IMAGE_EMBEDS]
+    inputs = [IP_ADAPTER_IMAGE_EMBEDS, NEGATIVE_IP_ADAPTER_IMAGE_EMBEDS]
 
     def _checked(self, value: Any, count: int, name: str) -> list[torch.Tensor]:
         embeds = _per_adapter(value, count, name, type(self).__name__)
@@ -315,12 +305,10 @@ class IPAdapterStep(ConditionalPipelineBlocks):
         "negative_ip_adapter_image_embeds",
     ]
 
-    @property
-    def description(self) -> str:
-        return (
-            "The IP-Adapter image prompt: `ip_adapter_image_encoder` when ip_adapter_image or "
-            "negative_ip_adapter_image is given, `ip_adapter_embeds` when only embeddings are, nothing otherwise."
-        )
+    description = (
+        "The IP-Adapter image prompt: `ip_adapter_image_encoder` when ip_adapter_image or "
+        "negative_ip_adapter_image is given, `ip_adapter_embeds` when only embeddings are, nothing otherwise."
+    )
 
     def select_block(self, **trigger_values: Any) -> str | None:
         image, embeds = self.block_names

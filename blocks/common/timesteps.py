@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from modular import BlockState, ModularPipelineBlocks, OutputParam, PipelineState
+from modular import BlockState, ModularPipelineBlocks, PipelineState
 
 from .params import LATENT_TIMESTEP_OUTPUT, TIMESTEPS_OUTPUTS
 
@@ -91,9 +91,7 @@ class StrengthTimestepsStep(ModularPipelineBlocks):
 
     default_strength: float
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [*TIMESTEPS_OUTPUTS, LATENT_TIMESTEP_OUTPUT]
+    intermediate_outputs = [*TIMESTEPS_OUTPUTS, LATENT_TIMESTEP_OUTPUT]
 
     def set_timesteps(self, components: Any, block_state: BlockState) -> int:
         """Set the scheduler's full schedule for the call; return its number of steps."""

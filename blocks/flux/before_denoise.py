@@ -61,25 +61,17 @@ class FluxPrepareLatentsStep(ModularPipelineBlocks):
     # The transformer reads the packed latents alone (a control transformer also reads the control latents).
     inputs_per_latent = 1
 
-    @property
-    def description(self) -> str:
-        return (
-            "Draws initial noise [B, C, h, w] (C = transformer.out_channels / 4, h and w the latent size) with the "
-            "generator and packs its 2x2 patches into latents [B, h/2 * w/2, C * 4], or takes packed `latents`; "
-            "makes latent_image_ids, the (0, row, column) position of each token."
-        )
+    description = (
+        "Draws initial noise [B, C, h, w] (C = transformer.out_channels / 4, h and w the latent size) with the "
+        "generator and packs its 2x2 patches into latents [B, h/2 * w/2, C * 4], or takes packed `latents`; "
+        "makes latent_image_ids, the (0, row, column) position of each token."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_TRANSFORMER]
+    expected_components = [_TRANSFORMER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return _latent_inputs()
+    inputs = _latent_inputs()
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(_LATENT_OUTPUTS)
+    intermediate_outputs = list(_LATENT_OUTPUTS)
 
     def _channels(self, components) -> int:
         config = components.transformer.config
@@ -120,28 +112,20 @@ class FluxImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Repeats image_latents to the batch, draws noise with the generator, mixes them at latent_timestep "
-            "with the scheduler's scale_noise and packs the result; given packed `latents` are used as they are."
-        )
+    description = (
+        "Repeats image_latents to the batch, draws noise with the generator, mixes them at latent_timestep "
+        "with the scheduler's scale_noise and packs the result; given packed `latents` are used as they are."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *_latent_inputs(),
-            tensor_input("image_latents", "VAE latents of the image."),
-            LATENT_TIMESTEP,
-        ]
+    inputs = [
+        *_latent_inputs(),
+        tensor_input("image_latents", "VAE latents of the image."),
+        LATENT_TIMESTEP,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(_LATENT_OUTPUTS)
+    intermediate_outputs = list(_LATENT_OUTPUTS)
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -174,39 +158,31 @@ class FluxGuidanceStep(ModularPipelineBlocks):
     model_name = MODEL_NAME
     default_guidance_scale = 3.5
 
-    @property
-    def description(self) -> str:
-        return (
-            "Makes guidance, guidance_scale repeated per image (float32), for a guidance-distilled transformer "
-            "(config.guidance_embeds); None for one without (FLUX.1-schnell). guidance_scale defaults to 3.5, "
-            "7.0 for image-to-image, as in the classic pipelines."
+    description = (
+        "Makes guidance, guidance_scale repeated per image (float32), for a guidance-distilled transformer "
+        "(config.guidance_embeds); None for one without (FLUX.1-schnell). guidance_scale defaults to 3.5, "
+        "7.0 for image-to-image, as in the classic pipelines."
+    )
+
+    expected_components = [_TRANSFORMER]
+
+    inputs = [
+        InputParam.template(
+            "guidance_scale",
+            default=None,
+            description="Embedded guidance scale (default 3.5; 7.0 for image-to-image).",
+        ),
+        tensor_input("latents", "The packed latents.", required=True),
+    ]
+
+    intermediate_outputs = [
+        OutputParam(
+            "guidance",
+            type_hint=torch.Tensor,
+            kwargs_type="denoiser_input_fields",
+            description="The guidance value per image [B], or None.",
         )
-
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_TRANSFORMER]
-
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template(
-                "guidance_scale",
-                default=None,
-                description="Embedded guidance scale (default 3.5; 7.0 for image-to-image).",
-            ),
-            tensor_input("latents", "The packed latents.", required=True),
-        ]
-
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            OutputParam(
-                "guidance",
-                type_hint=torch.Tensor,
-                kwargs_type="denoiser_input_fields",
-                description="The guidance value per image [B], or None.",
-            )
-        ]
+    ]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

@@ -46,15 +46,13 @@ class FluxCheckInputsStep(CheckInputsStep):
     # Latents the transformer reads per token: 1, or 2 for a control transformer (latents + control).
     inputs_per_latent = 1
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; prompt_2 and, "
-            "with true CFG, the negative prompt one entry per prompt), num_inference_steps and "
-            "num_images_per_prompt (1 or more), output_type, height and width (at least twice the VAE's scale; "
-            "other sizes are rounded down to a multiple of it), that the transformer suits the workflow, the "
-            "shape of given packed latents, and the size of the latents (at most 64 GiB)."
-        )
+    description = (
+        "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; prompt_2 and, "
+        "with true CFG, the negative prompt one entry per prompt), num_inference_steps and "
+        "num_images_per_prompt (1 or more), output_type, height and width (at least twice the VAE's scale; "
+        "other sizes are rounded down to a multiple of it), that the transformer suits the workflow, the "
+        "shape of given packed latents, and the size of the latents (at most 64 GiB)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         """The inputs of this workflow's reference image, if any."""
@@ -127,13 +125,11 @@ class FluxImg2ImgCheckInputsStep(FluxCheckInputsStep):
 
     default_strength = FluxImg2ImgSetTimestepsStep.default_strength
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs of image-to-image before any model runs, as text-to-image does, and the image "
-            "(RGB, or the VAE's latent channels; a count that divides the batch) and strength (in [0, 1], "
-            "leaving at least one step)."
-        )
+    description = (
+        "Checks the inputs of image-to-image before any model runs, as text-to-image does, and the image "
+        "(RGB, or the VAE's latent channels; a count that divides the batch) and strength (in [0, 1], "
+        "leaving at least one step)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         return [InputParam.template("image"), STRENGTH]
@@ -158,12 +154,10 @@ class FluxControlCheckInputsStep(FluxCheckInputsStep):
 
     inputs_per_latent = 2
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs of control before any model runs, as text-to-image does, for a control "
-            "transformer, and the control image (RGB; one, or one per prompt)."
-        )
+    description = (
+        "Checks the inputs of control before any model runs, as text-to-image does, for a control "
+        "transformer, and the control image (RGB; one, or one per prompt)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         return [attrs.evolve(CONTROL_IMAGE, required=False)]

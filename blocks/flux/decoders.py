@@ -22,13 +22,11 @@ class FluxDecodeStep(VaeDecodeStep):
     image_processor = IMAGE_PROCESSOR
     latents_description = "The denoised packed latents."
 
-    @property
-    def description(self) -> str:
-        return (
-            "Unpacks latents [B, tokens, C * 4] to [B, C, h, w], maps them back with latents / scaling_factor + "
-            "shift_factor, decodes them with the VAE and post-processes them to output_type: 'pil', 'np' "
-            "([B, H, W, 3] in [0, 1]), 'pt' ([B, 3, H, W] in [0, 1]) or 'latent' (the packed latents, not decoded)."
-        )
+    description = (
+        "Unpacks latents [B, tokens, C * 4] to [B, C, h, w], maps them back with latents / scaling_factor + "
+        "shift_factor, decodes them with the VAE and post-processes them to output_type: 'pil', 'np' "
+        "([B, H, W, 3] in [0, 1]), 'pt' ([B, 3, H, W] in [0, 1]) or 'latent' (the packed latents, not decoded)."
+    )
 
     @property
     def extra_inputs(self) -> list[InputParam]:

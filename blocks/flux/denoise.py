@@ -37,13 +37,9 @@ class FluxLoopBeforeDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return "Inside the loop: latent_model_input = latents (Flux needs no input scaling)."
+    description = "Inside the loop: latent_model_input = latents (Flux needs no input scaling)."
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [_LATENTS]
+    inputs = [_LATENTS]
 
     def __call__(self, components, block_state, i, t):
         block_state.latent_model_input = block_state.latents
@@ -55,23 +51,19 @@ class FluxControlLoopBeforeDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: latent_model_input = cat([latents, control_latents], dim=2) (token channels)."
-        )
+    description = (
+        "Inside the loop: latent_model_input = cat([latents, control_latents], dim=2) (token channels)."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            _LATENTS,
-            InputParam(
-                "control_latents",
-                type_hint=torch.Tensor,
-                required=True,
-                description="Packed VAE latents of the control image.",
-            ),
-        ]
+    inputs = [
+        _LATENTS,
+        InputParam(
+            "control_latents",
+            type_hint=torch.Tensor,
+            required=True,
+            description="Packed VAE latents of the control image.",
+        ),
+    ]
 
     def __call__(self, components, block_state, i, t):
         block_state.latent_model_input = torch.cat([block_state.latents, block_state.control_latents], dim=2)
@@ -83,17 +75,13 @@ class FluxLoopDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: runs the transformer on latent_model_input at t / 1000 with the T5 and pooled CLIP "
-            "embeddings, the text and image position ids and the embedded guidance. With true_cfg_scale > 1 and "
-            "negative embeddings: noise_pred = negative + true_cfg_scale * (positive - negative)."
-        )
+    description = (
+        "Inside the loop: runs the transformer on latent_model_input at t / 1000 with the T5 and pooled CLIP "
+        "embeddings, the text and image position ids and the embedded guidance. With true_cfg_scale > 1 and "
+        "negative embeddings: noise_pred = negative + true_cfg_scale * (positive - negative)."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_TRANSFORMER]
+    expected_components = [_TRANSFORMER]
 
     @property
     def inputs(self) -> list[InputParam]:
@@ -180,13 +168,9 @@ class FluxLoopAfterDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
+    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
     def __call__(self, components, block_state, i, t):
         block_state.latents = components.scheduler.step(
@@ -212,12 +196,10 @@ class FluxDenoiseStep(FluxDenoiseLoopWrapper):
 
     block_classes = [FluxLoopBeforeDenoiser, FluxLoopDenoiser, FluxLoopAfterDenoiser]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Denoises the packed latents over the timesteps. Each step runs: before_denoiser (transformer "
-            "input), denoiser (transformer, true CFG), after_denoiser (scheduler step)."
-        )
+    description = (
+        "Denoises the packed latents over the timesteps. Each step runs: before_denoiser (transformer "
+        "input), denoiser (transformer, true CFG), after_denoiser (scheduler step)."
+    )
 
 
 class FluxControlDenoiseStep(FluxDenoiseLoopWrapper):
@@ -225,9 +207,7 @@ class FluxControlDenoiseStep(FluxDenoiseLoopWrapper):
 
     block_classes = [FluxControlLoopBeforeDenoiser, FluxLoopDenoiser, FluxLoopAfterDenoiser]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Denoises the packed latents with a control transformer. Each step runs: before_denoiser (latents "
-            "and control_latents concatenated), denoiser (transformer), after_denoiser (scheduler step)."
-        )
+    description = (
+        "Denoises the packed latents with a control transformer. Each step runs: before_denoiser (latents "
+        "and control_latents concatenated), denoiser (transformer), after_denoiser (scheduler step)."
+    )

@@ -50,23 +50,19 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Encodes `prompt` with CLIP into pooled_prompt_embeds [B, D] (the pooled output) and `prompt_2` "
-            "(default: `prompt`) with T5 into prompt_embeds [B, max_sequence_length, D]; text_ids are their zero "
-            "position ids. With true_cfg_scale > 1 and a negative prompt, the negative prompt is encoded the same "
-            "way. Precomputed embeddings are used as given."
-        )
+    description = (
+        "Encodes `prompt` with CLIP into pooled_prompt_embeds [B, D] (the pooled output) and `prompt_2` "
+        "(default: `prompt`) with T5 into prompt_embeds [B, max_sequence_length, D]; text_ids are their zero "
+        "position ids. With true_cfg_scale > 1 and a negative prompt, the negative prompt is encoded the same "
+        "way. Precomputed embeddings are used as given."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [
-            ComponentSpec("text_encoder", CLIPTextModel),
-            ComponentSpec("tokenizer", CLIPTokenizer),
-            ComponentSpec("text_encoder_2", T5EncoderModel),
-            ComponentSpec("tokenizer_2", T5Tokenizer),
-        ]
+    expected_components = [
+        ComponentSpec("text_encoder", CLIPTextModel),
+        ComponentSpec("tokenizer", CLIPTokenizer),
+        ComponentSpec("text_encoder_2", T5EncoderModel),
+        ComponentSpec("tokenizer_2", T5Tokenizer),
+    ]
 
     @property
     def inputs(self) -> list[InputParam]:
@@ -91,30 +87,28 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
             ),
         ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            OutputParam.template("prompt_embeds", note="T5"),
-            OutputParam(
-                "pooled_prompt_embeds",
-                type_hint=torch.Tensor,
-                kwargs_type="denoiser_input_fields",
-                description="Pooled CLIP embeddings of the prompt.",
-            ),
-            OutputParam(
-                "text_ids",
-                type_hint=torch.Tensor,
-                kwargs_type="denoiser_input_fields",
-                description="Position ids of the text tokens, [S, 3] zeros.",
-            ),
-            OutputParam.template("negative_prompt_embeds", note="T5; None without true CFG"),
-            OutputParam(
-                "negative_pooled_prompt_embeds",
-                type_hint=torch.Tensor,
-                kwargs_type="denoiser_input_fields",
-                description="Pooled CLIP embeddings of the negative prompt; None without true CFG.",
-            ),
-        ]
+    intermediate_outputs = [
+        OutputParam.template("prompt_embeds", note="T5"),
+        OutputParam(
+            "pooled_prompt_embeds",
+            type_hint=torch.Tensor,
+            kwargs_type="denoiser_input_fields",
+            description="Pooled CLIP embeddings of the prompt.",
+        ),
+        OutputParam(
+            "text_ids",
+            type_hint=torch.Tensor,
+            kwargs_type="denoiser_input_fields",
+            description="Position ids of the text tokens, [S, 3] zeros.",
+        ),
+        OutputParam.template("negative_prompt_embeds", note="T5; None without true CFG"),
+        OutputParam(
+            "negative_pooled_prompt_embeds",
+            type_hint=torch.Tensor,
+            kwargs_type="denoiser_input_fields",
+            description="Pooled CLIP embeddings of the negative prompt; None without true CFG.",
+        ),
+    ]
 
     @staticmethod
     def _clip_pooled(components, text: list[str], device: torch.device) -> torch.Tensor:
@@ -241,36 +235,26 @@ class FluxVaeEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Preprocesses `image` to height x width (default 128 latent cells a side) in [-1, 1] and encodes it "
-            "with the VAE into image_latents [N, C, h, w], (sample - shift_factor) * scaling_factor. A tensor "
-            "with the VAE's latent channels is taken as latents already; with given `latents` nothing is encoded."
-        )
+    description = (
+        "Preprocesses `image` to height x width (default 128 latent cells a side) in [-1, 1] and encodes it "
+        "with the VAE into image_latents [N, C, h, w], (sample - shift_factor) * scaling_factor. A tensor "
+        "with the VAE's latent channels is taken as latents already; with given `latents` nothing is encoded."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    expected_components = [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("image", required=True),
-            InputParam.template("height"),
-            InputParam.template("width"),
-            LATENTS,
-            *BATCH_INPUTS,
-            DTYPE,
-        ]
+    inputs = [
+        InputParam.template("image", required=True),
+        InputParam.template("height"),
+        InputParam.template("width"),
+        LATENTS,
+        *BATCH_INPUTS,
+        DTYPE,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            tensor_output(
-                "image_latents", "VAE latents of the image, not packed; None when latents are given."
-            )
-        ]
+    intermediate_outputs = [
+        tensor_output("image_latents", "VAE latents of the image, not packed; None when latents are given.")
+    ]
 
     @torch.no_grad()
     def __call__(self, components, state):
@@ -299,34 +283,26 @@ class FluxControlImageEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Preprocesses `control_image` to height x width (a tensor is taken as preprocessed), repeats it to "
-            "the batch, encodes it with the VAE ((sample - shift_factor) * scaling_factor) and packs it into "
-            "control_latents [B, tokens, C * 4], read beside the latents by a control transformer. A 3-dim "
-            "tensor is taken as packed latents already. It runs before the initial noise is drawn, so the "
-            "generator's draws keep the classic order."
-        )
+    description = (
+        "Preprocesses `control_image` to height x width (a tensor is taken as preprocessed), repeats it to "
+        "the batch, encodes it with the VAE ((sample - shift_factor) * scaling_factor) and packs it into "
+        "control_latents [B, tokens, C * 4], read beside the latents by a control transformer. A 3-dim "
+        "tensor is taken as packed latents already. It runs before the initial noise is drawn, so the "
+        "generator's draws keep the classic order."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    expected_components = [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            CONTROL_IMAGE,
-            InputParam.template("height"),
-            InputParam.template("width"),
-            *BATCH_INPUTS,
-        ]
+    inputs = [
+        CONTROL_IMAGE,
+        InputParam.template("height"),
+        InputParam.template("width"),
+        *BATCH_INPUTS,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            tensor_output("control_latents", "Packed VAE latents of the control image, [B, tokens, C * 4].")
-        ]
+    intermediate_outputs = [
+        tensor_output("control_latents", "Packed VAE latents of the control image, [B, tokens, C * 4].")
+    ]
 
     @torch.no_grad()
     def __call__(self, components, state):

@@ -24,15 +24,13 @@ class FluxInputStep(RepeatEmbedsInputStep):
 
     model_name = MODEL_NAME
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("num_images_per_prompt"),
-            InputParam.template("prompt_embeds", required=True),
-            tensor_input("pooled_prompt_embeds", "Pooled CLIP.", required=True),
-            InputParam.template("negative_prompt_embeds"),
-            tensor_input("negative_pooled_prompt_embeds", "Pooled CLIP."),
-        ]
+    inputs = [
+        InputParam.template("num_images_per_prompt"),
+        InputParam.template("prompt_embeds", required=True),
+        tensor_input("pooled_prompt_embeds", "Pooled CLIP.", required=True),
+        InputParam.template("negative_prompt_embeds"),
+        tensor_input("negative_pooled_prompt_embeds", "Pooled CLIP."),
+    ]
 
     @property
     def embeds_outputs(self) -> list[OutputParam]:

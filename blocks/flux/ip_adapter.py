@@ -46,14 +46,12 @@ class FluxIPAdapterEmbedsStep(IPAdapterEmbedsStep):
     model_name = MODEL_NAME
     denoiser_name = "transformer"
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *super().inputs,
-            TRUE_CFG_SCALE,
-            NEGATIVE_PROMPT,
-            InputParam.template("negative_prompt_embeds"),
-        ]
+    inputs = [
+        *IPAdapterEmbedsStep.inputs,
+        TRUE_CFG_SCALE,
+        NEGATIVE_PROMPT,
+        InputParam.template("negative_prompt_embeds"),
+    ]
 
     def default_negative(
         self, block_state: BlockState, positive: list[torch.Tensor]

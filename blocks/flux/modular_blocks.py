@@ -116,9 +116,7 @@ class FluxAutoBlocks(FamilyBlocks):
         "control": {"control_image": True, "prompt": True},
     }
 
-    @property
-    def description(self) -> str:
-        return (
-            "Flux (FLUX.1): text-to-image with a prompt, image-to-image with an image, control (canny, depth) "
-            "with a control_image and a control transformer."
-        )
+    description = (
+        "Flux (FLUX.1): text-to-image with a prompt, image-to-image with an image, control (canny, depth) "
+        "with a control_image and a control transformer."
+    )

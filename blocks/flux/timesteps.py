@@ -9,7 +9,7 @@ import torch
 from blocks.common.params import BATCH_SIZE, TIMESTEPS_OUTPUTS, tensor_input
 from blocks.common.timesteps import StrengthTimestepsStep, flow_kept_steps, scheduler_mu
 from blocks.common.vae import patched_latent_size
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+from modular import InputParam, ModularPipelineBlocks
 
 from .utils import MODEL_NAME, SCHEDULER, default_sigmas, default_size
 
@@ -52,27 +52,19 @@ class FluxSetTimestepsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Sets the scheduler's timesteps from sigmas (default linspace(1, 1 / steps, steps); the scheduler's "
-            "own with use_flow_sigmas), shifted by mu, which grows linearly with the number of latent tokens."
-        )
+    description = (
+        "Sets the scheduler's timesteps from sigmas (default linspace(1, 1 / steps, steps); the scheduler's "
+        "own with use_flow_sigmas), shifted by mu, which grows linearly with the number of latent tokens."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *TIMESTEP_INPUTS,
-            tensor_input("latents", "The packed latents.", required=True),
-        ]
+    inputs = [
+        *TIMESTEP_INPUTS,
+        tensor_input("latents", "The packed latents.", required=True),
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(TIMESTEPS_OUTPUTS)
+    intermediate_outputs = list(TIMESTEPS_OUTPUTS)
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -95,28 +87,22 @@ class FluxImg2ImgSetTimestepsStep(StrengthTimestepsStep):
     model_name = MODEL_NAME
     default_strength = 0.6
 
-    @property
-    def description(self) -> str:
-        return (
-            "Sets the shifted timesteps (mu from height x width), then skips the first (1 - strength) of them "
-            "(strength default 0.6), so denoising starts from the image noised to the first kept timestep "
-            "(latent_timestep)."
-        )
+    description = (
+        "Sets the shifted timesteps (mu from height x width), then skips the first (1 - strength) of them "
+        "(strength default 0.6), so denoising starts from the image noised to the first kept timestep "
+        "(latent_timestep)."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *TIMESTEP_INPUTS,
-            STRENGTH,
-            InputParam.template("height"),
-            InputParam.template("width"),
-            BATCH_SIZE,
-            InputParam.template("num_images_per_prompt"),
-        ]
+    inputs = [
+        *TIMESTEP_INPUTS,
+        STRENGTH,
+        InputParam.template("height"),
+        InputParam.template("width"),
+        BATCH_SIZE,
+        InputParam.template("num_images_per_prompt"),
+    ]
 
     def set_timesteps(self, components, block_state) -> int:
         steps = block_state.num_inference_steps

@@ -18,7 +18,7 @@ from blocks.common.params import (
     tensor_input,
     tensor_output,
 )
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+from modular import ComponentSpec, InputParam, ModularPipelineBlocks
 
 from .utils import (
     MODEL_NAME,
@@ -43,30 +43,22 @@ class StableDiffusionPrepareLatentsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Draws initial latents [batch, unet.in_channels, height / s, width / s] (s: VAE scale) with the "
-            "generator, or takes `latents`, and scales them by the scheduler's init_noise_sigma."
-        )
+    description = (
+        "Draws initial latents [batch, unet.in_channels, height / s, width / s] (s: VAE scale) with the "
+        "generator, or takes `latents`, and scales them by the scheduler's init_noise_sigma."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("unet", UNet2DConditionModel), SCHEDULER]
+    expected_components = [ComponentSpec("unet", UNet2DConditionModel), SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("height"),
-            InputParam.template("width"),
-            InputParam.template("latents"),
-            *BATCH_INPUTS,
-            DTYPE,
-        ]
+    inputs = [
+        InputParam.template("height"),
+        InputParam.template("width"),
+        InputParam.template("latents"),
+        *BATCH_INPUTS,
+        DTYPE,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [INITIAL_LATENTS_OUTPUT]
+    intermediate_outputs = [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -93,29 +85,21 @@ class StableDiffusionImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Repeats image_latents to the batch, draws noise with the generator and adds it at latent_timestep "
-            "with the scheduler's add_noise."
-        )
+    description = (
+        "Repeats image_latents to the batch, draws noise with the generator and adds it at latent_timestep "
+        "with the scheduler's add_noise."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            tensor_input("image_latents", "Latents of the image.", required=True),
-            LATENT_TIMESTEP,
-            *BATCH_INPUTS,
-            DTYPE,
-        ]
+    inputs = [
+        tensor_input("image_latents", "Latents of the image.", required=True),
+        LATENT_TIMESTEP,
+        *BATCH_INPUTS,
+        DTYPE,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [INITIAL_LATENTS_OUTPUT]
+    intermediate_outputs = [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -140,43 +124,39 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Draws the initial noise (pure noise at strength 1, else image_latents noised to latent_timestep), "
-            "then downsamples the mask to the latent size and encodes the masked image with the VAE; both are "
-            "repeated to the batch and doubled when guidance is on."
-        )
+    description = (
+        "Draws the initial noise (pure noise at strength 1, else image_latents noised to latent_timestep), "
+        "then downsamples the mask to the latent size and encodes the masked image with the VAE; both are "
+        "repeated to the batch and doubled when guidance is on."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), ComponentSpec("unet", UNet2DConditionModel), SCHEDULER]
+    expected_components = [
+        ComponentSpec("vae", AutoencoderKL),
+        ComponentSpec("unet", UNet2DConditionModel),
+        SCHEDULER,
+    ]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            tensor_input("image_latents", "Scaled VAE latents of the image."),
-            tensor_input("mask_condition", "The binarized mask.", required=True),
-            tensor_input("masked_image", "The masked image.", required=True),
-            tensor_input("latent_timestep", "The first timestep."),
-            strength_input(),
-            InputParam.template("latents"),
-            InputParam.template("height"),
-            InputParam.template("width"),
-            *BATCH_INPUTS,
-            DTYPE,
-            InputParam.template("guidance_scale"),
-        ]
+    inputs = [
+        tensor_input("image_latents", "Scaled VAE latents of the image."),
+        tensor_input("mask_condition", "The binarized mask.", required=True),
+        tensor_input("masked_image", "The masked image.", required=True),
+        tensor_input("latent_timestep", "The first timestep."),
+        strength_input(),
+        InputParam.template("latents"),
+        InputParam.template("height"),
+        InputParam.template("width"),
+        *BATCH_INPUTS,
+        DTYPE,
+        InputParam.template("guidance_scale"),
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            INITIAL_LATENTS_OUTPUT,
-            tensor_output("noise", "The noise the latents started from."),
-            tensor_output("image_latents", "Image latents repeated to the batch."),
-            tensor_output("mask", "The mask at latent size, per model input."),
-            tensor_output("masked_image_latents", "Latents of the masked image."),
-        ]
+    intermediate_outputs = [
+        INITIAL_LATENTS_OUTPUT,
+        tensor_output("noise", "The noise the latents started from."),
+        tensor_output("image_latents", "Image latents repeated to the batch."),
+        tensor_output("mask", "The mask at latent size, per model input."),
+        tensor_output("masked_image_latents", "Latents of the masked image."),
+    ]
 
     def _check_unet(self, components, mask: torch.Tensor, masked: torch.Tensor | None) -> None:
         """An inpainting UNet reads the latents alone (4 channels) or with the mask and masked image (9)."""

@@ -54,14 +54,12 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; with "
-            "guidance, one negative prompt per prompt), num_inference_steps and num_images_per_prompt (1 or "
-            "more), output_type, height and width (positive multiples of 8 and of the VAE's scale), the shape "
-            "of given latents, and the size of the latents to allocate (at most 64 GiB)."
-        )
+    description = (
+        "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; with "
+        "guidance, one negative prompt per prompt), num_inference_steps and num_images_per_prompt (1 or "
+        "more), output_type, height and width (positive multiples of 8 and of the VAE's scale), the shape "
+        "of given latents, and the size of the latents to allocate (at most 64 GiB)."
+    )
 
     # ----- inputs -----
     def prompt_inputs(self) -> list[InputParam]:
@@ -153,14 +151,12 @@ class StableDiffusionImg2ImgCheckInputsStep(StableDiffusionCheckInputsStep):
 
     default_strength = StableDiffusionImg2ImgSetTimestepsStep.default_strength
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs of image-to-image before any model runs, and changes nothing: prompts, "
-            "num_inference_steps and num_images_per_prompt (1 or more), output_type, the image (RGB, or the "
-            "VAE's latent channels; a count that divides the batch), strength (in [0, 1], leaving at least one "
-            "step), and the size of the latents (at most 64 GiB)."
-        )
+    description = (
+        "Checks the inputs of image-to-image before any model runs, and changes nothing: prompts, "
+        "num_inference_steps and num_images_per_prompt (1 or more), output_type, the image (RGB, or the "
+        "VAE's latent channels; a count that divides the batch), strength (in [0, 1], leaving at least one "
+        "step), and the size of the latents (at most 64 GiB)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         return [InputParam.template("image"), strength_input()]
@@ -185,15 +181,13 @@ class StableDiffusionInpaintCheckInputsStep(StableDiffusionCheckInputsStep):
 
     default_strength = StableDiffusionInpaintSetTimestepsStep.default_strength
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs of inpainting before any model runs, and changes nothing: prompts, "
-            "num_inference_steps and num_images_per_prompt (1 or more), output_type, height and width (positive "
-            "multiples of the VAE's scale), image and mask_image (channels, and counts that divide the batch), "
-            "strength (in [0, 1], leaving at least one step), the shape of given latents, and the size of the "
-            "latents (at most 64 GiB)."
-        )
+    description = (
+        "Checks the inputs of inpainting before any model runs, and changes nothing: prompts, "
+        "num_inference_steps and num_images_per_prompt (1 or more), output_type, height and width (positive "
+        "multiples of the VAE's scale), image and mask_image (channels, and counts that divide the batch), "
+        "strength (in [0, 1], leaving at least one step), the shape of given latents, and the size of the "
+        "latents (at most 64 GiB)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         return [

@@ -21,13 +21,11 @@ class StableDiffusionDecodeStep(VaeDecodeStep):
     model_name = MODEL_NAME
     image_processor = IMAGE_PROCESSOR
 
-    @property
-    def description(self) -> str:
-        return (
-            "Decodes latents / vae.config.scaling_factor with the VAE and post-processes them to output_type: "
-            "'pil' (list of PIL images), 'np' (array [B, H, W, 3] in [0, 1]), 'pt' (tensor [B, 3, H, W] in "
-            "[0, 1]) or 'latent' (the latents, not decoded)."
-        )
+    description = (
+        "Decodes latents / vae.config.scaling_factor with the VAE and post-processes them to output_type: "
+        "'pil' (list of PIL images), 'np' (array [B, H, W, 3] in [0, 1]), 'pt' (tensor [B, 3, H, W] in "
+        "[0, 1]) or 'latent' (the latents, not decoded)."
+    )
 
     @property
     def extra_inputs(self) -> list[InputParam]:

@@ -48,25 +48,19 @@ class StableDiffusionLoopBeforeDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: makes latent_model_input from latents (doubled when guidance is on), scaled "
-            "with the scheduler's scale_model_input for timestep t."
-        )
+    description = (
+        "Inside the loop: makes latent_model_input from latents (doubled when guidance is on), scaled "
+        "with the scheduler's scale_model_input for timestep t."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_UNET, SCHEDULER]
+    expected_components = [_UNET, SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam(
-                "latents", type_hint=torch.Tensor, required=True, description="The latents being denoised."
-            ),
-            InputParam.template("guidance_scale"),
-        ]
+    inputs = [
+        InputParam(
+            "latents", type_hint=torch.Tensor, required=True, description="The latents being denoised."
+        ),
+        InputParam.template("guidance_scale"),
+    ]
 
     def __call__(self, components, block_state, i, t):
         latents = block_state.latents
@@ -79,22 +73,18 @@ class StableDiffusionLoopBeforeDenoiser(ModularPipelineBlocks):
 class StableDiffusionInpaintLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser):
     """Loop step for inpainting: as the plain one, plus mask and masked-image latents for a 9-channel UNet."""
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: as StableDiffusionLoopBeforeDenoiser; for a 9-channel UNet, appends mask and "
-            "masked_image_latents to latent_model_input along the channels."
-        )
+    description = (
+        "Inside the loop: as StableDiffusionLoopBeforeDenoiser; for a 9-channel UNet, appends mask and "
+        "masked_image_latents to latent_model_input along the channels."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *super().inputs,
-            InputParam("mask", type_hint=torch.Tensor, required=True, description="The mask at latent size."),
-            InputParam(
-                "masked_image_latents", type_hint=torch.Tensor, description="Latents of the masked image."
-            ),
-        ]
+    inputs = [
+        *StableDiffusionLoopBeforeDenoiser.inputs,
+        InputParam("mask", type_hint=torch.Tensor, required=True, description="The mask at latent size."),
+        InputParam(
+            "masked_image_latents", type_hint=torch.Tensor, description="Latents of the masked image."
+        ),
+    ]
 
     def __call__(self, components, block_state, i, t):
         components, block_state = super().__call__(components, block_state, i, t)
@@ -110,29 +100,21 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: runs the UNet on latent_model_input at t with the text embeddings; with guidance, "
-            "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
-        )
+    description = (
+        "Inside the loop: runs the UNet on latent_model_input at t with the text embeddings; with guidance, "
+        "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_UNET]
+    expected_components = [_UNET]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("prompt_embeds", required=True),
-            InputParam.template("negative_prompt_embeds"),
-            InputParam.template("guidance_scale"),
-            InputParam(
-                "guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."
-            ),
-            InputParam.template("cross_attention_kwargs"),
-            *IP_ADAPTER_DENOISER_INPUTS,
-        ]
+    inputs = [
+        InputParam.template("prompt_embeds", required=True),
+        InputParam.template("negative_prompt_embeds"),
+        InputParam.template("guidance_scale"),
+        InputParam("guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."),
+        InputParam.template("cross_attention_kwargs"),
+        *IP_ADAPTER_DENOISER_INPUTS,
+    ]
 
     def _timestep_cond(self, components, block_state) -> torch.Tensor | None:
         proj_dim = components.unet.config.time_cond_proj_dim
@@ -191,17 +173,11 @@ class StableDiffusionLoopAfterDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return "Inside the loop: latents = scheduler.step(noise_pred, t, latents) (with eta and generator where taken)."
+    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents) (with eta and generator where taken)."
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [InputParam.template("generator"), InputParam.template("eta")]
+    inputs = [InputParam.template("generator"), InputParam.template("eta")]
 
     def __call__(self, components, block_state, i, t):
         scheduler = components.scheduler
@@ -215,28 +191,20 @@ class StableDiffusionLoopAfterDenoiser(ModularPipelineBlocks):
 class StableDiffusionInpaintLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
     """Loop step for inpainting: the scheduler step, then, for a 4-channel UNet, paste back the kept area."""
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: the scheduler step; for a 4-channel UNet the area outside the mask is then "
-            "replaced by image_latents noised to the next timestep."
-        )
+    description = (
+        "Inside the loop: the scheduler step; for a 4-channel UNet the area outside the mask is then "
+        "replaced by image_latents noised to the next timestep."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_UNET, SCHEDULER]
+    expected_components = [_UNET, SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *super().inputs,
-            InputParam("mask", type_hint=torch.Tensor, required=True, description="The mask at latent size."),
-            InputParam(
-                "image_latents", type_hint=torch.Tensor, description="Scaled VAE latents of the image."
-            ),
-            InputParam("noise", type_hint=torch.Tensor, description="The noise the latents started from."),
-            InputParam.template("guidance_scale"),
-        ]
+    inputs = [
+        *StableDiffusionLoopAfterDenoiser.inputs,
+        InputParam("mask", type_hint=torch.Tensor, required=True, description="The mask at latent size."),
+        InputParam("image_latents", type_hint=torch.Tensor, description="Scaled VAE latents of the image."),
+        InputParam("noise", type_hint=torch.Tensor, description="The noise the latents started from."),
+        InputParam.template("guidance_scale"),
+    ]
 
     def __call__(self, components, block_state, i, t):
         components, block_state = super().__call__(components, block_state, i, t)
@@ -270,12 +238,10 @@ class StableDiffusionDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         StableDiffusionLoopAfterDenoiser,
     ]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Denoises the latents over the timesteps. Each step runs: before_denoiser (guidance doubling, "
-            "scale_model_input), denoiser (UNet and guidance), after_denoiser (scheduler step)."
-        )
+    description = (
+        "Denoises the latents over the timesteps. Each step runs: before_denoiser (guidance doubling, "
+        "scale_model_input), denoiser (UNet and guidance), after_denoiser (scheduler step)."
+    )
 
 
 class StableDiffusionInpaintDenoiseStep(StableDiffusionDenoiseLoopWrapper):
@@ -287,9 +253,7 @@ class StableDiffusionInpaintDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         StableDiffusionInpaintLoopAfterDenoiser,
     ]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Denoises the latents for inpainting. A 9-channel UNet sees the mask and the masked image each step; "
-            "with a 4-channel UNet the area outside the mask is pasted back after each step."
-        )
+    description = (
+        "Denoises the latents for inpainting. A 9-channel UNet sees the mask and the masked image each step; "
+        "with a 4-channel UNet the area outside the mask is pasted back after each step."
+    )

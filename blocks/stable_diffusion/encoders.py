@@ -58,27 +58,25 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Encodes the prompt with the CLIP text encoder into prompt_embeds, and, when guidance_scale > 1, "
-            "the negative prompt (empty by default) into negative_prompt_embeds. Precomputed embeddings are used as given."
-        )
+    description = (
+        "Encodes the prompt with the CLIP text encoder into prompt_embeds, and, when guidance_scale > 1, "
+        "the negative prompt (empty by default) into negative_prompt_embeds. Precomputed embeddings are used as given."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("text_encoder", CLIPTextModel), ComponentSpec("tokenizer", CLIPTokenizer)]
+    expected_components = [
+        ComponentSpec("text_encoder", CLIPTextModel),
+        ComponentSpec("tokenizer", CLIPTokenizer),
+    ]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *PROMPT_INPUTS,
-            InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
-        ]
+    inputs = [
+        *PROMPT_INPUTS,
+        InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [OutputParam.template("prompt_embeds"), OutputParam.template("negative_prompt_embeds")]
+    intermediate_outputs = [
+        OutputParam.template("prompt_embeds"),
+        OutputParam.template("negative_prompt_embeds"),
+    ]
 
     @staticmethod
     def _encode(
@@ -154,25 +152,17 @@ class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Preprocesses `image` (resized to a multiple of the VAE scale, normalized to [-1, 1]) and encodes it "
-            "with the VAE into image_latents (a latent sample, scaled by vae.config.scaling_factor). "
-            "A 4-channel tensor image is taken as latents already."
-        )
+    description = (
+        "Preprocesses `image` (resized to a multiple of the VAE scale, normalized to [-1, 1]) and encodes it "
+        "with the VAE into image_latents (a latent sample, scaled by vae.config.scaling_factor). "
+        "A 4-channel tensor image is taken as latents already."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    expected_components = [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [InputParam.template("image", required=True), *BATCH_INPUTS, DTYPE]
+    inputs = [InputParam.template("image", required=True), *BATCH_INPUTS, DTYPE]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [tensor_output("image_latents", "Scaled VAE latents of the image.")]
+    intermediate_outputs = [tensor_output("image_latents", "Scaled VAE latents of the image.")]
 
     @torch.no_grad()
     def __call__(self, components, state):
@@ -201,45 +191,37 @@ class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Preprocesses `image` and `mask_image` to height x width, makes the masked image (the image where "
-            "the mask is below 0.5), and encodes the image into image_latents when they are needed: for a "
-            "4-channel UNet (blended back each step) or a strength below 1 (noised start). The masked image is "
-            "encoded later, after the initial noise is drawn, so the generator is used in the classic order."
-        )
+    description = (
+        "Preprocesses `image` and `mask_image` to height x width, makes the masked image (the image where "
+        "the mask is below 0.5), and encodes the image into image_latents when they are needed: for a "
+        "4-channel UNet (blended back each step) or a strength below 1 (noised start). The masked image is "
+        "encoded later, after the initial noise is drawn, so the generator is used in the classic order."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [
-            ComponentSpec("vae", AutoencoderKL),
-            ComponentSpec("unet", UNet2DConditionModel),
-            IMAGE_PROCESSOR,
-            MASK_PROCESSOR,
-        ]
+    expected_components = [
+        ComponentSpec("vae", AutoencoderKL),
+        ComponentSpec("unet", UNet2DConditionModel),
+        IMAGE_PROCESSOR,
+        MASK_PROCESSOR,
+    ]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("image", required=True),
-            InputParam.template("mask_image", required=True),
-            InputParam.template("height"),
-            InputParam.template("width"),
-            strength_input(),
-            InputParam.template("latents"),
-            InputParam.template("generator"),
-            DTYPE,
-        ]
+    inputs = [
+        InputParam.template("image", required=True),
+        InputParam.template("mask_image", required=True),
+        InputParam.template("height"),
+        InputParam.template("width"),
+        strength_input(),
+        InputParam.template("latents"),
+        InputParam.template("generator"),
+        DTYPE,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            tensor_output("image_latents", "Scaled VAE latents of the image, or None."),
-            tensor_output("mask_condition", "The binarized mask, [B, 1, H, W]."),
-            tensor_output("masked_image", "The image with the masked area zeroed."),
-            *HEIGHT_WIDTH_OUTPUTS,
-        ]
+    intermediate_outputs = [
+        tensor_output("image_latents", "Scaled VAE latents of the image, or None."),
+        tensor_output("mask_condition", "The binarized mask, [B, 1, H, W]."),
+        tensor_output("masked_image", "The image with the masked area zeroed."),
+        *HEIGHT_WIDTH_OUTPUTS,
+    ]
 
     @torch.no_grad()
     def __call__(self, components, state):

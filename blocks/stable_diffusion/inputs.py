@@ -15,13 +15,11 @@ class StableDiffusionInputStep(RepeatEmbedsInputStep):
 
     model_name = MODEL_NAME
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("num_images_per_prompt"),
-            InputParam.template("prompt_embeds", required=True),
-            InputParam.template("negative_prompt_embeds"),
-        ]
+    inputs = [
+        InputParam.template("num_images_per_prompt"),
+        InputParam.template("prompt_embeds", required=True),
+        InputParam.template("negative_prompt_embeds"),
+    ]
 
     @property
     def embeds_outputs(self) -> list[OutputParam]:

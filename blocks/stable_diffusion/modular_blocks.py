@@ -130,9 +130,7 @@ class StableDiffusionAutoBlocks(FamilyBlocks):
     block_names = list(STAGES_WITH_IP_ADAPTER)
     _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE, "inpainting": INPAINTING}
 
-    @property
-    def description(self) -> str:
-        return (
-            "Stable Diffusion 1.x/2.x: text-to-image with a prompt, image-to-image with an image, inpainting "
-            "with an image and a mask_image."
-        )
+    description = (
+        "Stable Diffusion 1.x/2.x: text-to-image with a prompt, image-to-image with an image, inpainting "
+        "with an image and a mask_image."
+    )

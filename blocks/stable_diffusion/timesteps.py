@@ -6,7 +6,7 @@ import inspect
 
 from blocks.common.params import BATCH_SIZE, SIGMAS, TIMESTEPS_OUTPUTS
 from blocks.common.timesteps import StrengthTimestepsStep
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+from modular import InputParam, ModularPipelineBlocks
 
 from .utils import MODEL_NAME, SCHEDULER, strength_input
 
@@ -57,21 +57,13 @@ class StableDiffusionSetTimestepsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return "Sets the scheduler's timesteps from num_inference_steps (or custom timesteps or sigmas)."
+    description = "Sets the scheduler's timesteps from num_inference_steps (or custom timesteps or sigmas)."
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return list(TIMESTEP_INPUTS)
+    inputs = list(TIMESTEP_INPUTS)
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(TIMESTEPS_OUTPUTS)
+    intermediate_outputs = list(TIMESTEPS_OUTPUTS)
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -92,20 +84,14 @@ class StableDiffusionImg2ImgSetTimestepsStep(StrengthTimestepsStep):
     model_name = MODEL_NAME
     default_strength = 0.8
 
-    @property
-    def description(self) -> str:
-        return (
-            "Sets the scheduler's timesteps, then skips the first (1 - strength) of them, so denoising starts "
-            "from the reference image noised to the first kept timestep (latent_timestep)."
-        )
+    description = (
+        "Sets the scheduler's timesteps, then skips the first (1 - strength) of them, so denoising starts "
+        "from the reference image noised to the first kept timestep (latent_timestep)."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [*TIMESTEP_INPUTS, strength_input(), BATCH_SIZE, InputParam.template("num_images_per_prompt")]
+    inputs = [*TIMESTEP_INPUTS, strength_input(), BATCH_SIZE, InputParam.template("num_images_per_prompt")]
 
     def set_timesteps(self, components, block_state) -> int:
         _, steps = set_scheduler_timesteps(

@@ -54,32 +54,24 @@ class StableDiffusionXLImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Repeats image_latents to the batch and adds noise drawn with the generator at latent_timestep "
-            "(not with denoising_start: the image is then taken as partly denoised already). Given `latents` "
-            "are used as they are."
-        )
+    description = (
+        "Repeats image_latents to the batch and adds noise drawn with the generator at latent_timestep "
+        "(not with denoising_start: the image is then taken as partly denoised already). Given `latents` "
+        "are used as they are."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            tensor_input("image_latents", "Latents of the image."),
-            LATENT_TIMESTEP,
-            InputParam.template("latents"),
-            DENOISING_START,
-            *BATCH_INPUTS,
-            DTYPE,
-        ]
+    inputs = [
+        tensor_input("image_latents", "Latents of the image."),
+        LATENT_TIMESTEP,
+        InputParam.template("latents"),
+        DENOISING_START,
+        *BATCH_INPUTS,
+        DTYPE,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [INITIAL_LATENTS_OUTPUT]
+    intermediate_outputs = [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         bs = self.get_block_state(state)
@@ -104,30 +96,26 @@ class StableDiffusionXLInpaintPrepareLatentsStep(StableDiffusionInpaintPrepareLa
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Draws the initial noise (pure noise at strength 1, else image_latents noised to latent_timestep; "
-            "with denoising_start the image latents themselves), then downsamples the mask to the latent size "
-            "and encodes the masked image; both are repeated to the batch and doubled when guidance is on."
-        )
+    description = (
+        "Draws the initial noise (pure noise at strength 1, else image_latents noised to latent_timestep; "
+        "with denoising_start the image latents themselves), then downsamples the mask to the latent size "
+        "and encodes the masked image; both are repeated to the batch and doubled when guidance is on."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            tensor_input("image_latents", "Scaled VAE latents of the image."),
-            tensor_input("mask_condition", "The binarized mask.", required=True),
-            tensor_input("masked_image", "The masked image."),
-            LATENT_TIMESTEP,
-            strength_input(),
-            DENOISING_START,
-            InputParam.template("latents"),
-            InputParam.template("height"),
-            InputParam.template("width"),
-            *BATCH_INPUTS,
-            DTYPE,
-            guidance_scale_input(),
-        ]
+    inputs = [
+        tensor_input("image_latents", "Scaled VAE latents of the image."),
+        tensor_input("mask_condition", "The binarized mask.", required=True),
+        tensor_input("masked_image", "The masked image."),
+        LATENT_TIMESTEP,
+        strength_input(),
+        DENOISING_START,
+        InputParam.template("latents"),
+        InputParam.template("height"),
+        InputParam.template("width"),
+        *BATCH_INPUTS,
+        DTYPE,
+        guidance_scale_input(),
+    ]
 
     def _initial(self, components, bs, total: int, strength: float):
         """(latents, noise) as the classic prepare_latents makes them."""
@@ -250,24 +238,16 @@ class StableDiffusionXLPrepareAdditionalConditioningStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Makes add_time_ids = original_size + crops_coords_top_left + target_size (sizes default to height, "
-            "width), and negative_add_time_ids for guidance (the same ids unless both negative sizes are given)."
-        )
+    description = (
+        "Makes add_time_ids = original_size + crops_coords_top_left + target_size (sizes default to height, "
+        "width), and negative_add_time_ids for guidance (the same ids unless both negative sizes are given)."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("unet", UNet2DConditionModel)]
+    expected_components = [ComponentSpec("unet", UNet2DConditionModel)]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [InputParam.template("height"), InputParam.template("width"), *_CONDITIONING_INPUTS]
+    inputs = [InputParam.template("height"), InputParam.template("width"), *_CONDITIONING_INPUTS]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(_CONDITIONING_OUTPUTS)
+    intermediate_outputs = list(_CONDITIONING_OUTPUTS)
 
     def __call__(self, components, state):
         bs = self.get_block_state(state)
@@ -303,47 +283,37 @@ class StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep(ModularPipelineB
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Makes add_time_ids = original_size + crops_coords_top_left + target_size (sizes default to the "
-            "latents' size), or original_size + crops_coords_top_left + aesthetic_score when the repo sets "
-            "requires_aesthetics_score (refiners), and the negative ids likewise."
+    description = (
+        "Makes add_time_ids = original_size + crops_coords_top_left + target_size (sizes default to the "
+        "latents' size), or original_size + crops_coords_top_left + aesthetic_score when the repo sets "
+        "requires_aesthetics_score (refiners), and the negative ids likewise."
+    )
+
+    expected_components = [ComponentSpec("unet", UNet2DConditionModel)]
+
+    expected_configs = [
+        ConfigSpec(
+            "requires_aesthetics_score",
+            False,
+            "Condition on aesthetic scores instead of the target size (SDXL refiner).",
         )
+    ]
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("unet", UNet2DConditionModel)]
+    inputs = [
+        InputParam("latents", type_hint=torch.Tensor, required=True, description="The initial latents."),
+        *_CONDITIONING_INPUTS,
+        InputParam(
+            "aesthetic_score", type_hint=float, default=6.0, description="Refiner: the score to aim at."
+        ),
+        InputParam(
+            "negative_aesthetic_score",
+            type_hint=float,
+            default=2.5,
+            description="Refiner: the score to avoid.",
+        ),
+    ]
 
-    @property
-    def expected_configs(self) -> list[ConfigSpec]:
-        return [
-            ConfigSpec(
-                "requires_aesthetics_score",
-                False,
-                "Condition on aesthetic scores instead of the target size (SDXL refiner).",
-            )
-        ]
-
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam("latents", type_hint=torch.Tensor, required=True, description="The initial latents."),
-            *_CONDITIONING_INPUTS,
-            InputParam(
-                "aesthetic_score", type_hint=float, default=6.0, description="Refiner: the score to aim at."
-            ),
-            InputParam(
-                "negative_aesthetic_score",
-                type_hint=float,
-                default=2.5,
-                description="Refiner: the score to avoid.",
-            ),
-        ]
-
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(_CONDITIONING_OUTPUTS)
+    intermediate_outputs = list(_CONDITIONING_OUTPUTS)
 
     def __call__(self, components, state):
         bs = self.get_block_state(state)

@@ -94,15 +94,13 @@ class StableDiffusionXLInpaintCheckInputsStep(_SDXLRules, StableDiffusionInpaint
     model_name = MODEL_NAME
     default_strength = StableDiffusionXLInpaintSetTimestepsStep.default_strength
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs of inpainting before any model runs, and changes nothing: prompts, "
-            "num_inference_steps and num_images_per_prompt (1 or more), output_type, height and width (positive "
-            "multiples of 8 and of the VAE's scale), image and mask_image (channels, and counts that divide the "
-            "batch), strength (in [0, 1], leaving at least one step), the shape of given latents, and the size "
-            "of the latents (at most 64 GiB)."
-        )
+    description = (
+        "Checks the inputs of inpainting before any model runs, and changes nothing: prompts, "
+        "num_inference_steps and num_images_per_prompt (1 or more), output_type, height and width (positive "
+        "multiples of 8 and of the VAE's scale), image and mask_image (channels, and counts that divide the "
+        "batch), strength (in [0, 1], leaving at least one step), the shape of given latents, and the size "
+        "of the latents (at most 64 GiB)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         return [

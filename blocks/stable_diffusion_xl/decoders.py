@@ -21,14 +21,12 @@ class StableDiffusionXLDecodeStep(VaeDecodeStep):
     model_name = MODEL_NAME
     image_processor = IMAGE_PROCESSOR
 
-    @property
-    def description(self) -> str:
-        return (
-            "Un-normalizes the latents (by scaling_factor, and latents_mean / latents_std when the VAE has them), "
-            "decodes them with the VAE, in float32 when the VAE is float16 and its config sets force_upcast "
-            "(SDXL's VAE overflows in float16), and post-processes to output_type: 'pil', 'np', 'pt', or "
-            "'latent' (the latents, not decoded)."
-        )
+    description = (
+        "Un-normalizes the latents (by scaling_factor, and latents_mean / latents_std when the VAE has them), "
+        "decodes them with the VAE, in float32 when the VAE is float16 and its config sets force_upcast "
+        "(SDXL's VAE overflows in float16), and post-processes to output_type: 'pil', 'np', 'pt', or "
+        "'latent' (the latents, not decoded)."
+    )
 
     def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
         vae = components.vae

@@ -39,9 +39,7 @@ class StableDiffusionXLLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser):
 
     model_name = MODEL_NAME
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return with_sdxl_guidance(super().inputs)
+    inputs = with_sdxl_guidance(StableDiffusionLoopBeforeDenoiser.inputs)
 
 
 class StableDiffusionXLInpaintLoopBeforeDenoiser(StableDiffusionInpaintLoopBeforeDenoiser):
@@ -49,9 +47,7 @@ class StableDiffusionXLInpaintLoopBeforeDenoiser(StableDiffusionInpaintLoopBefor
 
     model_name = MODEL_NAME
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return with_sdxl_guidance(super().inputs)
+    inputs = with_sdxl_guidance(StableDiffusionInpaintLoopBeforeDenoiser.inputs)
 
 
 class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
@@ -59,30 +55,24 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: runs the UNet on latent_model_input at t with prompt_embeds and the added conditions "
-            "(text_embeds: pooled_prompt_embeds, time_ids: add_time_ids), negatives first when guidance is on; "
-            "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
-        )
+    description = (
+        "Inside the loop: runs the UNet on latent_model_input at t with prompt_embeds and the added conditions "
+        "(text_embeds: pooled_prompt_embeds, time_ids: add_time_ids), negatives first when guidance is on; "
+        "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("prompt_embeds", required=True),
-            InputParam.template("negative_prompt_embeds"),
-            tensor_input("pooled_prompt_embeds", "Pooled text embeddings.", required=True),
-            tensor_input("negative_pooled_prompt_embeds", "Pooled negative embeddings."),
-            tensor_input("add_time_ids", "Micro-conditioning ids.", required=True),
-            tensor_input("negative_add_time_ids", "Micro-conditioning ids of the unconditional prediction."),
-            guidance_scale_input(),
-            InputParam(
-                "guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."
-            ),
-            InputParam.template("cross_attention_kwargs"),
-            *IP_ADAPTER_DENOISER_INPUTS,
-        ]
+    inputs = [
+        InputParam.template("prompt_embeds", required=True),
+        InputParam.template("negative_prompt_embeds"),
+        tensor_input("pooled_prompt_embeds", "Pooled text embeddings.", required=True),
+        tensor_input("negative_pooled_prompt_embeds", "Pooled negative embeddings."),
+        tensor_input("add_time_ids", "Micro-conditioning ids.", required=True),
+        tensor_input("negative_add_time_ids", "Micro-conditioning ids of the unconditional prediction."),
+        guidance_scale_input(),
+        InputParam("guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."),
+        InputParam.template("cross_attention_kwargs"),
+        *IP_ADAPTER_DENOISER_INPUTS,
+    ]
 
     def unet_conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, Any]]:
         """The text embeddings and added conditions of the (guidance-doubled) batch, made once per call."""
@@ -116,9 +106,7 @@ class StableDiffusionXLInpaintLoopAfterDenoiser(StableDiffusionInpaintLoopAfterD
 
     model_name = MODEL_NAME
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return with_sdxl_guidance(super().inputs)
+    inputs = with_sdxl_guidance(StableDiffusionInpaintLoopAfterDenoiser.inputs)
 
 
 class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
@@ -130,13 +118,11 @@ class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         StableDiffusionXLLoopAfterDenoiser,
     ]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Denoises the latents over the timesteps. Each step runs: before_denoiser (guidance doubling, "
-            "scale_model_input), denoiser (UNet with SDXL's added conditions, guidance), after_denoiser "
-            "(scheduler step)."
-        )
+    description = (
+        "Denoises the latents over the timesteps. Each step runs: before_denoiser (guidance doubling, "
+        "scale_model_input), denoiser (UNet with SDXL's added conditions, guidance), after_denoiser "
+        "(scheduler step)."
+    )
 
 
 class StableDiffusionXLInpaintDenoiseStep(StableDiffusionInpaintDenoiseStep):

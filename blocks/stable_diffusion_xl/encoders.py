@@ -59,14 +59,12 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         ("tokenizer_2", "text_encoder_2"),
     )
 
-    @property
-    def description(self) -> str:
-        return (
-            "Encodes prompt (first encoder) and prompt_2 (second encoder, default: prompt) into prompt_embeds, "
-            "the penultimate hidden states of both encoders concatenated, and pooled_prompt_embeds, the second "
-            "encoder's projected embedding. With guidance_scale > 1 the negative prompt is encoded the same way, "
-            "or, when no negative prompt is given and force_zeros_for_empty_prompt is set, replaced by zeros."
-        )
+    description = (
+        "Encodes prompt (first encoder) and prompt_2 (second encoder, default: prompt) into prompt_embeds, "
+        "the penultimate hidden states of both encoders concatenated, and pooled_prompt_embeds, the second "
+        "encoder's projected embedding. With guidance_scale > 1 the negative prompt is encoded the same way, "
+        "or, when no negative prompt is given and force_zeros_for_empty_prompt is set, replaced by zeros."
+    )
 
     @property
     def expected_components(self) -> list[ComponentSpec]:
@@ -76,34 +74,28 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
             specs += [ComponentSpec(encoder, hint), ComponentSpec(tokenizer, CLIPTokenizer)]
         return specs
 
-    @property
-    def expected_configs(self) -> list[ConfigSpec]:
-        return [
-            ConfigSpec(
-                "force_zeros_for_empty_prompt",
-                True,
-                "Without a negative prompt, use zero embeddings as the unconditional ones.",
-            )
-        ]
+    expected_configs = [
+        ConfigSpec(
+            "force_zeros_for_empty_prompt",
+            True,
+            "Without a negative prompt, use zero embeddings as the unconditional ones.",
+        )
+    ]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *PROMPT_INPUTS,
-            tensor_input(_POOLED, "Precomputed pooled prompt embeddings."),
-            tensor_input(_NEG_POOLED, "Precomputed pooled negative embeddings."),
-            guidance_scale_input(),
-            InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
-        ]
+    inputs = [
+        *PROMPT_INPUTS,
+        tensor_input(_POOLED, "Precomputed pooled prompt embeddings."),
+        tensor_input(_NEG_POOLED, "Precomputed pooled negative embeddings."),
+        guidance_scale_input(),
+        InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            OutputParam.template("prompt_embeds"),
-            OutputParam.template("negative_prompt_embeds"),
-            tensor_output(_POOLED, "Pooled text embeddings of the prompt."),
-            tensor_output(_NEG_POOLED, "Pooled embeddings of the negative prompt."),
-        ]
+    intermediate_outputs = [
+        OutputParam.template("prompt_embeds"),
+        OutputParam.template("negative_prompt_embeds"),
+        tensor_output(_POOLED, "Pooled text embeddings of the prompt."),
+        tensor_output(_NEG_POOLED, "Pooled embeddings of the negative prompt."),
+    ]
 
     def _encode(
         self, components, texts: list[list[str]], max_length: int | None, clip_skip: int | None
@@ -193,25 +185,21 @@ class StableDiffusionXLRefinerTextEncoderStep(StableDiffusionXLTextEncoderStep):
 
     encoder_names = (("tokenizer_2", "text_encoder_2"),)
 
-    @property
-    def description(self) -> str:
-        return (
-            "Encodes prompt with text_encoder_2 alone (prompt_2 is unused, as in the classic pipeline), since an "
-            "SDXL refiner repo has no "
-            "first text encoder: prompt_embeds are its penultimate hidden states, pooled_prompt_embeds its "
-            "projected embedding. Negatives as in StableDiffusionXLTextEncoderStep (refiner repos set "
-            "force_zeros_for_empty_prompt to false)."
-        )
+    description = (
+        "Encodes prompt with text_encoder_2 alone (prompt_2 is unused, as in the classic pipeline), since an "
+        "SDXL refiner repo has no "
+        "first text encoder: prompt_embeds are its penultimate hidden states, pooled_prompt_embeds its "
+        "projected embedding. Negatives as in StableDiffusionXLTextEncoderStep (refiner repos set "
+        "force_zeros_for_empty_prompt to false)."
+    )
 
-    @property
-    def expected_configs(self) -> list[ConfigSpec]:
-        return [
-            ConfigSpec(
-                "force_zeros_for_empty_prompt",
-                False,
-                "Zero unconditional embeddings without a negative prompt.",
-            )
-        ]
+    expected_configs = [
+        ConfigSpec(
+            "force_zeros_for_empty_prompt",
+            False,
+            "Zero unconditional embeddings without a negative prompt.",
+        )
+    ]
 
 
 class StableDiffusionXLVaeEncoderStep(StableDiffusionVaeEncoderStep):
@@ -219,22 +207,18 @@ class StableDiffusionXLVaeEncoderStep(StableDiffusionVaeEncoderStep):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Preprocesses `image` to [-1, 1] and encodes it with the VAE (in float32 when vae.config.force_upcast) "
-            "into image_latents scaled by scaling_factor. A 4-channel tensor image is taken as latents already. "
-            "Skipped when `latents` are given, as the classic pipeline then starts from them."
-        )
+    description = (
+        "Preprocesses `image` to [-1, 1] and encodes it with the VAE (in float32 when vae.config.force_upcast) "
+        "into image_latents scaled by scaling_factor. A 4-channel tensor image is taken as latents already. "
+        "Skipped when `latents` are given, as the classic pipeline then starts from them."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("image", required=True),
-            InputParam.template("latents"),
-            *BATCH_INPUTS,
-            DTYPE,
-        ]
+    inputs = [
+        InputParam.template("image", required=True),
+        InputParam.template("latents"),
+        *BATCH_INPUTS,
+        DTYPE,
+    ]
 
     @torch.no_grad()
     def __call__(self, components, state):
@@ -262,19 +246,17 @@ class StableDiffusionXLInpaintVaeEncoderStep(StableDiffusionInpaintVaeEncoderSte
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Preprocesses `image` and `mask_image` to height x width, makes the masked image (the image where the "
-            "mask is below 0.5), and encodes the image into image_latents (normalized as "
-            "StableDiffusionXLVaeEncoderStep's) when needed: for a 4-channel UNet (pasted back each step) or a "
-            "strength below 1 (noised start). The masked image is encoded later, after the noise is drawn, so "
-            "the generator is used in the classic order."
-        )
+    description = (
+        "Preprocesses `image` and `mask_image` to height x width, makes the masked image (the image where the "
+        "mask is below 0.5), and encodes the image into image_latents (normalized as "
+        "StableDiffusionXLVaeEncoderStep's) when needed: for a 4-channel UNet (pasted back each step) or a "
+        "strength below 1 (noised start). The masked image is encoded later, after the noise is drawn, so "
+        "the generator is used in the classic order."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [strength_input() if p.name == "strength" else p for p in super().inputs]
+    inputs = [
+        strength_input() if p.name == "strength" else p for p in StableDiffusionInpaintVaeEncoderStep.inputs
+    ]
 
     @torch.no_grad()
     def __call__(self, components, state):

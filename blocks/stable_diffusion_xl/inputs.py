@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from blocks.common.params import tensor_input, tensor_output
 from blocks.stable_diffusion.inputs import StableDiffusionInputStep
-from modular import InputParam, OutputParam
+from modular import OutputParam
 
 from .utils import MODEL_NAME
 
@@ -16,13 +16,11 @@ class StableDiffusionXLInputStep(StableDiffusionInputStep):
 
     model_name = MODEL_NAME
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *super().inputs,
-            tensor_input("pooled_prompt_embeds", "Pooled text embeddings of the prompt.", required=True),
-            tensor_input("negative_pooled_prompt_embeds", "Pooled negatives."),
-        ]
+    inputs = [
+        *StableDiffusionInputStep.inputs,
+        tensor_input("pooled_prompt_embeds", "Pooled text embeddings of the prompt.", required=True),
+        tensor_input("negative_pooled_prompt_embeds", "Pooled negatives."),
+    ]
 
     @property
     def embeds_outputs(self) -> list[OutputParam]:

@@ -94,12 +94,10 @@ class StableDiffusionXLImg2ImgBeforeDenoiseStep(SequentialPipelineBlocks):
     ]
     block_names = ["set_timesteps", "prepare_latents", "prepare_add_cond"]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Image-to-image preparation: set_timesteps (cut by strength or denoising_start), prepare_latents "
-            "(noised image latents), prepare_add_cond (time ids, with aesthetic scores for a refiner)."
-        )
+    description = (
+        "Image-to-image preparation: set_timesteps (cut by strength or denoising_start), prepare_latents "
+        "(noised image latents), prepare_add_cond (time ids, with aesthetic scores for a refiner)."
+    )
 
 
 class StableDiffusionXLInpaintBeforeDenoiseStep(SequentialPipelineBlocks):
@@ -112,12 +110,10 @@ class StableDiffusionXLInpaintBeforeDenoiseStep(SequentialPipelineBlocks):
     ]
     block_names = ["set_timesteps", "prepare_latents", "prepare_add_cond"]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inpainting preparation: set_timesteps (cut by strength, default 0.9999), prepare_latents (noise, "
-            "mask and masked-image latents), prepare_add_cond (time ids)."
-        )
+    description = (
+        "Inpainting preparation: set_timesteps (cut by strength, default 0.9999), prepare_latents (noise, "
+        "mask and masked-image latents), prepare_add_cond (time ids)."
+    )
 
 
 class StableDiffusionXLAutoBeforeDenoiseStep(StableDiffusionAutoBeforeDenoiseStep):
@@ -158,12 +154,10 @@ class StableDiffusionXLAutoBlocks(FamilyBlocks):
     block_names = list(STAGES_WITH_IP_ADAPTER)
     _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE, "inpainting": INPAINTING}
 
-    @property
-    def description(self) -> str:
-        return (
-            "Stable Diffusion XL with two CLIP text encoders and micro-conditioning: text-to-image with a prompt, "
-            "image-to-image with an image, inpainting with an image and a mask_image."
-        )
+    description = (
+        "Stable Diffusion XL with two CLIP text encoders and micro-conditioning: text-to-image with a prompt, "
+        "image-to-image with an image, inpainting with an image and a mask_image."
+    )
 
 
 class StableDiffusionXLRefinerBlocks(FamilyBlocks):
@@ -179,9 +173,7 @@ class StableDiffusionXLRefinerBlocks(FamilyBlocks):
         StableDiffusionXLDecodeStep,
     ]
 
-    @property
-    def description(self) -> str:
-        return (
-            "The SDXL refiner: image-to-image with text_encoder_2 alone; chain it after a base pipeline run with "
-            "denoising_end and output_type='latent', passing those latents as image with denoising_start."
-        )
+    description = (
+        "The SDXL refiner: image-to-image with text_encoder_2 alone; chain it after a base pipeline run with "
+        "denoising_end and output_type='latent', passing those latents as image with denoising_start."
+    )

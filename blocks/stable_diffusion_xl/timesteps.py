@@ -8,7 +8,7 @@ from blocks.common.params import BATCH_SIZE, LATENT_TIMESTEP_OUTPUT, TIMESTEPS_O
 from blocks.common.timesteps import checked_strength
 from blocks.stable_diffusion.timesteps import TIMESTEP_INPUTS, kept_steps, set_scheduler_timesteps
 from blocks.stable_diffusion.utils import SCHEDULER
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+from modular import InputParam, ModularPipelineBlocks
 
 from .utils import INPAINT_STRENGTH, MODEL_NAME, strength_input
 
@@ -61,24 +61,16 @@ class StableDiffusionXLSetTimestepsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Sets the scheduler's timesteps from num_inference_steps (or custom timesteps or sigmas), keeps those "
-            "before denoising_end, and starts the scheduler at index 0."
-        )
+    description = (
+        "Sets the scheduler's timesteps from num_inference_steps (or custom timesteps or sigmas), keeps those "
+        "before denoising_end, and starts the scheduler at index 0."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return list(_TIMESTEP_INPUTS)
+    inputs = list(_TIMESTEP_INPUTS)
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return list(TIMESTEPS_OUTPUTS)
+    intermediate_outputs = list(TIMESTEPS_OUTPUTS)
 
     def __call__(self, components, state):
         bs = self.get_block_state(state)
@@ -99,31 +91,23 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
     model_name = MODEL_NAME
     default_strength = 0.3
 
-    @property
-    def description(self) -> str:
-        return (
-            "Sets the scheduler's timesteps, then skips the first (1 - strength) of them (default strength 0.3), "
-            "or, with denoising_start, those before that fraction of the denoising (the image is then taken as "
-            "already noised). latent_timestep is the first kept timestep, once per image. denoising_end cuts the end."
-        )
+    description = (
+        "Sets the scheduler's timesteps, then skips the first (1 - strength) of them (default strength 0.3), "
+        "or, with denoising_start, those before that fraction of the denoising (the image is then taken as "
+        "already noised). latent_timestep is the first kept timestep, once per image. denoising_end cuts the end."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *_TIMESTEP_INPUTS,
-            DENOISING_START,
-            strength_input(),
-            BATCH_SIZE,
-            InputParam.template("num_images_per_prompt"),
-        ]
+    inputs = [
+        *_TIMESTEP_INPUTS,
+        DENOISING_START,
+        strength_input(),
+        BATCH_SIZE,
+        InputParam.template("num_images_per_prompt"),
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [*TIMESTEPS_OUTPUTS, LATENT_TIMESTEP_OUTPUT]
+    intermediate_outputs = [*TIMESTEPS_OUTPUTS, LATENT_TIMESTEP_OUTPUT]
 
     def _start(self, scheduler, steps: int, strength: float, denoising_start) -> int:
         """The index of the first timestep to run."""

@@ -9,7 +9,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from blocks.common.batch import check_generators, repeat_images
 from blocks.common.params import BATCH_INPUTS, DTYPE, INITIAL_LATENTS_OUTPUT, LATENT_TIMESTEP, tensor_input
 from blocks.common.vae import patched_latent_size
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+from modular import ComponentSpec, InputParam, ModularPipelineBlocks
 
 from .utils import MODEL_NAME, SCHEDULER, resolve_size
 
@@ -28,29 +28,21 @@ class ZImagePrepareLatentsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Draws initial float32 latents [batch, transformer.in_channels, height / s, width / s] "
-            "(s: the VAE scale) with the generator, or checks and takes `latents`."
-        )
+    description = (
+        "Draws initial float32 latents [batch, transformer.in_channels, height / s, width / s] "
+        "(s: the VAE scale) with the generator, or checks and takes `latents`."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_TRANSFORMER]
+    expected_components = [_TRANSFORMER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("height"),
-            InputParam.template("width"),
-            InputParam.template("latents"),
-            *BATCH_INPUTS,
-        ]
+    inputs = [
+        InputParam.template("height"),
+        InputParam.template("width"),
+        InputParam.template("latents"),
+        *BATCH_INPUTS,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [INITIAL_LATENTS_OUTPUT]
+    intermediate_outputs = [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -80,32 +72,24 @@ class ZImageImg2ImgPrepareLatentsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Repeats image_latents to the batch, draws noise with the generator and mixes it in at "
-            "latent_timestep with the scheduler's scale_noise. Given `latents` are used as they are."
-        )
+    description = (
+        "Repeats image_latents to the batch, draws noise with the generator and mixes it in at "
+        "latent_timestep with the scheduler's scale_noise. Given `latents` are used as they are."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_TRANSFORMER, SCHEDULER]
+    expected_components = [_TRANSFORMER, SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            tensor_input("image_latents", "Normalized VAE latents of the image."),
-            LATENT_TIMESTEP,
-            InputParam.template("height"),
-            InputParam.template("width"),
-            InputParam.template("latents"),
-            *BATCH_INPUTS,
-            DTYPE,
-        ]
+    inputs = [
+        tensor_input("image_latents", "Normalized VAE latents of the image."),
+        LATENT_TIMESTEP,
+        InputParam.template("height"),
+        InputParam.template("width"),
+        InputParam.template("latents"),
+        *BATCH_INPUTS,
+        DTYPE,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [INITIAL_LATENTS_OUTPUT]
+    intermediate_outputs = [INITIAL_LATENTS_OUTPUT]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

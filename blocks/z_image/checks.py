@@ -39,14 +39,12 @@ class ZImageCheckInputsStep(CheckInputsStep):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; with guidance, "
-            "one negative prompt per prompt), num_inference_steps and num_images_per_prompt (1 or more), "
-            "output_type, height and width (positive multiples of twice the VAE's scale), the shape of given "
-            "latents, and the size of the latents (at most 64 GiB)."
-        )
+    description = (
+        "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; with guidance, "
+        "one negative prompt per prompt), num_inference_steps and num_images_per_prompt (1 or more), "
+        "output_type, height and width (positive multiples of twice the VAE's scale), the shape of given "
+        "latents, and the size of the latents (at most 64 GiB)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         """The inputs of this workflow's reference image, if any."""
@@ -98,15 +96,13 @@ class ZImageCheckInputsStep(CheckInputsStep):
 class ZImageImg2ImgCheckInputsStep(ZImageCheckInputsStep):
     """Image-to-image: also check the image, its size against a given one, strength and the steps left."""
 
-    @property
-    def description(self) -> str:
-        return (
-            "Checks the inputs of image-to-image before any model runs, and changes nothing: prompts, counts and "
-            "output_type as text-to-image, the image (RGB, or the transformer's latent channels; a count that "
-            "divides the batch; its size, rounded down to a multiple of twice the VAE's scale, is the one a given "
-            "height and width must have), strength (in [0, 1], leaving at least one step), given latents' batch "
-            "and channels, and the size of the latents (at most 64 GiB)."
-        )
+    description = (
+        "Checks the inputs of image-to-image before any model runs, and changes nothing: prompts, counts and "
+        "output_type as text-to-image, the image (RGB, or the transformer's latent channels; a count that "
+        "divides the batch; its size, rounded down to a multiple of twice the VAE's scale, is the one a given "
+        "height and width must have), strength (in [0, 1], leaving at least one step), given latents' batch "
+        "and channels, and the size of the latents (at most 64 GiB)."
+    )
 
     def workflow_inputs(self) -> list[InputParam]:
         return [InputParam.template("image"), STRENGTH_INPUT]

@@ -21,13 +21,11 @@ class ZImageDecodeStep(VaeDecodeStep):
     model_name = MODEL_NAME
     image_processor = IMAGE_PROCESSOR
 
-    @property
-    def description(self) -> str:
-        return (
-            "Decodes latents / vae.config.scaling_factor + vae.config.shift_factor with the VAE and "
-            "post-processes them to output_type: 'pil' (list of PIL images), 'np' (array [B, H, W, 3] in "
-            "[0, 1]), 'pt' (tensor [B, 3, H, W] in [0, 1]) or 'latent' (the latents, not decoded)."
-        )
+    description = (
+        "Decodes latents / vae.config.scaling_factor + vae.config.shift_factor with the VAE and "
+        "post-processes them to output_type: 'pil' (list of PIL images), 'np' (array [B, H, W, 3] in "
+        "[0, 1]), 'pt' (tensor [B, 3, H, W] in [0, 1]) or 'latent' (the latents, not decoded)."
+    )
 
     def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
         vae = components.vae

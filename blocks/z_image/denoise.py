@@ -30,35 +30,29 @@ class ZImageLoopBeforeDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: the model timestep (1000 - t) / 1000 per image; guidance runs at this step when "
-            "guidance_scale > 0 and, with cfg_truncation <= 1, the model timestep is not above cfg_truncation. "
-            "Makes the transformer's inputs: one [C, 1, H, W] latent per image (twice with guidance), the "
-            "timesteps, and the embeddings list (positives, then negatives)."
-        )
+    description = (
+        "Inside the loop: the model timestep (1000 - t) / 1000 per image; guidance runs at this step when "
+        "guidance_scale > 0 and, with cfg_truncation <= 1, the model timestep is not above cfg_truncation. "
+        "Makes the transformer's inputs: one [C, 1, H, W] latent per image (twice with guidance), the "
+        "timesteps, and the embeddings list (positives, then negatives)."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_TRANSFORMER]
+    expected_components = [_TRANSFORMER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam(
-                "latents", type_hint=torch.Tensor, required=True, description="The latents being denoised."
-            ),
-            embeds_input("prompt_embeds", required=True),
-            embeds_input("negative_prompt_embeds"),
-            guidance_scale_input(),
-            InputParam(
-                "cfg_truncation",
-                type_hint=float,
-                default=1.0,
-                description="Guidance stops once the model timestep (0 at the start, 1 at the end) exceeds this.",
-            ),
-        ]
+    inputs = [
+        InputParam(
+            "latents", type_hint=torch.Tensor, required=True, description="The latents being denoised."
+        ),
+        embeds_input("prompt_embeds", required=True),
+        embeds_input("negative_prompt_embeds"),
+        guidance_scale_input(),
+        InputParam(
+            "cfg_truncation",
+            type_hint=float,
+            default=1.0,
+            description="Guidance stops once the model timestep (0 at the start, 1 at the end) exceeds this.",
+        ),
+    ]
 
     def __call__(self, components, block_state, i, t):
         latents = block_state.latents
@@ -94,33 +88,27 @@ class ZImageLoopDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Inside the loop: runs the transformer on the list inputs; with guidance, per image "
-            "pred = pos + scale * (pos - neg), its norm capped at cfg_normalization x the positive's norm when "
-            "cfg_normalization > 0. noise_pred is the negated float32 prediction."
-        )
+    description = (
+        "Inside the loop: runs the transformer on the list inputs; with guidance, per image "
+        "pred = pos + scale * (pos - neg), its norm capped at cfg_normalization x the positive's norm when "
+        "cfg_normalization > 0. noise_pred is the negated float32 prediction."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [_TRANSFORMER]
+    expected_components = [_TRANSFORMER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam(
-                "cfg_normalization",
-                type_hint=bool | float,
-                default=False,
-                description="Cap the guided prediction's norm at this multiple of the positive's (False: off).",
-            ),
-            InputParam(
-                "joint_attention_kwargs",
-                type_hint=dict,
-                description="Extra kwargs for the attention processors.",
-            ),
-        ]
+    inputs = [
+        InputParam(
+            "cfg_normalization",
+            type_hint=bool | float,
+            default=False,
+            description="Cap the guided prediction's norm at this multiple of the positive's (False: off).",
+        ),
+        InputParam(
+            "joint_attention_kwargs",
+            type_hint=dict,
+            description="Extra kwargs for the attention processors.",
+        ),
+    ]
 
     def __call__(self, components, block_state, i, t):
         outputs = components.transformer(
@@ -153,13 +141,9 @@ class ZImageLoopAfterDenoiser(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return "Inside the loop: latents = scheduler.step(noise_pred, t, latents), in float32."
+    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents), in float32."
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
     def __call__(self, components, block_state, i, t):
         block_state.latents = components.scheduler.step(
@@ -183,9 +167,7 @@ class ZImageDenoiseStep(ZImageDenoiseLoopWrapper):
 
     block_classes = [ZImageLoopBeforeDenoiser, ZImageLoopDenoiser, ZImageLoopAfterDenoiser]
 
-    @property
-    def description(self) -> str:
-        return (
-            "Denoises the latents over the timesteps. Each step runs: before_denoiser (model timestep, "
-            "guidance doubling, list inputs), denoiser (transformer and guidance), after_denoiser (Euler step)."
-        )
+    description = (
+        "Denoises the latents over the timesteps. Each step runs: before_denoiser (model timestep, "
+        "guidance doubling, list inputs), denoiser (transformer and guidance), after_denoiser (Euler step)."
+    )

@@ -48,34 +48,29 @@ class ZImageTextEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Wraps each prompt in the tokenizer's chat template (a user turn and the assistant's generation "
-            "prompt), tokenizes it padded to max_sequence_length, and keeps the text encoder's second-to-last "
-            "hidden states of the real tokens: one [seq_len, dim] tensor per prompt. With guidance_scale > 0 "
-            "the negative prompt (empty by default) is encoded the same way. Precomputed embeddings are used as given."
-        )
+    description = (
+        "Wraps each prompt in the tokenizer's chat template (a user turn and the assistant's generation "
+        "prompt), tokenizes it padded to max_sequence_length, and keeps the text encoder's second-to-last "
+        "hidden states of the real tokens: one [seq_len, dim] tensor per prompt. With guidance_scale > 0 "
+        "the negative prompt (empty by default) is encoded the same way. Precomputed embeddings are used as given."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("text_encoder", PreTrainedModel), ComponentSpec("tokenizer", Qwen2Tokenizer)]
+    expected_components = [
+        ComponentSpec("text_encoder", PreTrainedModel),
+        ComponentSpec("tokenizer", Qwen2Tokenizer),
+    ]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            *PROMPT_INPUTS,
-            InputParam(
-                "max_sequence_length",
-                type_hint=int,
-                default=512,
-                description="Tokens per prompt, chat template included (longer prompts are cut).",
-            ),
-        ]
+    inputs = [
+        *PROMPT_INPUTS,
+        InputParam(
+            "max_sequence_length",
+            type_hint=int,
+            default=512,
+            description="Tokens per prompt, chat template included (longer prompts are cut).",
+        ),
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [_embeds_output("prompt_embeds"), _embeds_output("negative_prompt_embeds")]
+    intermediate_outputs = [_embeds_output("prompt_embeds"), _embeds_output("negative_prompt_embeds")]
 
     @staticmethod
     def encode(components, texts: list[str], device: torch.device, max_length: int) -> list[torch.Tensor]:
@@ -146,41 +141,31 @@ class ZImageVaeEncoderStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Preprocesses `image` (to a multiple of 16 pixels, in [-1, 1]); height and width default to its "
-            "size. Unless `latents` are given, encodes it with the VAE into image_latents, shifted and scaled "
-            "as the transformer sees latents. An image with the transformer's channel count is taken as latents."
-        )
+    description = (
+        "Preprocesses `image` (to a multiple of 16 pixels, in [-1, 1]); height and width default to its "
+        "size. Unless `latents` are given, encodes it with the VAE into image_latents, shifted and scaled "
+        "as the transformer sees latents. An image with the transformer's channel count is taken as latents."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [
-            ComponentSpec("vae", AutoencoderKL),
-            ComponentSpec("transformer", ZImageTransformer2DModel),
-            IMAGE_PROCESSOR,
-        ]
+    expected_components = [
+        ComponentSpec("vae", AutoencoderKL),
+        ComponentSpec("transformer", ZImageTransformer2DModel),
+        IMAGE_PROCESSOR,
+    ]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("image", required=True),
-            InputParam.template("height"),
-            InputParam.template("width"),
-            InputParam.template("latents"),
-            InputParam.template("generator"),
-            DTYPE,
-        ]
+    inputs = [
+        InputParam.template("image", required=True),
+        InputParam.template("height"),
+        InputParam.template("width"),
+        InputParam.template("latents"),
+        InputParam.template("generator"),
+        DTYPE,
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            tensor_output(
-                "image_latents", "Normalized VAE latents of the image (None when latents are given)."
-            ),
-            *HEIGHT_WIDTH_OUTPUTS,
-        ]
+    intermediate_outputs = [
+        tensor_output("image_latents", "Normalized VAE latents of the image (None when latents are given)."),
+        *HEIGHT_WIDTH_OUTPUTS,
+    ]
 
     @torch.no_grad()
     def __call__(self, components, state):

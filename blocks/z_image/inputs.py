@@ -17,33 +17,27 @@ class ZImageInputStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Reads batch_size (number of prompts) and dtype from prompt_embeds, checks that guidance has one "
-            "negative embedding per prompt, and repeats each embedding num_images_per_prompt times "
-            "(the images of one prompt stay together)."
-        )
+    description = (
+        "Reads batch_size (number of prompts) and dtype from prompt_embeds, checks that guidance has one "
+        "negative embedding per prompt, and repeats each embedding num_images_per_prompt times "
+        "(the images of one prompt stay together)."
+    )
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("num_images_per_prompt"),
-            embeds_input("prompt_embeds", required=True),
-            embeds_input("negative_prompt_embeds"),
-            guidance_scale_input(),
-        ]
+    inputs = [
+        InputParam.template("num_images_per_prompt"),
+        embeds_input("prompt_embeds", required=True),
+        embeds_input("negative_prompt_embeds"),
+        guidance_scale_input(),
+    ]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [
-            BATCH_SIZE_OUTPUT,
-            DTYPE_OUTPUT,
-            OutputParam.template("prompt_embeds", type_hint=list[torch.Tensor], note="repeated per image"),
-            OutputParam.template(
-                "negative_prompt_embeds", type_hint=list[torch.Tensor], note="repeated per image"
-            ),
-        ]
+    intermediate_outputs = [
+        BATCH_SIZE_OUTPUT,
+        DTYPE_OUTPUT,
+        OutputParam.template("prompt_embeds", type_hint=list[torch.Tensor], note="repeated per image"),
+        OutputParam.template(
+            "negative_prompt_embeds", type_hint=list[torch.Tensor], note="repeated per image"
+        ),
+    ]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

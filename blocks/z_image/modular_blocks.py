@@ -83,6 +83,6 @@ class ZImageAutoBlocks(FamilyBlocks):
     ]
     _workflow_map = {"text2image": TEXT2IMAGE, "image2image": IMAGE2IMAGE}
 
-    @property
-    def description(self) -> str:
-        return "Z-Image: text-to-image with a prompt, image-to-image with an image (strength 0.6 by default)."
+    description = (
+        "Z-Image: text-to-image with a prompt, image-to-image with an image (strength 0.6 by default)."
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from blocks.common.params import BATCH_SIZE, HEIGHT_WIDTH_OUTPUTS, TIMESTEPS_OUTPUTS
 from blocks.common.timesteps import StrengthTimestepsStep, flow_kept_steps, scheduler_mu
 from blocks.common.vae import patched_latent_size
-from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
+from modular import InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import MODEL_NAME, SCHEDULER, default_sigmas, resolve_size
 
@@ -53,25 +53,17 @@ class ZImageSetTimestepsStep(ModularPipelineBlocks):
 
     model_name = MODEL_NAME
 
-    @property
-    def description(self) -> str:
-        return (
-            "Resolves height and width (1024 by default; multiples of 16 for Z-Image's VAE), and sets the "
-            "scheduler's timesteps from sigmas 1 .. 1/num_inference_steps (or custom sigmas) with the shift mu "
-            "of the image's sequence length."
-        )
+    description = (
+        "Resolves height and width (1024 by default; multiples of 16 for Z-Image's VAE), and sets the "
+        "scheduler's timesteps from sigmas 1 .. 1/num_inference_steps (or custom sigmas) with the shift mu "
+        "of the image's sequence length."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return _common_inputs()
+    inputs = _common_inputs()
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return _common_outputs()
+    intermediate_outputs = _common_outputs()
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -91,25 +83,17 @@ class ZImageImg2ImgSetTimestepsStep(StrengthTimestepsStep):
     model_name = MODEL_NAME
     default_strength = STRENGTH
 
-    @property
-    def description(self) -> str:
-        return (
-            "Sets the timesteps as for text-to-image, then skips the first (1 - strength) of them (strength "
-            "0.6 by default), so denoising starts from the image latents noised to the first kept timestep "
-            "(latent_timestep)."
-        )
+    description = (
+        "Sets the timesteps as for text-to-image, then skips the first (1 - strength) of them (strength "
+        "0.6 by default), so denoising starts from the image latents noised to the first kept timestep "
+        "(latent_timestep)."
+    )
 
-    @property
-    def expected_components(self) -> list[ComponentSpec]:
-        return [SCHEDULER]
+    expected_components = [SCHEDULER]
 
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [*_common_inputs(), STRENGTH_INPUT, BATCH_SIZE, InputParam.template("num_images_per_prompt")]
+    inputs = [*_common_inputs(), STRENGTH_INPUT, BATCH_SIZE, InputParam.template("num_images_per_prompt")]
 
-    @property
-    def intermediate_outputs(self) -> list[OutputParam]:
-        return [*super().intermediate_outputs, *HEIGHT_WIDTH_OUTPUTS]
+    intermediate_outputs = [*StrengthTimestepsStep.intermediate_outputs, *HEIGHT_WIDTH_OUTPUTS]
 
     def set_timesteps(self, components, block_state) -> int:
         height, width = resolve_size(self, components, block_state.height, block_state.width)

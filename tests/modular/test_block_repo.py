@@ -42,21 +42,15 @@ class UnsharpMask(ConfigMixin):
 class SharpenImagesStep(ModularPipelineBlocks):
     """The same block, defined here with our imports."""
 
-    @property
-    def expected_components(self):
-        return [
-            ComponentSpec(
-                "unsharp_mask", UnsharpMask, config={"amount": 0.5}, default_creation_method="from_config"
-            )
-        ]
+    expected_components = [
+        ComponentSpec(
+            "unsharp_mask", UnsharpMask, config={"amount": 0.5}, default_creation_method="from_config"
+        )
+    ]
 
-    @property
-    def inputs(self):
-        return [InputParam("images", required=True), InputParam("sharpen_amount")]
+    inputs = [InputParam("images", required=True), InputParam("sharpen_amount")]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("images")]
+    intermediate_outputs = [OutputParam("images")]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

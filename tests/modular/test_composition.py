@@ -41,9 +41,7 @@ def test_input_only_a_later_block_produces_is_an_error_naming_both():
 
 
 class TensorToInt(ModularPipelineBlocks):
-    @property
-    def inputs(self):
-        return [InputParam("t", type_hint=int, required=True)]
+    inputs = [InputParam("t", type_hint=int, required=True)]
 
     def __call__(self, components, state):
         return components, state
@@ -62,9 +60,7 @@ def test_output_type_that_does_not_fit_its_consumer_is_an_error():
 
 def _spec_block(name, spec):
     class WithSpec(ModularPipelineBlocks):
-        @property
-        def expected_components(self):
-            return [spec]
+        expected_components = [spec]
 
         def __call__(self, components, state):
             return components, state
@@ -147,9 +143,7 @@ def test_leaf_outputs_must_be_set():
     """set_block_state refuses a declared output the block did not set."""
 
     class Forgets(ModularPipelineBlocks):
-        @property
-        def intermediate_outputs(self):
-            return [OutputParam("out")]
+        intermediate_outputs = [OutputParam("out")]
 
         def __call__(self, components, state):
             self.set_block_state(state, self.get_block_state(state))
@@ -165,9 +159,7 @@ def test_tensor_type_hint_is_checked_in_composition():
     """A torch.Tensor output fits a torch.Tensor input."""
 
     class ReadsTensor(ModularPipelineBlocks):
-        @property
-        def inputs(self):
-            return [InputParam("t", type_hint=torch.Tensor, required=True)]
+        inputs = [InputParam("t", type_hint=torch.Tensor, required=True)]
 
         def __call__(self, components, state):
             return components, state

@@ -18,13 +18,9 @@ def make_block(index, reads, writes):
     """A leaf that requires `reads` and writes each of `writes` as the sum of what it read plus one."""
 
     class Leaf(ModularPipelineBlocks):
-        @property
-        def inputs(self):
-            return [InputParam(name, type_hint=int, required=True) for name in reads]
+        inputs = [InputParam(name, type_hint=int, required=True) for name in reads]
 
-        @property
-        def intermediate_outputs(self):
-            return [OutputParam(name, type_hint=int) for name in writes]
+        intermediate_outputs = [OutputParam(name, type_hint=int) for name in writes]
 
         def __call__(self, components, state):
             block_state = self.get_block_state(state)

@@ -94,13 +94,9 @@ def test_unknown_output_lists_the_available_outputs():
 
 
 class UsesVae(ModularPipelineBlocks):
-    @property
-    def expected_components(self):
-        return [ComponentSpec("vae", AutoencoderKL)]
+    expected_components = [ComponentSpec("vae", AutoencoderKL)]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("done")]
+    intermediate_outputs = [OutputParam("done")]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -136,9 +132,7 @@ def test_error_inside_a_block_names_the_block_once(caplog):
     """An error raised inside a block carries a note naming the block, and nothing is logged."""
 
     class Fails(ModularPipelineBlocks):
-        @property
-        def inputs(self):
-            return [InputParam("x")]
+        inputs = [InputParam("x")]
 
         def __call__(self, components, state):
             raise RuntimeError("boom")
@@ -157,9 +151,7 @@ def test_runs_under_inference_mode():
     seen = {}
 
     class Probe(ModularPipelineBlocks):
-        @property
-        def intermediate_outputs(self):
-            return [OutputParam("flag")]
+        intermediate_outputs = [OutputParam("flag")]
 
         def __call__(self, components, state):
             block_state = self.get_block_state(state)
@@ -184,16 +176,12 @@ def test_each_branch_applies_its_own_default():
 
     def scaler(default):
         class Scaler(ModularPipelineBlocks):
-            @property
-            def inputs(self):
-                return [
-                    InputParam("x", type_hint=int, required=True),
-                    InputParam("k", type_hint=int, default=default),
-                ]
+            inputs = [
+                InputParam("x", type_hint=int, required=True),
+                InputParam("k", type_hint=int, default=default),
+            ]
 
-            @property
-            def intermediate_outputs(self):
-                return [OutputParam("out", type_hint=int)]
+            intermediate_outputs = [OutputParam("out", type_hint=int)]
 
             def __call__(self, components, state):
                 block_state = self.get_block_state(state)

@@ -133,15 +133,13 @@ def test_unload_components_frees_the_memory(repo):
 class PeerNeeds(PeerBlocks):
     """A block written for diffusers' modular system that needs the SD components."""
 
-    @property
-    def expected_components(self):
-        return [
-            PeerSpec("unet", UNet2DConditionModel),
-            PeerSpec("vae", AutoencoderKL),
-            PeerSpec("text_encoder", CLIPTextModel),
-            PeerSpec("tokenizer", CLIPTokenizer),
-            PeerSpec("scheduler", PNDMScheduler),
-        ]
+    expected_components = [
+        PeerSpec("unet", UNet2DConditionModel),
+        PeerSpec("vae", AutoencoderKL),
+        PeerSpec("text_encoder", CLIPTextModel),
+        PeerSpec("tokenizer", CLIPTokenizer),
+        PeerSpec("scheduler", PNDMScheduler),
+    ]
 
     def __call__(self, components, state):
         return components, state

@@ -106,17 +106,12 @@ def test_auto_blocks_need_one_trigger_per_branch():
 class NeedsExtra(ModularPipelineBlocks):
     """z = y + extra (extra required)"""
 
-    @property
-    def inputs(self):
+    inputs = [
+        InputParam("y", type_hint=int, required=True),
+        InputParam("extra", type_hint=int, required=True),
+    ]
 
-        return [
-            InputParam("y", type_hint=int, required=True),
-            InputParam("extra", type_hint=int, required=True),
-        ]
-
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("z", type_hint=int)]
+    intermediate_outputs = [OutputParam("z", type_hint=int)]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

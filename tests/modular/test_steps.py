@@ -177,13 +177,9 @@ def test_a_cached_plan_runs_without_walking_again(monkeypatch):
 class UsesModel(ModularPipelineBlocks):
     """Reads the model's output size (needs component 'model')."""
 
-    @property
-    def expected_components(self):
-        return [ComponentSpec("model", torch.nn.Linear)]
+    expected_components = [ComponentSpec("model", torch.nn.Linear)]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("size", type_hint=int)]
+    intermediate_outputs = [OutputParam("size", type_hint=int)]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -241,9 +237,7 @@ def test_a_choice_on_a_given_value_is_still_checked_before_the_run():
     ran = []
 
     class Probe(ModularPipelineBlocks):
-        @property
-        def inputs(self):
-            return [InputParam("y", type_hint=int)]
+        inputs = [InputParam("y", type_hint=int)]
 
         def __call__(self, components, state):
             ran.append(True)
@@ -261,17 +255,11 @@ def test_a_run_time_choice_uses_no_components_up_front():
     """A choice left to run time adds no components to the plan: which branch runs is not known yet."""
 
     class ModelBranch(ModularPipelineBlocks):
-        @property
-        def expected_components(self):
-            return [ComponentSpec("model", torch.nn.Linear)]
+        expected_components = [ComponentSpec("model", torch.nn.Linear)]
 
-        @property
-        def inputs(self):
-            return [InputParam("y", type_hint=int, required=True)]
+        inputs = [InputParam("y", type_hint=int, required=True)]
 
-        @property
-        def intermediate_outputs(self):
-            return [OutputParam("z", type_hint=int)]
+        intermediate_outputs = [OutputParam("z", type_hint=int)]
 
     class Choice(ConditionalPipelineBlocks):
         block_classes = [ModelBranch, Double]

@@ -15,13 +15,9 @@ from modular import (
 class AddOne(ModularPipelineBlocks):
     """x -> y = x + 1"""
 
-    @property
-    def inputs(self):
-        return [InputParam("x", type_hint=int, required=True, description="a number")]
+    inputs = [InputParam("x", type_hint=int, required=True, description="a number")]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("y", type_hint=int)]
+    intermediate_outputs = [OutputParam("y", type_hint=int)]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -33,13 +29,9 @@ class AddOne(ModularPipelineBlocks):
 class Double(ModularPipelineBlocks):
     """y -> z = 2 * y (scale optional)"""
 
-    @property
-    def inputs(self):
-        return [InputParam("y", type_hint=int, required=True), InputParam("scale", type_hint=int, default=2)]
+    inputs = [InputParam("y", type_hint=int, required=True), InputParam("scale", type_hint=int, default=2)]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("z", type_hint=int)]
+    intermediate_outputs = [OutputParam("z", type_hint=int)]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -51,13 +43,9 @@ class Double(ModularPipelineBlocks):
 class Negate(ModularPipelineBlocks):
     """y -> z = -y"""
 
-    @property
-    def inputs(self):
-        return [InputParam("y", type_hint=int, required=True), InputParam("flip", type_hint=bool)]
+    inputs = [InputParam("y", type_hint=int, required=True), InputParam("flip", type_hint=bool)]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("z", type_hint=int)]
+    intermediate_outputs = [OutputParam("z", type_hint=int)]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -84,13 +72,9 @@ class DoubleOrNegate(AutoPipelineBlocks):
 class Accumulate(ModularPipelineBlocks):
     """total += i (one loop iteration)"""
 
-    @property
-    def inputs(self):
-        return [InputParam("total", type_hint=int)]
+    inputs = [InputParam("total", type_hint=int)]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("total", type_hint=int)]
+    intermediate_outputs = [OutputParam("total", type_hint=int)]
 
     def __call__(self, components, block_state, i):
         block_state.total = (block_state.total or 0) + i
@@ -125,13 +109,9 @@ class SumLoop(LoopSequentialPipelineBlocks):
 class MakeTensor(ModularPipelineBlocks):
     """z -> t (a tensor)"""
 
-    @property
-    def inputs(self):
-        return [InputParam("z", type_hint=int, required=True)]
+    inputs = [InputParam("z", type_hint=int, required=True)]
 
-    @property
-    def intermediate_outputs(self):
-        return [OutputParam("t", type_hint=torch.Tensor)]
+    intermediate_outputs = [OutputParam("t", type_hint=torch.Tensor)]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

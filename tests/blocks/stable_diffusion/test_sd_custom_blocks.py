@@ -29,31 +29,25 @@ class ScaleLatentsStep(ModularPipelineBlocks):
 
     model_name = "stable-diffusion"
 
-    @property
-    def description(self):
-        return "Scales the initial latents by latent_scale (default: the latent_scaler component's factor)."
+    description = (
+        "Scales the initial latents by latent_scale (default: the latent_scaler component's factor)."
+    )
 
-    @property
-    def expected_components(self):
-        return [
-            ComponentSpec(
-                "latent_scaler", LatentScaler, config={"factor": 0.5}, default_creation_method="from_config"
-            )
-        ]
+    expected_components = [
+        ComponentSpec(
+            "latent_scaler", LatentScaler, config={"factor": 0.5}, default_creation_method="from_config"
+        )
+    ]
 
-    @property
-    def inputs(self):
-        return [
-            InputParam("latents", type_hint=torch.Tensor, required=True),
-            InputParam("latent_scale", type_hint=float, description="Overrides the scaler's factor."),
-        ]
+    inputs = [
+        InputParam("latents", type_hint=torch.Tensor, required=True),
+        InputParam("latent_scale", type_hint=float, description="Overrides the scaler's factor."),
+    ]
 
-    @property
-    def intermediate_outputs(self):
-        return [
-            OutputParam("latents", type_hint=torch.Tensor, description="The scaled initial latents."),
-            OutputParam("applied_scale", type_hint=float, description="The factor used."),
-        ]
+    intermediate_outputs = [
+        OutputParam("latents", type_hint=torch.Tensor, description="The scaled initial latents."),
+        OutputParam("applied_scale", type_hint=float, description="The factor used."),
+    ]
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)

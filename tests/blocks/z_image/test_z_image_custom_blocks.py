@@ -13,16 +13,12 @@ class RecordLatentsStep(ModularPipelineBlocks):
 
     model_name = "z-image"
 
-    @property
-    def description(self):
-        return "Appends latents.clone() to latents_trace after each denoising step."
+    description = "Appends latents.clone() to latents_trace after each denoising step."
 
-    @property
-    def inputs(self):
-        return [
-            InputParam("latents", type_hint=torch.Tensor, required=True),
-            InputParam("latents_trace", type_hint=list, required=True, description="Receives the latents."),
-        ]
+    inputs = [
+        InputParam("latents", type_hint=torch.Tensor, required=True),
+        InputParam("latents_trace", type_hint=list, required=True, description="Receives the latents."),
+    ]
 
     def __call__(self, components, block_state, i, t):
         block_state.latents_trace.append(block_state.latents.clone())
