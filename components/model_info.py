@@ -11,14 +11,20 @@ from offload.residency import Residency
 from offload.storage import module_nbytes
 
 from .load_id import get_load_id
+from .quantization import describe_quantization
 
 __all__ = [
     "INFO_FIELDS",
     "component_info",
     "adapter_names",
+    "forget_lora_sources",
+    "lora_info",
+    "lora_layers",
+    "record_lora_source",
     "ip_adapter_info",
     "module_devices",
     "module_dtype",
+    "quantization_config",
     "quantization_info",
     "storage_bytes",
 ]
@@ -35,6 +41,7 @@ INFO_FIELDS = (
     "dtype",
     "load_id",
     "adapters",
+    "lora",
     "has_hook",
     "execution_device",
     "ip_adapter",
@@ -75,6 +82,69 @@ def adapter_names(module: torch.nn.Module) -> list[str] | None:
     return None
 
 
+#: The attribute of a model that records which pipeline loaded each of its LoRA adapters. It lives on the model,
+#: as the adapters do, so every manager and pipeline sharing the model reads the same record.
+LORA_SOURCES = "_lora_loaded_by"
+
+
+def lora_layers(module: torch.nn.Module) -> list[Any]:
+    """The peft LoRA layers inside the module (empty when it holds none)."""
+    from peft.tuners.lora import LoraLayer
+
+    return [layer for layer in module.modules() if isinstance(layer, LoraLayer)]
+
+
+def record_lora_source(module: torch.nn.Module, adapter_name: str, loaded_by: str) -> None:
+    """Records that ``loaded_by`` (a pipeline's label) loaded the LoRA adapter ``adapter_name`` into ``module``."""
+    sources = dict(getattr(module, LORA_SOURCES, None) or {})
+    sources[adapter_name] = loaded_by
+    setattr(module, LORA_SOURCES, sources)
+
+
+def forget_lora_sources(module: torch.nn.Module | None, adapter_names: list[str] | None) -> None:
+    """Drops the record of these adapters (all when ``None``) once they are deleted or unloaded."""
+    sources = getattr(module, LORA_SOURCES, None) if module is not None else None
+    if sources:
+        kept = {} if adapter_names is None else {k: v for k, v in sources.items() if k not in adapter_names}
+        setattr(module, LORA_SOURCES, kept)
+
+
+def _lora_weight(layer: Any, name: str) -> float:
+    """The weight ``set_adapters`` gave an adapter in one layer: its scaling over the scaling at weight 1."""
+    rank = layer.r[name] ** 0.5 if layer.use_rslora.get(name, False) else layer.r[name]
+    return round(layer.scaling[name] * rank / layer.lora_alpha[name], 6)
+
+
+def lora_info(module: torch.nn.Module) -> list[dict[str, Any]] | None:
+    """Each LoRA adapter of the module, or ``None`` when it holds none.
+
+    ``{"name", "active", "weight", "fused", "loaded_by"}`` per adapter: ``weight`` is one number, or the sorted
+    distinct weights when blocks differ; ``loaded_by`` is the pipeline that loaded it (``None`` when it was
+    added by other means).
+    """
+    layers = lora_layers(module)
+    names = list(dict.fromkeys(name for layer in layers for name in layer.scaling))
+    if not names:  # no LoRA layers, or layers whose adapters were all deleted
+        return None
+    sources = getattr(module, LORA_SOURCES, None) or {}
+    adapters = []
+    for name in names:
+        holding = [layer for layer in layers if name in layer.scaling]
+        weights = sorted({_lora_weight(layer, name) for layer in holding})
+        adapters.append(
+            {
+                "name": name,
+                "active": any(
+                    name in layer.active_adapters and not layer.disable_adapters for layer in holding
+                ),
+                "weight": weights[0] if len(weights) == 1 else weights,
+                "fused": any(name in layer.merged_adapters for layer in holding),
+                "loaded_by": sources.get(name),
+            }
+        )
+    return adapters
+
+
 def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
     """IP-Adapter state of an attention model: how many processors carry image projections, and their scales.
 
@@ -95,17 +165,18 @@ def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
     return {"processors": len(ip), "scales": scales}
 
 
+def quantization_config(module: Any) -> Any:
+    """The config a model was quantized with at load time (diffusers or transformers), or ``None``."""
+    return getattr(getattr(module, "hf_quantizer", None), "quantization_config", None)
+
+
 def quantization_info(module: Any) -> dict[str, Any] | None:
-    """The quantization config of a model quantized at load time (diffusers or transformers), or ``None``."""
-    quantizer = getattr(module, "hf_quantizer", None)
-    config = getattr(quantizer, "quantization_config", None)
-    if config is None:
-        return None
-    if hasattr(config, "to_diff_dict"):
-        return config.to_diff_dict()
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    return dict(config)
+    """What a model quantized at load time is quantized with, or ``None``.
+
+    ``{"method": ..., "weights": ..., "skipped_modules": ...}`` (``components.quantization.describe_quantization``).
+    """
+    config = quantization_config(module)
+    return None if config is None else describe_quantization(module, config)
 
 
 def component_info(
@@ -136,6 +207,7 @@ def component_info(
             device=",".join(module_devices(component)) or None,
             dtype=None if dtype is None else str(dtype),
             adapters=adapter_names(component),
+            lora=lora_info(component),
             has_hook=residency.attached if residency is not None else hook is not None,
             execution_device=residency.execution_device
             if residency is not None

@@ -49,6 +49,12 @@ class BlockFamily:
             the class that carries what its own blocks need and can run what we save.
         demo: ``demo(folder) -> modular.jobs.Demo``: the family's built-in scenario, its repos written
             under ``folder``; ``modular run`` without a repo runs the first family's that has one.
+        lora_loader: The diffusers ``*LoraLoaderMixin`` that reads this family's LoRA files and loads them
+            into its models (``StableDiffusionLoraLoaderMixin``); ``None``: the family takes no LoRA.
+            ``ModularPipeline.load_lora_weights`` drives it (``modular/lora.py``).
+        ip_adapter_loader: The diffusers pipeline mixin whose ``load_ip_adapter`` reads this family's
+            IP-Adapter files (``ModularIPAdapterMixin``, ``FluxIPAdapterMixin``); ``None``: the family takes
+            none. ``ModularPipeline.load_ip_adapter`` drives it (``modular/ip_adapter.py``).
     """
 
     name: str
@@ -60,6 +66,8 @@ class BlockFamily:
     choose_blocks: Callable[[Mapping[str, Any]], type] | None = None
     peer_pipeline_class: str = "ModularPipeline"
     demo: Callable[[Path], Any] | None = None
+    lora_loader: type | None = None
+    ip_adapter_loader: type | None = None
 
     @property
     def workflows(self) -> list[str]:

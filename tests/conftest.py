@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # The block-family tests' shared checks report failures as a test module's own asserts do.
-pytest.register_assert_rewrite("tests.blocks.helpers")
+pytest.register_assert_rewrite("tests.blocks.helpers", "tests.blocks.lora_helpers")
 
 # Tiny models gain nothing from threads, and on shared 2-core machines OpenMP threads spinning
 # against another process make each call orders of magnitude slower.

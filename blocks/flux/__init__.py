@@ -5,6 +5,8 @@ for image-to-image). ``FAMILY`` registers the blocks for the classic ``FluxPipel
 ``FluxImg2ImgPipeline`` and ``FluxControlPipeline`` repos (entry point group ``modular.blocks``).
 """
 
+from diffusers.loaders import FluxIPAdapterMixin, FluxLoraLoaderMixin
+
 from modular import BlockFamily
 
 from .before_denoise import (
@@ -46,6 +48,8 @@ FAMILY = BlockFamily(
     make_tiny_repo=make_tiny_repo,
     peer_pipeline_class="FluxModularPipeline",
     demo=seed_scenario,
+    lora_loader=FluxLoraLoaderMixin,
+    ip_adapter_loader=FluxIPAdapterMixin,
 )
 
 __all__ = [

@@ -5,6 +5,8 @@
 ``StableDiffusion*Pipeline`` repos (entry point group ``modular.blocks``).
 """
 
+from diffusers.loaders import ModularIPAdapterMixin, StableDiffusionLoraLoaderMixin
+
 from modular import BlockFamily
 
 from .before_denoise import (
@@ -60,6 +62,8 @@ FAMILY = BlockFamily(
         "StableDiffusionInpaintPipeline",
     ),
     make_tiny_repo=make_tiny_repo,
+    lora_loader=StableDiffusionLoraLoaderMixin,
+    ip_adapter_loader=ModularIPAdapterMixin,
 )
 
 __all__ = [

@@ -10,6 +10,8 @@ registers the auto blocks for the classic ``StableDiffusionXL*Pipeline`` repos (
 from collections.abc import Mapping
 from typing import Any
 
+from diffusers.loaders import ModularIPAdapterMixin, StableDiffusionXLLoraLoaderMixin
+
 from modular import BlockFamily
 
 from .before_denoise import (
@@ -80,6 +82,8 @@ FAMILY = BlockFamily(
     variants=(StableDiffusionXLRefinerBlocks,),
     choose_blocks=_blocks_for_classic_index,
     peer_pipeline_class="StableDiffusionXLModularPipeline",
+    lora_loader=StableDiffusionXLLoraLoaderMixin,
+    ip_adapter_loader=ModularIPAdapterMixin,
 )
 
 __all__ = [

@@ -5,6 +5,8 @@
 repos (entry point group ``modular.blocks``).
 """
 
+from diffusers.loaders import ZImageLoraLoaderMixin
+
 from modular import BlockFamily
 
 from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
@@ -38,6 +40,7 @@ FAMILY = BlockFamily(
     tiny_repo_inputs={"height": 32, "width": 32},
     make_tiny_repo=make_tiny_repo,
     peer_pipeline_class="ZImageModularPipeline",
+    lora_loader=ZImageLoraLoaderMixin,
 )
 
 __all__ = [

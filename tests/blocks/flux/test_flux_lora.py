@@ -1,0 +1,51 @@
+"""LoRA through our Flux pipeline, bit for bit with FluxPipeline's own loader."""
+
+import pytest
+from diffusers import FluxPipeline
+
+from components.model_info import lora_info
+
+from ..lora_helpers import (
+    CASES,
+    CLIP_TARGETS,
+    DENOISER_TARGETS,
+    assert_case_matches_classic,
+    make_lora,
+    text2image_inputs,
+)
+from .conftest import FLUX
+
+INPUTS = text2image_inputs(height=32, width=32)
+
+
+@pytest.fixture(scope="module")
+def loras(flux_repo, tmp_path_factory):
+    """Two random LoRAs, each over the transformer and the CLIP text encoder in one file."""
+    pipe = FLUX.load_pipeline(flux_repo)
+    targets = {
+        "transformer": (pipe.transformer, DENOISER_TARGETS),
+        "text_encoder": (pipe.text_encoder, CLIP_TARGETS),
+    }
+    folder = tmp_path_factory.mktemp("flux-loras")
+    return [make_lora(folder / name, FluxPipeline, targets, seed=seed) for seed, name in enumerate("ab")]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lora_calls_match_the_classic_pipeline(flux_repo, loras, case):
+    """Each LoRA call leaves our images equal to the classic pipeline's after the same call."""
+    weights = {"transformer": 0.8, "text_encoder": 0.5}
+    assert_case_matches_classic(
+        FLUX, flux_repo, loras, case, weights, ["transformer", "text_encoder"], INPUTS
+    )
+
+
+def test_fuse_lora_fuses_every_model_holding_a_lora(flux_repo, loras):
+    """Without components=, fuse_lora fuses the transformer and the text encoder (the classic default is the
+    transformer only)."""
+    pipe = FLUX.load_pipeline(flux_repo)
+    pipe.load_lora_weights(loras[0], adapter_name="a")
+    pipe.fuse_lora()
+    assert [info["fused"] for info in lora_info(pipe.transformer) + lora_info(pipe.text_encoder)] == [
+        True,
+        True,
+    ]

@@ -1,0 +1,168 @@
+"""What every family's LoRA tests share: random LoRA files made with peft and saved by the classic pipeline's
+own `save_lora_weights`, a kohya-named copy, and our pipeline beside the classic one through a series of LoRA
+calls, compared bit for bit after each.
+
+Our pipeline and the classic one run on separate loads of the same tiny repo: a LoRA loaded into one must not
+reach the other, so each side's loader does its own work.
+"""
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.utils import get_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from modular import ModularPipeline
+
+from .helpers import STEPS, assert_identical, seeded
+
+#: The attention projections the tests put LoRA layers on, per kind of model.
+DENOISER_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+CLIP_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
+
+
+def make_lora(
+    folder: Path,
+    classic_class: type,
+    models: Mapping[str, tuple[torch.nn.Module, list[str]]],
+    seed: int = 0,
+    rank: int = 4,
+    alpha: float = 8.0,
+    weight_name: str | None = None,
+) -> Path:
+    """Write a random LoRA for `models` ({component: (model, target modules)}) with `classic_class`'s
+    `save_lora_weights` into `folder`; returns the folder.
+
+    Each model is copied before peft injects the layers (`init_lora_weights=False`: A and B random, so the
+    LoRA changes outputs), so the models given are left as they were.
+    """
+    layers, metadata = {}, {}
+    for offset, (name, (model, targets)) in enumerate(models.items()):
+        torch.manual_seed(seed * 100 + offset)
+        config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=False)
+        with_lora = inject_adapter_in_model(config, copy.deepcopy(model), adapter_name="default")
+        layers[f"{name}_lora_layers"] = get_peft_model_state_dict(with_lora, adapter_name="default")
+        metadata[f"{name}_lora_adapter_metadata"] = config.to_dict()
+    classic_class.save_lora_weights(folder, **layers, **metadata, weight_name=weight_name)
+    return Path(folder)
+
+
+def kohya_copy(source: Path, target: Path, alpha: float, prefixes: Mapping[str, str]) -> Path:
+    """Write `source`'s diffusers-format LoRA file again under kohya/A1111 names; returns the new file.
+
+    Each key `<component>.<module path>.lora_A.weight` becomes `<kohya prefix>_<module path with '_' for '.'>
+    .lora_down.weight` (`lora_B` -> `lora_up`), plus one `.alpha` per module: the naming kohya's trainer writes.
+    diffusers' `lora_state_dict` turns it back; no table of module names is involved.
+    """
+    state_dict = load_file(source / "pytorch_lora_weights.safetensors")
+    kohya: dict[str, torch.Tensor] = {}
+    for key, tensor in state_dict.items():
+        component, rest = key.split(".", 1)
+        module, kind = rest.rsplit(".lora_", 1)
+        name = f"{prefixes[component]}_{module.replace('.', '_')}"
+        kohya[f"{name}.lora_{'down' if kind.startswith('A') else 'up'}.weight"] = tensor
+        kohya[f"{name}.alpha"] = torch.tensor(alpha)
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(kohya, target / "kohya_lora.safetensors")
+    return target / "kohya_lora.safetensors"
+
+
+def run(pipe, inputs: Mapping) -> torch.Tensor | object:
+    """One seeded call of our pipeline or of a classic one, returning the images."""
+    if isinstance(pipe, ModularPipeline):
+        return pipe(generator=seeded(0), output="images", **copy.deepcopy(dict(inputs)))
+    return pipe(generator=seeded(0), **copy.deepcopy(dict(inputs))).images
+
+
+def assert_parity_through(ours: ModularPipeline, classic, steps: Iterable[Callable], inputs: Mapping) -> list:
+    """Apply each step to our pipeline and to the classic one; after each, their images are identical.
+
+    Returns our images after each step, so a test can also check that a step changed (or kept) them.
+    """
+    images = []
+    for step in steps:
+        step(ours)
+        step(classic)
+        mine = run(ours, inputs)
+        assert_identical(mine, run(classic, inputs))
+        images.append(mine)
+    return images
+
+
+def text2image_inputs(**extra) -> dict:
+    """A small text-to-image call: two steps, a numpy image."""
+    return {"prompt": "a photo of a cat", "num_inference_steps": STEPS, "output_type": "np", **extra}
+
+
+def same(first, second) -> bool:
+    """Whether two numpy images are identical."""
+    return bool((first == second).all())
+
+
+def lora_cases(
+    first: Path, second: Path, weights: Mapping, components: list[str]
+) -> dict[str, list[Callable]]:
+    """The LoRA call sequences every family runs beside the classic pipeline, by name.
+
+    `first` and `second` are LoRA folders; `weights` is the per-component weight dict given to the first adapter
+    by `set_adapters`; `components` are the models `fuse_lora`/`unfuse_lora` name (the classic defaults differ
+    between families).
+    """
+
+    def load(folder: Path, name: str) -> Callable:
+        return lambda pipe: pipe.load_lora_weights(folder, adapter_name=name)
+
+    return {
+        "load_disable_enable_unload": [
+            load(first, "a"),
+            lambda pipe: pipe.disable_lora(),
+            lambda pipe: pipe.enable_lora(),
+            lambda pipe: pipe.unload_lora_weights(),
+        ],
+        "two_adapters_weighted_then_delete": [
+            load(first, "a"),
+            load(second, "b"),
+            lambda pipe: pipe.set_adapters(["a", "b"], adapter_weights=[dict(weights), 0.3]),
+            lambda pipe: pipe.delete_adapters("a"),
+        ],
+        "fuse_then_unfuse": [
+            load(first, "a"),
+            lambda pipe: pipe.fuse_lora(lora_scale=0.7, components=components),
+            lambda pipe: pipe.unfuse_lora(components=components),
+        ],
+    }
+
+
+def assert_case_effects(case: str, baseline, images: list) -> None:
+    """What each case of `lora_cases` does to our images besides matching the classic pipeline's."""
+    assert not same(images[0], baseline)  # the LoRA changes the image
+    if case == "load_disable_enable_unload":
+        assert same(images[1], baseline)
+        assert same(images[2], images[0])
+        assert same(images[3], baseline)
+    elif case == "two_adapters_weighted_then_delete":
+        assert not same(images[2], images[1])  # the weights change the image
+        assert not same(images[3], images[2])
+    elif case == "fuse_then_unfuse":
+        assert not same(images[1], baseline)
+
+
+#: The cases of `lora_cases`, for parametrizing.
+CASES = ["load_disable_enable_unload", "two_adapters_weighted_then_delete", "fuse_then_unfuse"]
+
+
+def ours_and_classic(harness, repo):
+    """Our pipeline and the classic text-to-image one, each on its own load of `repo`."""
+    return harness.load_pipeline(repo), harness.classic_from(harness.load_pipeline(repo), "text2image")
+
+
+def assert_case_matches_classic(harness, repo, loras, case, weights, components, inputs) -> None:
+    """Run `case` of `lora_cases` on our pipeline and on the classic one: identical images after each call,
+    and each call has its effect (`assert_case_effects`)."""
+    ours, classic = ours_and_classic(harness, repo)
+    baseline = run(ours, inputs)
+    steps = lora_cases(*loras, weights, components)[case]
+    assert_case_effects(case, baseline, assert_parity_through(ours, classic, steps, inputs))

@@ -1,0 +1,44 @@
+"""LoRA through our SDXL pipeline, bit for bit with StableDiffusionXLPipeline's own loader."""
+
+import pytest
+from diffusers import StableDiffusionXLPipeline
+
+from ..lora_helpers import (
+    CASES,
+    CLIP_TARGETS,
+    DENOISER_TARGETS,
+    assert_case_matches_classic,
+    make_lora,
+    text2image_inputs,
+)
+from .conftest import SDXL
+
+INPUTS = text2image_inputs()
+MODELS = ["unet", "text_encoder", "text_encoder_2"]
+
+
+@pytest.fixture(scope="module")
+def loras(sdxl_repo, tmp_path_factory):
+    """Two random LoRAs, each over the UNet and both text encoders in one file."""
+    pipe = SDXL.load_pipeline(sdxl_repo)
+    targets = {name: (getattr(pipe, name), CLIP_TARGETS) for name in MODELS[1:]}
+    targets["unet"] = (pipe.unet, DENOISER_TARGETS)
+    folder = tmp_path_factory.mktemp("sdxl-loras")
+    return [
+        make_lora(folder / name, StableDiffusionXLPipeline, targets, seed=seed)
+        for seed, name in enumerate("ab")
+    ]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lora_calls_match_the_classic_pipeline(sdxl_repo, loras, case):
+    """Each LoRA call leaves our images equal to the classic pipeline's after the same call."""
+    weights = {"unet": 0.8, "text_encoder": 0.5, "text_encoder_2": 0.3}
+    assert_case_matches_classic(SDXL, sdxl_repo, loras, case, weights, MODELS, INPUTS)
+
+
+def test_one_file_goes_into_the_unet_and_both_text_encoders(sdxl_repo, loras):
+    """One file's keys go into the UNet and both text encoders, under one adapter name."""
+    pipe = SDXL.load_pipeline(sdxl_repo)
+    pipe.load_lora_weights(loras[0], adapter_name="style")
+    assert pipe.get_list_adapters() == dict.fromkeys(MODELS, ["style"])

@@ -1,0 +1,26 @@
+"""LoRA through our Z-Image pipeline, bit for bit with ZImagePipeline's own loader."""
+
+import pytest
+from diffusers import ZImagePipeline
+
+from ..lora_helpers import CASES, DENOISER_TARGETS, assert_case_matches_classic, make_lora, text2image_inputs
+from .conftest import SIZE, Z_IMAGE
+
+INPUTS = text2image_inputs(height=SIZE, width=SIZE)
+
+
+@pytest.fixture(scope="module")
+def loras(zimage_repo, tmp_path_factory):
+    """Two random LoRAs over the transformer (the only model diffusers' Z-Image loader takes a LoRA into)."""
+    pipe = Z_IMAGE.load_pipeline(zimage_repo)
+    targets = {"transformer": (pipe.transformer, DENOISER_TARGETS)}
+    folder = tmp_path_factory.mktemp("z-image-loras")
+    return [make_lora(folder / name, ZImagePipeline, targets, seed=seed) for seed, name in enumerate("ab")]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lora_calls_match_the_classic_pipeline(zimage_repo, loras, case):
+    """Each LoRA call leaves our images equal to the classic pipeline's after the same call."""
+    assert_case_matches_classic(
+        Z_IMAGE, zimage_repo, loras, case, {"transformer": 0.8}, ["transformer"], INPUTS
+    )
