@@ -9,7 +9,14 @@ import os
 
 from .errors import ComponentLoadError, RemoteCodeError
 
-__all__ = ["TRUSTED_LIBRARIES", "import_type", "is_pipeline_type", "resolve_type_from_folder"]
+__all__ = [
+    "TRUSTED_LIBRARIES",
+    "declared_remote_code",
+    "import_type",
+    "is_pipeline_type",
+    "remote_code_refused",
+    "resolve_type_from_folder",
+]
 
 #: Libraries whose classes load without ``trust_remote_code=True``.
 TRUSTED_LIBRARIES = ("diffusers", "transformers")
@@ -26,7 +33,14 @@ def is_pipeline_type(cls: type) -> bool:
     class whose config file is a pipeline index (diffusers' ``DiffusionPipeline``, its ``AutoPipelineFor*``
     classes and ``ModularPipeline``), or a class with ``load_components`` (a modular pipeline).
     """
+    from .weights import follows_auto_map
+
     try:
+        if follows_auto_map(cls):
+            # An auto class loads one model; diffusers' AutoModel.from_pretrained leaves its class attribute
+            # config_name at "model_index.json" after reading a repo's index, which must not make it a pipeline
+            # (test_auto_model_stays_loadable_after_a_load_from_a_pipeline_repo).
+            return False
         config_name = getattr(cls, "config_name", None)
         load_components = getattr(cls, "load_components", None)
     except ImportError:
@@ -84,7 +98,9 @@ def _read_json(path: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def resolve_type_from_folder(folder: str, where: str, trust_remote_code: bool = False) -> tuple[type, bool]:
+def resolve_type_from_folder(
+    folder: str, where: str, trust_remote_code: bool = False, refusal: str | None = None
+) -> tuple[type, bool]:
     """Finds the class to load a component folder with, from its config files.
 
     Looks, in order, at ``config.json`` (diffusers ``_class_name``), ``scheduler_config.json``,
@@ -95,6 +111,7 @@ def resolve_type_from_folder(folder: str, where: str, trust_remote_code: bool = 
         folder: The component's local folder.
         where: How the caller names the location in errors (repo, subfolder, variant, revision).
         trust_remote_code: Allows classes from a repo's ``auto_map`` (through transformers' Auto classes).
+        refusal: What the error says to do when the folder needs remote code without consent.
 
     Returns:
         ``(cls, remote)``: the class, and whether it needs ``trust_remote_code=True`` at load time.
@@ -110,11 +127,7 @@ def resolve_type_from_folder(folder: str, where: str, trust_remote_code: bool = 
     for data, auto_class in ((config, "AutoModel"), (tokenizer, "AutoTokenizer")):
         if "auto_map" in data:
             if not trust_remote_code:
-                msg = (
-                    f"{where} declares custom code (auto_map {data['auto_map']!r}), which runs only with "
-                    f"trust_remote_code=True. Pass it if you trust the repo, or give a type_hint."
-                )
-                raise RemoteCodeError(msg)
+                raise RemoteCodeError(remote_code_refused(where, data["auto_map"], refusal))
             return import_type("transformers", auto_class), True
     candidates = [
         ("diffusers", config.get("_class_name")),
@@ -131,3 +144,20 @@ def resolve_type_from_folder(folder: str, where: str, trust_remote_code: bool = 
         f"tokenizer_config.json or preprocessor_config.json in {folder} names one. Give the spec a type_hint."
     )
     raise ComponentLoadError(msg)
+
+
+def declared_remote_code(folder: str) -> object | None:
+    """The ``auto_map`` a component folder's config declares (its own code), or ``None``."""
+    for name in ("config.json", "tokenizer_config.json"):
+        data = _read_json(os.path.join(folder, name)) or {}
+        if "auto_map" in data:
+            return data["auto_map"]
+    return None
+
+
+def remote_code_refused(where: str, auto_map: object, refusal: str | None = None) -> str:
+    """The message of a refused load of a folder that declares custom code."""
+    fix = refusal or "Pass trust_remote_code=True if you trust the repo, or give a type_hint."
+    return (
+        f"{where} declares custom code (auto_map {auto_map!r}), which runs only with trust_remote_code. {fix}"
+    )

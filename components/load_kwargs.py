@@ -29,6 +29,7 @@ LOAD_OPTIONS = (
     "cache_dir",
     "device_map",
     "low_cpu_mem_usage",
+    "config",  # a single checkpoint file's config (components/single_file.py)
 )
 _ACCEPTED = (*LOAD_ID_FIELDS, REPO_ALIAS, *LOAD_OPTIONS)
 

@@ -141,6 +141,8 @@ class ComponentsManager:
             return component
         fields, options = split_load_kwargs(load_options, f"ComponentSpec.load() for {spec.name!r}")
         spec = attrs.evolve(spec, **fields) if fields else spec
+        # Keyed on the component's own quantization config, so a pipeline-wide one reuses per component.
+        options = {**options, "quantization_config": spec.resolve_quantization(**options)}
         reuse = LoadOptions.from_request(options)
         key = (spec.load_id, reuse)
         with self._locked():
@@ -261,8 +263,8 @@ class ComponentsManager:
         """Facts about one component; model-only fields are ``None`` for other components.
 
         Fields: ``model_id, added_time, collection, class_name, size_gb`` (unique storage bytes), ``device,
-        dtype, load_id, adapters`` (peft adapter names), ``has_hook, execution_device, ip_adapter,
-        quantization``.
+        dtype, load_id, adapters`` (peft adapter names), ``lora`` (per LoRA adapter: active, weight, fused,
+        loaded by), ``has_hook, execution_device, ip_adapter, quantization``.
 
         Raises:
             ComponentNotFoundError: unknown id.

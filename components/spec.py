@@ -10,12 +10,15 @@ from typing import Any
 import attrs
 import torch
 
-from .errors import ComponentLoadError, PipelineTypeError
-from .importing import is_pipeline_type, resolve_type_from_folder
+from .errors import ComponentLoadError, PipelineTypeError, RemoteCodeError
+from .importing import declared_remote_code, is_pipeline_type, remote_code_refused, resolve_type_from_folder
 from .load_id import LOAD_ID_FIELDS, NULL_LOAD_ID, decode_load_id, format_load_id, get_load_id, tag_load_id
 from .load_kwargs import LOAD_OPTIONS, PASSED_ON_OPTIONS, split_load_kwargs
+from .quantization import resolve_quantization
+from .remote_code import check_consent, consent_covers, refusal_hint
 from .repo import Location, describe, resolve_location
-from .weights import check_config, check_weights, loads_weights
+from .single_file import SINGLE_FILE_SUFFIXES, is_single_file, load_single_file
+from .weights import check_config, check_weights, follows_auto_map, loads_weights
 
 __all__ = ["LOAD_OPTIONS", "ComponentSpec", "ConfigSpec", "check_loadable_type", "normalize_dtype"]
 
@@ -246,9 +249,12 @@ class ComponentSpec:
         Args:
             **kwargs: Loading-field overrides (``pretrained_model_name_or_path``/``repo``, ``subfolder``,
                 ``variant``, ``revision``) and load options: ``torch_dtype``/``dtype``,
-                ``quantization_config``, ``token``, ``local_files_only``, ``cache_dir``, ``use_pickle``
-                (opt in to .bin/.pt/.ckpt weights), ``trust_remote_code``, ``device_map``,
-                ``low_cpu_mem_usage``.
+                ``quantization_config`` (a per-model config of the model's library, or a
+                ``PipelineQuantizationConfig`` resolved by this spec's name), ``token``, ``local_files_only``,
+                ``cache_dir``, ``use_pickle`` (opt in to .bin/.pt/.ckpt weights), ``trust_remote_code``
+                (``True`` for this spec's repo, or the repos whose code may run: ``components.remote_code``),
+                ``device_map``, ``low_cpu_mem_usage``, ``config`` (the config folder or repo of a spec whose
+                repo is one checkpoint file, which loads with ``from_single_file``: ``components/single_file.py``).
 
         Returns:
             The object, tagged with its load ID. The spec itself is not changed.
@@ -258,12 +264,30 @@ class ComponentSpec:
             ValueError: no repo to load from, or ``repo`` and ``pretrained_model_name_or_path`` disagree.
             ComponentLoadError: (and its subclasses) the repo, subfolder, variant, revision, config or weights
                 are missing, corrupt, or refused; the subfolder leaves the repo; the type is a whole pipeline
-                (PipelineTypeError) or has no ``from_pretrained``.
+                (PipelineTypeError) or has no ``from_pretrained``; the quantization config does not fit the
+                model (QuantizationConfigError) or its backend is not installed (QuantizationBackendError).
         """
         fields, options = split_load_kwargs(kwargs, f"ComponentSpec.load() for {self.name!r}")
+        check_consent(options.get("trust_remote_code", False), f"ComponentSpec.load() for {self.name!r}")
         spec = attrs.evolve(self, **fields) if fields else self
         dtype = normalize_dtype(options.get("dtype"), options.get("torch_dtype"))
+        if is_single_file(spec.pretrained_model_name_or_path):
+            if spec.type_hint is not None:
+                quantization = resolve_quantization(
+                    spec.name, spec.type_hint, options.get("quantization_config")
+                )
+                options = {**options, "quantization_config": quantization}
+            return load_single_file(spec, dtype, options)
+        if options.get("config") is not None:
+            msg = (
+                f"ComponentSpec.load() for {self.name!r}: config= names the config of a single checkpoint file, "
+                f"but {spec.pretrained_model_name_or_path!r} is not a local checkpoint file "
+                f"({', '.join(SINGLE_FILE_SUFFIXES)}); drop config=, or point the spec at the file."
+            )
+            raise ValueError(msg)
         location, type_hint = spec._resolve(options)
+        quantization = resolve_quantization(spec.name, type_hint, options.get("quantization_config"))
+        options = {**options, "quantization_config": quantization}
         logger.debug("Loading %s from %s as %s", spec.name, location.root, type_hint)
         loader: Any = type_hint  # any class with from_pretrained (diffusers, transformers, remote code)
         component = loader.from_pretrained(
@@ -271,6 +295,21 @@ class ComponentSpec:
         )
         tag_load_id(component, spec.load_id)
         return component
+
+    def resolve_quantization(self, **kwargs: Any) -> Any:
+        """The quantization config this spec's model loads with for the keywords of a ``load`` call.
+
+        ``quantization_config`` resolved for this component (``components.quantization.resolve_quantization``:
+        a ``PipelineQuantizationConfig`` picks its entry, a per-model config is checked against the model's
+        library and backend); the class is read from the repo when the spec has no ``type_hint``.
+        """
+        fields, options = split_load_kwargs(kwargs, f"ComponentSpec.load() for {self.name!r}")
+        config = options.get("quantization_config")
+        if config is None:
+            return None
+        spec = attrs.evolve(self, **fields) if fields else self
+        type_hint = spec.type_hint if spec.type_hint is not None else spec._resolve(options)[1]
+        return resolve_quantization(spec.name, type_hint, config)
 
     def _resolve(self, options: Mapping[str, Any]) -> tuple[Location, type]:
         """The component's files and the class to load them with, both checked before anything is loaded."""
@@ -295,11 +334,18 @@ class ComponentSpec:
             cache_dir=options.get("cache_dir"),
             use_pickle=use_pickle,
         )
+        consent = options.get("trust_remote_code")
+        trusted = consent_covers(consent, repo)
+        refusal = refusal_hint(consent, repo)
         type_hint = self.type_hint
         if type_hint is None:
-            trust_remote_code = bool(options.get("trust_remote_code", False))
-            type_hint, _ = resolve_type_from_folder(location.folder, where, trust_remote_code)
+            type_hint, _ = resolve_type_from_folder(location.folder, where, trusted, refusal)
             check_loadable_type(self.name, type_hint, where)
+        elif not trusted and follows_auto_map(type_hint):
+            # An auto class would run the folder's own code; refused here with the repo named.
+            auto_map = declared_remote_code(location.folder)
+            if auto_map is not None:
+                raise RemoteCodeError(remote_code_refused(where, auto_map, refusal))
         # Every type is checked, whatever its loader: the config it reads, and the weight files beside it.
         check_config(location.folder, where, type_hint)
         check_weights(
@@ -323,7 +369,7 @@ class ComponentSpec:
             if not options.get("use_pickle", False):
                 kwargs["use_safetensors"] = True
             kwargs.update({key: options[key] for key in PASSED_ON_OPTIONS if options.get(key) is not None})
-        if options.get("trust_remote_code", False):
+        if consent_covers(options.get("trust_remote_code"), self.pretrained_model_name_or_path):
             kwargs["trust_remote_code"] = True
         return kwargs
 

@@ -8,7 +8,14 @@ import struct
 
 from .errors import CorruptWeightsError, MissingComponentFileError, PickleWeightsError, VariantNotFoundError
 
-__all__ = ["check_config", "check_weights", "check_safetensors", "file_variant", "loads_weights"]
+__all__ = [
+    "check_config",
+    "check_weights",
+    "check_safetensors",
+    "file_variant",
+    "follows_auto_map",
+    "loads_weights",
+]
 
 _SAFETENSORS = (".safetensors",)
 _PICKLE = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -45,6 +52,21 @@ def loads_weights(cls: type) -> bool:
     return issubclass(cls, bases)
 
 
+def follows_auto_map(cls: type) -> bool:
+    """Whether ``cls.from_pretrained`` picks its class from the folder's config, and so may run the folder's own
+    code (``auto_map``): diffusers' and transformers' auto classes."""
+    from diffusers import AutoModel
+
+    bases: tuple[type, ...] = (AutoModel,)
+    try:
+        from transformers.models.auto.auto_factory import _BaseAutoModelClass
+    except ImportError:  # pragma: no cover - the base moved
+        pass
+    else:
+        bases += (_BaseAutoModelClass,)
+    return issubclass(cls, bases)
+
+
 def check_config(folder: str, where: str, cls: type) -> None:
     """Checks that a component folder holds the config file ``cls`` reads, before the library looks for it.
 
@@ -54,7 +76,9 @@ def check_config(folder: str, where: str, cls: type) -> None:
     Raises:
         MissingComponentFileError: the config file is not there.
     """
-    config_name = getattr(cls, "config_name", None)
+    # An auto class reads config.json; diffusers' AutoModel leaves its config_name at model_index.json after
+    # reading a repo's index (test_auto_model_stays_loadable_after_a_load_from_a_pipeline_repo).
+    config_name = None if follows_auto_map(cls) else getattr(cls, "config_name", None)
     if not isinstance(config_name, str):
         config_name = "config.json" if loads_weights(cls) else None
     if config_name is None or os.path.isfile(os.path.join(folder, config_name)):

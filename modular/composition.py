@@ -36,11 +36,11 @@ def sequential_inputs(children: Named, leading: Sequence[InputParam] = ()) -> li
     produced: set[str] = set()
     for param in leading:
         _add_input(merged, grouped, param)
-    for _, child in children:
+    for child_name, child in children:
         for param in child.inputs:
             if param.name in produced:
                 continue
-            _add_input(merged, grouped, param)
+            _add_input(merged, grouped, _with_paths(child_name, param))
         produced.update(child.intermediate_output_names)
     return list(merged.values()) + grouped
 
@@ -65,26 +65,53 @@ def _add_input(merged: dict[str, InputParam], grouped: list[InputParam], param: 
         merged[param.name] = attrs.evolve(first, **changes)
 
 
+def _with_paths(child_name: str, param: InputParam) -> InputParam:
+    """``param`` as its parent sees it: per-block defaults keyed by their path from the parent."""
+    if param.defaults_by_block is None:
+        return param
+    paths = {f"{child_name}.{path}": value for path, value in param.defaults_by_block.items()}
+    return attrs.evolve(param, defaults_by_block=paths)
+
+
+def _same(left: Any, right: Any) -> bool:
+    try:
+        return left is right or bool(left == right)
+    except (TypeError, ValueError, RuntimeError):  # e.g. tensors of several elements
+        return False
+
+
 def branch_inputs(branches: Named) -> list[InputParam]:
-    """Inputs of alternative branches: required only when every branch requires it."""
+    """Inputs of alternative branches: required only when every branch requires it.
+
+    Where branches declare different defaults (``None`` counts as one), the merged input's default is
+    ``None`` and ``defaults_by_block`` records every branch's, by path; each branch applies its own when it
+    runs (the peer's ``combine_inputs`` rule).
+    """
     merged: dict[str, InputParam] = {}
     grouped: list[InputParam] = []
     counts: dict[str, int] = {}
-    for _, branch in branches:
+    by_block: dict[str, dict[str, Any]] = {}
+    for branch_name, branch in branches:
         for param in branch.inputs:
             if param.name is None:
                 _add_input(merged, grouped, param)
                 continue
             counts[param.name] = counts.get(param.name, 0) + (1 if param.required else 0)
-            first = merged.get(param.name)
-            if first is None:
-                merged[param.name] = param
-            elif first.default != param.default:
-                merged[param.name] = attrs.evolve(first, default=None)
+            nested = param.defaults_by_block
+            defaults = by_block.setdefault(param.name, {})
+            if nested is not None:
+                defaults.update({f"{branch_name}.{path}": value for path, value in nested.items()})
+            else:
+                defaults[branch_name] = param.default
+            merged.setdefault(param.name, param)
     everywhere = len(branches)
-    result = [
-        attrs.evolve(p, required=counts[name] == everywhere and everywhere > 0) for name, p in merged.items()
-    ]
+    result = []
+    for name, param in merged.items():
+        changes: dict[str, Any] = {"required": counts[name] == everywhere and everywhere > 0}
+        values = list(by_block[name].values())
+        if any(not _same(value, values[0]) for value in values[1:]):
+            changes.update(default=None, defaults_by_block=by_block[name])
+        result.append(attrs.evolve(param, **changes))
     return result + grouped
 
 

@@ -18,7 +18,8 @@ __all__ = ["ConditionalPipelineBlocks", "AutoPipelineBlocks"]
 
 
 class ConditionalPipelineBlocks(CompositeBlocks):
-    """Runs the child that :meth:`select_block` names, or nothing when it returns ``None``.
+    """Runs the child that :meth:`select_block` names; when it returns ``None``, the ``default_block_name``
+    child, or nothing when there is no default (the peer's rule).
 
     ``block_trigger_inputs`` lists the inputs whose values are passed to ``select_block``. The choice is
     made before the run when the trigger values are known then (given by the caller); when one is made
@@ -33,7 +34,7 @@ class ConditionalPipelineBlocks(CompositeBlocks):
         return [t for t in self.block_trigger_inputs if t is not None]
 
     def select_block(self, **trigger_values: Any) -> str | None:
-        """The name of the child to run for these trigger values (``None``: run nothing)."""
+        """The name of the child to run for these trigger values (``None``: the default child, if any)."""
         return self.default_block_name
 
     def selects_on_presence(self) -> bool:
@@ -71,6 +72,9 @@ class ConditionalPipelineBlocks(CompositeBlocks):
 
     def _select(self, values: Mapping[str, Any]) -> str | None:
         name = self.select_block(**{t: values.get(t) for t in self.trigger_inputs})
+        if name is None:
+            # None falls back to the default branch (test_none_runs_the_default_branch in test_peer_behaviours.py).
+            name = self.default_block_name
         if name is not None and name not in self._sub_blocks:
             msg = (
                 f"{type(self).__name__}.select_block returned {name!r}, which is not a sub-block; "
@@ -98,7 +102,14 @@ class ConditionalPipelineBlocks(CompositeBlocks):
         return params + extra
 
     def _problems(self) -> list[str]:
-        return spec_problems(self._children())
+        problems = spec_problems(self._children())
+        default = self.default_block_name
+        if default is not None and default not in self._sub_blocks:
+            problems.append(
+                f"default_block_name {default!r} is not a sub-block; sub-blocks are: {list(self._sub_blocks)}. "
+                f"Name one of them, or None to skip the block when select_block returns None"
+            )
+        return problems
 
     def execution_steps(
         self, given: Known | Mapping[str, Any] | Iterable[str], path: tuple[str, ...] = ()

@@ -54,6 +54,10 @@ def make_doc(block: ModularPipelineBlocks) -> str:
         facts = [type_name(param.type_hint)]
         if param.required:
             facts.append("required")
+        elif param.defaults_by_block is not None:
+            # One default per branch: say which branch uses which (the peer lists the values only).
+            per_block = ", ".join(f"{value!r} ({path})" for path, value in param.defaults_by_block.items())
+            facts.append(f"default by branch: {per_block}")
         elif param.default is not None:
             facts.append(f"default: {param.default!r}")
         desc = f": {param.description}" if param.description else ""

@@ -20,6 +20,7 @@ from components import ComponentSpec, import_type
 from components.errors import PipelineTypeError
 from components.importing import is_pipeline_type
 from components.load_id import LOAD_ID_FIELDS
+from components.remote_code import RemoteCodeConsent, consent_covers, consent_for_pipeline
 from components.repo import subfolder_escape
 
 from .errors import IndexFileError
@@ -296,12 +297,14 @@ def specs_from_index(
     index: dict[str, Any],
     repo: str,
     revision: str | None = None,
-    trust_remote_code: bool = False,
+    trust_remote_code: RemoteCodeConsent = False,
 ) -> tuple[dict[str, ComponentSpec], dict[str, Any]]:
     """Component specs and config values declared by an index.
 
     In a classic ``model_index.json`` each ``name: [library, class]`` entry means "this repo,
     subfolder = name"; ``[null, null]`` entries are components the pipeline does not have.
+    ``trust_remote_code`` reaches only the entries of the repos it covers (``True``: the index's own repo;
+    ``components.remote_code``).
 
     Raises:
         IndexFileError: the index is malformed (see ``check_index``); nothing has been imported.
@@ -309,6 +312,7 @@ def specs_from_index(
     """
     source = os.path.join(repo, kind)
     check_index(kind, index, source)
+    consent = consent_for_pipeline(trust_remote_code, repo, source)
     specs: dict[str, ComponentSpec] = {}
     config: dict[str, Any] = {}
     for name, value in index.items():
@@ -321,7 +325,7 @@ def specs_from_index(
         if kind == CLASSIC_INDEX:
             if library is None or class_name is None:
                 continue
-            type_hint = import_type(library, class_name, trust_remote_code=trust_remote_code)
+            type_hint = import_type(library, class_name, trust_remote_code=consent_covers(consent, repo))
             _refuse_pipeline(source, name, type_hint)
             specs[name] = ComponentSpec(
                 name=name,
@@ -333,13 +337,14 @@ def specs_from_index(
             continue
         fields = _loading_fields(value[2])
         hint = fields.pop("type_hint", None) or (library, class_name)
-        declared: type | None = None
-        if hint and hint[0] and hint[1]:
-            declared = import_type(hint[0], hint[1], trust_remote_code=trust_remote_code)
-            _refuse_pipeline(source, name, declared)
         subfolder = fields.get("subfolder")
         # No repo but a subfolder: the component lives in this repo (how a saved folder points at itself).
         here = fields.get("pretrained_model_name_or_path") is None and bool(subfolder)
+        entry_repo = repo if here else fields.get("pretrained_model_name_or_path")
+        declared: type | None = None
+        if hint and hint[0] and hint[1]:
+            declared = import_type(hint[0], hint[1], trust_remote_code=consent_covers(consent, entry_repo))
+            _refuse_pipeline(source, name, declared)
         specs[name] = ComponentSpec(
             name=name,
             type_hint=declared,

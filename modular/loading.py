@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from components.load_kwargs import split_load_kwargs
+from components.remote_code import consent_for_pipeline
 
 if TYPE_CHECKING:
     from components import ComponentSpec
@@ -46,15 +47,42 @@ def _names(pipe: ModularPipeline, names: list[str] | str | None) -> list[str]:
     return names
 
 
+def _check_quantized_names(pipe: ModularPipeline, config: Any) -> None:
+    """A PipelineQuantizationConfig that names a component this pipeline lacks is refused (diffusers only
+    warns), since a misspelt name would leave the intended component unquantized."""
+    from diffusers.quantizers import PipelineQuantizationConfig
+
+    configs = config.values() if isinstance(config, dict) else [config]
+    for each in configs:
+        if not isinstance(each, PipelineQuantizationConfig):
+            continue
+        named = list(each.quant_mapping or []) + list(each.components_to_quantize or [])
+        unknown = sorted({name for name in named if name not in pipe._specs})
+        if unknown:
+            msg = (
+                f"load_components: the PipelineQuantizationConfig names component(s) {unknown} that this "
+                f"pipeline does not have; its components are {list(pipe._specs)}. Fix the names in quant_mapping "
+                f"or components_to_quantize."
+            )
+            raise ValueError(msg)
+
+
 def load_all(
     pipe: ModularPipeline, names: list[str] | str | None, kwargs: dict[str, Any]
 ) -> dict[str, tuple]:
     """Load the named components; on any failure, unregister what this call added and re-raise."""
     cm = pipe._components_manager
+    _check_quantized_names(pipe, kwargs.get("quantization_config"))
     plans: dict[str, tuple[ComponentSpec, dict[str, Any]]] = {}
     for name in _names(pipe, names):
         # Every keyword is checked before anything loads (an unknown one raises TypeError here).
         fields, options = split_load_kwargs(options_for(name, kwargs), f"load_components() for {name!r}")
+        if "trust_remote_code" in options:  # True: the pipeline's own repo only (components/remote_code.py)
+            options["trust_remote_code"] = consent_for_pipeline(
+                options["trust_remote_code"],
+                pipe.pretrained_model_name_or_path,
+                f"load_components() for {name!r}",
+            )
         spec = attrs.evolve(pipe._specs[name], **fields) if fields else pipe._specs[name]
         if not spec.pretrained_model_name_or_path:
             msg = (
@@ -62,6 +90,9 @@ def load_all(
                 f"pretrained_model_name_or_path={{'{name}': 'org/name'}} or make the pipeline from a repo"
             )
             raise ValueError(msg)
+        if options.get("quantization_config") is not None:
+            # Resolved before anything loads: a config that does not fit one component fails the whole call.
+            options["quantization_config"] = spec.resolve_quantization(**options)
         plans[name] = (spec, options)
     loaded: dict[str, tuple] = {}
     registered_before = set(cm.components) if cm is not None else set()

@@ -137,6 +137,9 @@ class InputParam:
         description: One line for the generated docs.
         kwargs_type: A group tag (e.g. ``"denoiser_input_fields"``).
         metadata: Free-form extra information (e.g. for UI builders).
+        defaults_by_block: Set on a composed input whose blocks declare different defaults: each block's
+            default by its path from the composite (``{"inpaint": 0.9999, "img2img": 0.3}``; a nested one is
+            ``"image.inpaint"``). ``default`` is then ``None``: the block that runs applies its own.
     """
 
     name: str | None = attrs.field(default=None, validator=_check_name)
@@ -146,6 +149,7 @@ class InputParam:
     description: str = ""
     kwargs_type: str | None = None
     metadata: dict[str, Any] | None = None
+    defaults_by_block: dict[str, Any] | None = None
 
     @classmethod
     def template(cls, template_name: str, note: str | None = None, **overrides) -> InputParam:
@@ -156,6 +160,8 @@ class InputParam:
         extra = (
             ", required" if self.required else ("" if self.default is None else f", default={self.default!r}")
         )
+        if self.defaults_by_block is not None:
+            extra += f", defaults_by_block={self.defaults_by_block!r}"
         tag = f", kwargs_type={self.kwargs_type!r}" if self.kwargs_type else ""
         return f"InputParam({self.name!r}{extra}{tag})"
 

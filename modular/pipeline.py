@@ -11,18 +11,21 @@ import torch
 
 from components import ComponentsManager, ComponentSpec
 from components.load_id import LOAD_ID_FIELDS
+from components.remote_code import RemoteCodeConsent
 
 from .block import ModularPipelineBlocks
 from .call_components import CallComponents, fresh_state
 from .composite import run_steps
 from .index import read_index, specs_from_index
-from .planning import CallPlan, PlanCache, check_inputs, check_output
+from .ip_adapter import IPAdapterMethods
+from .lora import LoraMixin
+from .planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
 from .state import PipelineState
 
 __all__ = ["ModularPipeline"]
 
 
-class ModularPipeline:
+class ModularPipeline(LoraMixin, IPAdapterMethods):
     """Blocks plus one spec and (once loaded) one object per component.
 
     Make one with ``blocks.init_pipeline(repo, components_manager=cm)`` or
@@ -40,7 +43,7 @@ class ModularPipeline:
         *,
         revision: str | None = None,
         token: str | bool | None = None,
-        trust_remote_code: bool = False,
+        trust_remote_code: RemoteCodeConsent = False,
         _index: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
         if not isinstance(blocks, ModularPipelineBlocks):
@@ -85,7 +88,7 @@ class ModularPipeline:
         *,
         revision: str | None = None,
         token: str | bool | None = None,
-        trust_remote_code: bool = False,
+        trust_remote_code: RemoteCodeConsent = False,
     ) -> ModularPipeline:
         """A pipeline for a repo's index (no weights loaded). The family comes from the index's class
         name through the ``modular.blocks`` entry points; ``workflow=`` prunes to one named workflow."""
@@ -206,12 +209,14 @@ class ModularPipeline:
 
         Each keyword is a value for every component or a dict per component name with an optional
         ``"default"`` key, e.g. ``torch_dtype={"unet": torch.float16, "default": torch.float32}``.
+        Without ``names``, components already loaded are kept unless their spec changed (``modular/keep_loaded.py``).
         Through a manager, a component already loaded with the same load ID and options is reused.
         All or nothing: if one fails, none is kept.
         """
+        from .keep_loaded import names_to_load
         from .loading import load_all
 
-        loaded = load_all(self, names, kwargs)
+        loaded = load_all(self, names_to_load(self, kwargs) if names is None else names, kwargs)
         for name, (spec, obj) in loaded.items():
             self._specs[name] = spec
             self._components[name] = obj
@@ -326,12 +331,12 @@ class ModularPipeline:
         Everything is checked before anything runs: unknown inputs, wrong types, missing inputs,
         unloaded components and unknown outputs are errors that change nothing.
         """
-        plan, params = self._plan(kwargs, state)
-        check_output(output, plan, kwargs.keys() | (state.values.keys() if state is not None else set()))
+        plan, inputs = self._plan(kwargs, state)
+        check_output(output, plan, inputs.keys() | (state.values.keys() if state is not None else set()))
         state = fresh_state(state)
         # Only what was given goes into the state: each block applies its own default to a missing value.
-        for name, value in kwargs.items():
-            state.set(name, value, params[name].kwargs_type)
+        for name, (value, kwargs_type) in inputs.items():
+            state.set(name, value, kwargs_type)
         cm = self._components_manager
         if cm is not None:
             cm.set_execution_plan(self._models_in_order(plan))
@@ -353,11 +358,12 @@ class ModularPipeline:
         return models
 
     def _plan(self, kwargs: dict[str, Any], state: PipelineState | None) -> tuple[CallPlan, dict]:
-        """The checked plan for this call (made once per set of given input names) and the known inputs."""
+        """The checked plan for this call (made once per set of given input names) and its tagged inputs."""
         params = self._plans.params(self._blocks)
         check_inputs(type(self).__name__, params, kwargs)
-        given = {**state.values, **kwargs} if state is not None else kwargs
-        return self._plans.plan(self._blocks, given, self._components), params
+        inputs = tagged_inputs(params, kwargs)  # a group given as one dict is spread into its members
+        given = {**(state.values if state is not None else {}), **{k: v for k, (v, _) in inputs.items()}}
+        return self._plans.plan(self._blocks, given, self._components), inputs
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}(blocks={type(self._blocks).__name__}"]

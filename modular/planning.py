@@ -21,7 +21,15 @@ from .steps import Known, Step
 from .sub_blocks import blocks_generation
 from .typecheck import type_name, value_matches
 
-__all__ = ["CallPlan", "PlanCache", "check_inputs", "check_output", "known_inputs", "plan_call"]
+__all__ = [
+    "CallPlan",
+    "PlanCache",
+    "check_inputs",
+    "check_output",
+    "known_inputs",
+    "plan_call",
+    "tagged_inputs",
+]
 
 
 @attrs.frozen
@@ -50,16 +58,65 @@ def _every_block(block: ModularPipelineBlocks) -> Iterator[ModularPipelineBlocks
 
 
 def known_inputs(blocks: ModularPipelineBlocks) -> dict[str, InputParam]:
-    """Every input any block reads (the pipeline's own inputs first, so their merged form wins)."""
+    """Every input any block reads (the pipeline's own inputs first, so their merged form wins).
+
+    A group that blocks read whole (``InputParam(kwargs_type="denoiser_input_fields")``) is known by its
+    kwargs_type, as the nameless param, unless a named input has that name: the caller may pass the group
+    as one dict (:func:`tagged_inputs`).
+    """
     params: dict[str, InputParam] = {}
-    for param in blocks.inputs:
-        if param.name:
-            params[param.name] = param
-    for block in _every_block(blocks):
+    groups: dict[str, InputParam] = {}
+    for block in (blocks, *_every_block(blocks)):
         for param in block.inputs:
             if param.name:
                 params.setdefault(param.name, param)
+            elif param.kwargs_type:
+                groups.setdefault(param.kwargs_type, param)
+    for kind, param in groups.items():
+        params.setdefault(kind, param)
     return params
+
+
+def tagged_inputs(
+    params: Mapping[str, InputParam], given: Mapping[str, Any]
+) -> dict[str, tuple[Any, str | None]]:
+    """The call's values by state key, each with its kwargs_type tag; a group given as one dict is spread.
+
+    ``pipe(denoiser_input_fields={"prompt_embeds": e})`` puts ``prompt_embeds`` into the state tagged
+    ``denoiser_input_fields``, as the peer does. :func:`check_inputs` has checked ``given``.
+    """
+    tagged: dict[str, tuple[Any, str | None]] = {}
+    groups = []
+    for key, value in given.items():
+        param = params[key]
+        if param.name is None:
+            groups.append((key, value))
+        else:
+            tagged[key] = (value, param.kwargs_type)
+    for kind, members in groups:
+        for member, value in members.items():
+            if value is not None:
+                tagged[member] = (value, kind)
+    return tagged
+
+
+def _check_group(pipeline_name: str, kind: str, value: Any, params: Mapping[str, InputParam]) -> None:
+    """A group given as one value must be a dict of identifiers; members that are named inputs are type-checked."""
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        msg = (
+            f"{pipeline_name}(): input {kind!r} is a group of inputs (kwargs_type {kind!r}) and must be a dict "
+            f"of input names to values, e.g. {kind}={{'prompt_embeds': ...}} (got {_short(value)} that is a "
+            f"{type(value).__name__})"
+        )
+        raise InputTypeError(msg)
+    for member, member_value in value.items():
+        param = params.get(member)
+        if param is not None and param.name is not None and not value_matches(member_value, param.type_hint):
+            msg = (
+                f"{pipeline_name}(): input {member!r} in {kind} must be {type_name(param.type_hint)} "
+                f"(got {_short(member_value)} that is a {type(member_value).__name__})"
+            )
+            raise InputTypeError(msg)
 
 
 def check_inputs(pipeline_name: str, params: dict[str, InputParam], given: dict[str, Any]) -> None:
@@ -71,6 +128,16 @@ def check_inputs(pipeline_name: str, params: dict[str, InputParam], given: dict[
             hint = f"; did you mean {close[0]!r}?" if close else ""
             msg = f"{pipeline_name}() got an unknown input {key!r}{hint} (inputs: {sorted(params)})"
             raise UnknownInputError(msg)
+        if param.name is None:
+            _check_group(pipeline_name, key, value, params)
+            twice = sorted(set(value) & set(given))
+            if twice:
+                msg = (
+                    f"{pipeline_name}() got multiple values for input(s) {twice}: by name and inside "
+                    f"{key}={{...}}; pass each one way"
+                )
+                raise TypeError(msg)
+            continue
         if not value_matches(value, param.type_hint):
             msg = (
                 f"{pipeline_name}(): input {key!r} must be {type_name(param.type_hint)} "

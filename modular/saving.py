@@ -42,7 +42,7 @@ import diffusers
 from components.load_id import NULL_LOAD_ID, decode_load_id, get_load_id
 
 from .errors import SaveTargetInUseError
-from .families import family_of_blocks
+from .families import available_families, family_of_blocks
 from .index import MODULAR_INDEX, spec_to_entry
 
 if sys.platform != "win32":
@@ -66,13 +66,14 @@ def index_dict(
     Components in ``saved`` (written to ``target/<name>``), and any other whose files lie in a subfolder of
     ``target``, get ``pretrained_model_name_or_path=None`` and their subfolder: "this folder".
     """
+    blocks_class_name, workflow = _blocks_origin(pipe)
     data: dict[str, Any] = {
-        "_blocks_class_name": pipe._blocks_class_name,
-        "_class_name": _peer_pipeline_class_name(pipe),
+        "_blocks_class_name": blocks_class_name,
+        "_class_name": _peer_pipeline_class_name(blocks_class_name),
         "_diffusers_version": diffusers.__version__,
     }
-    if pipe._workflow:
-        data["_workflow"] = pipe._workflow
+    if workflow:
+        data["_workflow"] = workflow
     data.update(pipe._config)
     for name, spec in pipe._specs.items():
         if spec.default_creation_method != "from_pretrained":
@@ -87,10 +88,38 @@ def index_dict(
     return data
 
 
-def _peer_pipeline_class_name(pipe: ModularPipeline) -> str:
+def _peer_pipeline_class_name(blocks_class_name: str) -> str:
     """The pipeline class diffusers' modular system should build for these blocks (the family says)."""
-    family = family_of_blocks(pipe._blocks_class_name)
+    family = family_of_blocks(blocks_class_name)
     return family.peer_pipeline_class if family is not None else "ModularPipeline"
+
+
+def _blocks_origin(pipe: ModularPipeline) -> tuple[str, str | None]:
+    """The blocks class and workflow a reader rebuilds this pipeline's blocks from.
+
+    Blocks pruned with ``family_blocks.get_workflow(name)`` and bound with ``init_pipeline`` are a plain
+    ``SequentialPipelineBlocks`` that no family knows by class name: they are saved as the family's blocks
+    class plus the workflow whose steps they are, so ``from_pretrained`` rebuilds the same steps
+    (test_a_workflow_pipeline_round_trips in tests/modular/test_peer_behaviours.py).
+    """
+    if pipe._workflow or family_of_blocks(pipe._blocks_class_name) is not None:
+        return pipe._blocks_class_name, pipe._workflow
+    steps = _leaves(pipe.blocks)
+    if not steps:
+        return pipe._blocks_class_name, None
+    for family in available_families().values():
+        for blocks_class in family.all_blocks_classes:
+            full = blocks_class()
+            for workflow in full._workflow_map or {}:
+                pruned = full.get_workflow(workflow)
+                if pruned is not None and _leaves(pruned) == steps:
+                    return blocks_class.__name__, workflow
+    return pipe._blocks_class_name, None
+
+
+def _leaves(blocks: Any) -> list[tuple[str, type]]:
+    """The blocks' children by name and class: what a workflow's pruned blocks are made of."""
+    return [(name, type(child)) for name, child in blocks.sub_blocks.items()]
 
 
 def _root(fields: dict[str, Any]) -> Path | None:

@@ -25,6 +25,7 @@ ACCEPTED = [
     "cache_dir",
     "device_map",
     "low_cpu_mem_usage",
+    "config",
 ]
 
 
