@@ -293,7 +293,8 @@ class IPAdapterEmbedsStep(_IPAdapterStepBase):
 class IPAdapterStep(ConditionalPipelineBlocks):
     """The image prompt: encoded from images, or given as embeddings; nothing runs without either.
 
-    A family subclass sets ``block_classes`` to its image and embeddings steps.
+    SD and SDXL use it as it is; a family whose steps differ (Flux's true-CFG negatives) subclasses it with
+    its own ``block_classes``.
     """
 
     block_classes = [IPAdapterImageStep, IPAdapterEmbedsStep]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blocks.common.ip_adapter import STAGES_WITH_IP_ADAPTER
+from blocks.common.ip_adapter import STAGES_WITH_IP_ADAPTER, IPAdapterStep
 from blocks.common.workflows import IMAGE2IMAGE, INPAINTING, TEXT2IMAGE, ChosenByInputs, FamilyBlocks
 from modular import SequentialPipelineBlocks
 
@@ -24,7 +24,6 @@ from .encoders import (
     StableDiffusionVaeEncoderStep,
 )
 from .inputs import StableDiffusionInputStep
-from .ip_adapter import StableDiffusionIPAdapterStep
 from .timesteps import (
     StableDiffusionImg2ImgSetTimestepsStep,
     StableDiffusionInpaintSetTimestepsStep,
@@ -119,7 +118,7 @@ class StableDiffusionAutoBlocks(FamilyBlocks):
 
     block_classes = [
         StableDiffusionAutoCheckInputsStep,
-        StableDiffusionIPAdapterStep,
+        IPAdapterStep,
         StableDiffusionTextEncoderStep,
         StableDiffusionInputStep,
         StableDiffusionAutoVaeEncoderStep,

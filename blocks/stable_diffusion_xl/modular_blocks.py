@@ -6,7 +6,7 @@ image-to-image), so each auto step is Stable Diffusion's with SDXL's steps in it
 
 from __future__ import annotations
 
-from blocks.common.ip_adapter import STAGES_WITH_IP_ADAPTER
+from blocks.common.ip_adapter import STAGES_WITH_IP_ADAPTER, IPAdapterStep
 from blocks.common.workflows import IMAGE2IMAGE, INPAINTING, TEXT2IMAGE, FamilyBlocks
 from blocks.stable_diffusion.modular_blocks import (
     StableDiffusionAutoBeforeDenoiseStep,
@@ -37,7 +37,6 @@ from .encoders import (
     StableDiffusionXLVaeEncoderStep,
 )
 from .inputs import StableDiffusionXLInputStep
-from .ip_adapter import StableDiffusionXLIPAdapterStep
 from .timesteps import (
     StableDiffusionXLImg2ImgSetTimestepsStep,
     StableDiffusionXLInpaintSetTimestepsStep,
@@ -143,7 +142,7 @@ class StableDiffusionXLAutoBlocks(FamilyBlocks):
 
     block_classes = [
         StableDiffusionXLAutoCheckInputsStep,
-        StableDiffusionXLIPAdapterStep,
+        IPAdapterStep,
         StableDiffusionXLTextEncoderStep,
         StableDiffusionXLInputStep,
         StableDiffusionXLAutoVaeEncoderStep,
