@@ -19,7 +19,7 @@ from .errors import (
     SubfolderOutsideRepoError,
 )
 
-__all__ = ["Location", "describe", "resolve_location", "subfolder_escape"]
+__all__ = ["Location", "describe", "download_snapshot", "resolve_location", "subfolder_escape"]
 
 # Weight formats we never need: skipping them keeps a hub fetch to the component's own files.
 _FOREIGN_FORMATS = ["*.msgpack", "*.h5", "*.onnx", "*.onnx_data", "*.tflite", "*.ot", "*.gguf"]
@@ -71,26 +71,33 @@ class Location:
 _REPO_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)?$")
 
 
-def _hub_root(
+def download_snapshot(
     repo: str,
-    subfolder: str,
     revision: str | None,
     *,
     where: str,
-    token: str | bool | None,
-    local_files_only: bool,
-    cache_dir: str | os.PathLike | None,
-    use_pickle: bool,
+    allow_patterns: list[str] | None = None,
+    ignore_patterns: list[str] | None = None,
+    token: str | bool | None = None,
+    local_files_only: bool = False,
+    cache_dir: str | os.PathLike | None = None,
 ) -> str:
+    """The local folder of a hub repo's revision (only the files the patterns select), through huggingface_hub.
+
+    Respects the cache and offline mode; its errors become ours, naming ``where`` and the fix.
+
+    Raises:
+        RepoNotFoundError: not on the hub (or not cached when offline), or gated without a token.
+        RevisionNotFoundError: the repo is there but the revision is not (the cached refs are listed).
+    """
     offline = local_files_only or constants.HF_HUB_OFFLINE
     cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
-    ignore = _FOREIGN_FORMATS + ([] if use_pickle else _PICKLE_FORMATS)
     try:
         return snapshot_download(
             repo,
             revision=revision,
-            allow_patterns=[f"{subfolder}/*"] if subfolder else None,
-            ignore_patterns=ignore,
+            allow_patterns=allow_patterns,
+            ignore_patterns=ignore_patterns,
             cache_dir=cache,
             token=token,
             local_files_only=offline,
@@ -171,15 +178,15 @@ def resolve_location(
         )
         raise RepoNotFoundError(msg)
     else:
-        root = _hub_root(
+        root = download_snapshot(
             repo,
-            subfolder,
             revision,
             where=where,
+            allow_patterns=[f"{subfolder}/*"] if subfolder else None,
+            ignore_patterns=_FOREIGN_FORMATS + ([] if use_pickle else _PICKLE_FORMATS),
             token=token,
             local_files_only=local_files_only,
             cache_dir=cache_dir,
-            use_pickle=use_pickle,
         )
         from_hub = True
     folder = os.path.join(root, subfolder) if subfolder else root

@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 
 import attrs
-from huggingface_hub import constants, snapshot_download
-from huggingface_hub import errors as hub_errors
+from huggingface_hub import constants
 
-from components.errors import RepoNotFoundError, RevisionNotFoundError, SubfolderOutsideRepoError
-from components.repo import subfolder_escape
+from components.errors import RepoNotFoundError, SubfolderOutsideRepoError
+from components.repo import download_snapshot, subfolder_escape
 
 from ..errors import BlockRepoError
 
@@ -100,41 +99,15 @@ def _hub_snapshot(
 ) -> str:
     # Only the config and the code: a repo that also holds weights is not downloaded whole.
     prefix = f"{subfolder}/" if subfolder else ""
-    offline = local_files_only or constants.HF_HUB_OFFLINE
-    cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
-    where = f"block repo {repo!r}"
-    try:
-        return snapshot_download(
-            repo,
-            revision=revision,
-            allow_patterns=[f"{prefix}{CONFIG_NAME}", f"{prefix}*.py"],
-            cache_dir=cache,
-            token=token,
-            local_files_only=offline,
-        )
-    except hub_errors.RevisionNotFoundError as error:
-        msg = (
-            f"Revision {revision!r} does not exist in {where} on the hub. Use a branch, tag or commit it has."
-        )
-        raise RevisionNotFoundError(msg) from error
-    except (hub_errors.RepositoryNotFoundError, hub_errors.GatedRepoError) as error:
-        msg = f"Block repo {repo!r} was not found on the hub, or needs access rights. Check the id, or pass token=..."
-        raise RepoNotFoundError(msg) from error
-    except hub_errors.LocalEntryNotFoundError as error:
-        storage = Path(cache) / ("models--" + repo.replace("/", "--"))
-        if not storage.is_dir():
-            msg = (
-                f"Block repo {repo!r} is neither a local folder nor in the hub cache at {cache}, and it cannot be "
-                f"downloaded now (offline, or the hub cannot be reached). Check the id or the folder path."
-            )
-            raise RepoNotFoundError(msg) from error
-        refs = sorted(p.name for p in (storage / "refs").glob("*"))
-        commits = sorted(p.name for p in (storage / "snapshots").glob("*"))
-        msg = (
-            f"Revision {revision or constants.DEFAULT_REVISION!r} of {where} is not in the hub cache at {cache}, "
-            f"and it cannot be downloaded now. Cached refs: {refs}; cached commits: {commits}. Use one of those."
-        )
-        raise RevisionNotFoundError(msg) from error
+    return download_snapshot(
+        repo,
+        revision,
+        where=f"block repo {repo!r}",
+        allow_patterns=[f"{prefix}{CONFIG_NAME}", f"{prefix}*.py"],
+        token=token,
+        local_files_only=local_files_only,
+        cache_dir=cache_dir,
+    )
 
 
 def read_repo(
