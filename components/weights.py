@@ -6,10 +6,18 @@ import json
 import os
 import struct
 
-from .errors import CorruptWeightsError, MissingComponentFileError, PickleWeightsError, VariantNotFoundError
+from .errors import (
+    ComponentLoadError,
+    CorruptWeightsError,
+    MissingComponentFileError,
+    PickleWeightsError,
+    VariantNotFoundError,
+)
 
 __all__ = [
+    "PICKLE_SUFFIXES",
     "check_config",
+    "check_weight_file",
     "check_weights",
     "check_safetensors",
     "file_variant",
@@ -18,7 +26,9 @@ __all__ = [
 ]
 
 _SAFETENSORS = (".safetensors",)
-_PICKLE = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+#: Weight files read with pickle, which can run code: loaded only with ``use_pickle=True``.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_PICKLE = PICKLE_SUFFIXES
 
 
 def file_variant(filename: str) -> str | None:
@@ -125,6 +135,40 @@ def check_safetensors(path: str) -> None:
     if needed > size:
         msg = f"Weight file {path} is truncated: it declares {needed} bytes, the file has {size}. {fix}"
         raise CorruptWeightsError(msg)
+
+
+def check_weight_file(folder: str, name: str, *, use_pickle: bool, what: str, where: str) -> str:
+    """The path of the weight file ``name`` in ``folder``, checked before a loader reads it.
+
+    For files a user names (a LoRA, an IP-Adapter): it must exist, and be a whole safetensors file, or a
+    pickle file with ``use_pickle=True``. ``what`` names the kind of file, ``where`` the repo, in messages.
+
+    Raises:
+        MissingComponentFileError: no such file (the files present are listed).
+        PickleWeightsError: a pickle file without ``use_pickle=True``.
+        CorruptWeightsError: a truncated safetensors file.
+        ComponentLoadError: any other format.
+    """
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        present = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
+        msg = (
+            f"{where} has no {what} file {name!r} (files present: {present}); pass one of them as weight_name"
+        )
+        raise MissingComponentFileError(msg)
+    if name.endswith(PICKLE_SUFFIXES):
+        if not use_pickle:
+            msg = (
+                f"{where}: {name!r} is a pickle file; pickle files can run code when loaded, so they are refused "
+                "by default. Use a .safetensors file, or pass use_pickle=True if you trust it."
+            )
+            raise PickleWeightsError(msg)
+    elif name.endswith(_SAFETENSORS):
+        check_safetensors(path)
+    else:
+        msg = f"{where}: {name!r} is neither a .safetensors file nor (with use_pickle=True) a .bin/.pt file"
+        raise ComponentLoadError(msg)
+    return path
 
 
 def check_weights(

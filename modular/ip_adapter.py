@@ -21,16 +21,14 @@ import attrs
 import torch
 
 from components import ComponentSpec
-from components.errors import MissingComponentFileError, PickleWeightsError
 from components.repo import describe, resolve_location
-from components.weights import check_safetensors
+from components.weights import check_weight_file
 
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
 
 __all__ = ["IPAdapterError", "IPAdapterMethods"]
 
-_PICKLE = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 #: The components load_ip_adapter adds to the pipeline (the blocks' image prompt step reads them).
 _ADDED_COMPONENTS = ("image_encoder", "feature_extractor")
 
@@ -265,27 +263,7 @@ def _weight_root(
     """The local root (a folder, or a hub snapshot) holding ``subfolder/weight_name``, the file checked."""
     location = resolve_location(repo, subfolder, None, revision, use_pickle=use_pickle, **source)
     where = describe(repo, subfolder, None, revision)
-    path = os.path.join(location.folder, weight_name)
-    if not os.path.isfile(path):
-        present = sorted(
-            name
-            for name in os.listdir(location.folder)
-            if os.path.isfile(os.path.join(location.folder, name))
-        )
-        msg = f"{where} has no IP-Adapter file {weight_name!r} (files present: {present}); pass one of them as weight_name"
-        raise MissingComponentFileError(msg)
-    if weight_name.endswith(_PICKLE):
-        if not use_pickle:
-            msg = (
-                f"{where}: {weight_name!r} is a pickle file, which can run code when loaded, so it is refused by "
-                "default. Use the .safetensors file, or pass use_pickle=True if you trust the repo."
-            )
-            raise PickleWeightsError(msg)
-    elif weight_name.endswith(".safetensors"):
-        check_safetensors(path)
-    else:
-        msg = f"{where}: {weight_name!r} is neither a .safetensors file nor (with use_pickle=True) a .bin/.pt file"
-        raise IPAdapterError(msg)
+    check_weight_file(location.folder, weight_name, use_pickle=use_pickle, what="IP-Adapter", where=where)
     return location.root
 
 

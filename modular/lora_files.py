@@ -15,7 +15,7 @@ import torch
 
 from components.errors import MissingComponentFileError, PickleWeightsError
 from components.repo import resolve_location
-from components.weights import check_safetensors
+from components.weights import PICKLE_SUFFIXES, check_weight_file
 
 __all__ = ["HUB_OPTIONS", "LoraSource", "find_lora"]
 
@@ -24,7 +24,6 @@ HUB_OPTIONS = ("subfolder", "revision", "token", "local_files_only", "cache_dir"
 
 # The file diffusers' ``save_lora_weights`` writes; preferred when a folder holds several.
 _DEFAULT_NAME = "pytorch_lora_weights.safetensors"
-_PICKLE = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 @attrs.frozen
@@ -129,7 +128,7 @@ def _only_lora_file(folder: str, use_pickle: bool) -> str:
     """The LoRA file of a folder given without ``weight_name``."""
     names = sorted(name for name in os.listdir(folder) if os.path.isfile(os.path.join(folder, name)))
     safetensors = [name for name in names if name.endswith(".safetensors")]
-    pickles = [name for name in names if name.endswith(_PICKLE)]
+    pickles = [name for name in names if name.endswith(PICKLE_SUFFIXES)]
     candidates = safetensors or (pickles if use_pickle else [])
     if not candidates:
         if pickles:
@@ -150,21 +149,5 @@ def _only_lora_file(folder: str, use_pickle: bool) -> str:
 
 
 def _checked_file(folder: str, name: str, use_pickle: bool) -> LoraSource:
-    path = os.path.join(folder, name)
-    if not os.path.isfile(path):
-        present = sorted(os.listdir(folder))
-        msg = f"LoRA file {path} does not exist; files present in {folder}: {present}. Check weight_name."
-        raise MissingComponentFileError(msg)
-    if name.endswith(_PICKLE):
-        if not use_pickle:
-            msg = (
-                f"LoRA file {path} is a pickle file; pickle files can run code when loaded, so they are refused "
-                "by default. Pass use_pickle=True if you trust it, or convert it to safetensors."
-            )
-            raise PickleWeightsError(msg)
-    elif name.endswith(".safetensors"):
-        check_safetensors(path)
-    else:
-        msg = f"LoRA file {path}: unknown format; a LoRA is a .safetensors file (or, with use_pickle=True, .bin)"
-        raise ValueError(msg)
+    check_weight_file(folder, name, use_pickle=use_pickle, what="LoRA", where=f"LoRA folder {folder}")
     return LoraSource(folder=folder, weight_name=name)

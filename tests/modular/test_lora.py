@@ -97,7 +97,7 @@ def test_a_pickle_file_loads_only_with_use_pickle(repo, loras, tmp_path):
     pipe = tiny_sd_pipeline(repo, cm)
     before = snapshot(pipe, cm)
     for source, weight_name in [(tmp_path / "lora.bin", None), (tmp_path, "lora.bin"), (tmp_path, None)]:
-        with pytest.raises(PickleWeightsError, match="refused by default. Pass use_pickle=True"):
+        with pytest.raises(PickleWeightsError, match=r"refused by default\. .*[Pp]ass use_pickle=True"):
             pipe.load_lora_weights(source, weight_name=weight_name)
         assert_unchanged(before, snapshot(pipe, cm))
     pipe.load_lora_weights(tmp_path / "lora.bin", use_pickle=True)
@@ -113,7 +113,7 @@ def test_a_pickle_file_loads_only_with_use_pickle(repo, loras, tmp_path):
         (
             lambda tmp, lora: (lora, {"weight_name": "other.safetensors"}),
             MissingComponentFileError,
-            "other.safetensors does not exist; files present in",
+            "has no LoRA file 'other.safetensors' (files present: ",
         ),
         (lambda tmp, lora: (tmp, {}), MissingComponentFileError, "holds no LoRA file (*.safetensors)"),
         (lambda tmp, lora: (42, {}), TypeError, "takes a state dict, a .safetensors file, a folder or a hub"),
