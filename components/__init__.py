@@ -1,5 +1,6 @@
 """Component specs, loading from repos, and the ComponentsManager registry."""
 
+from . import quiet_imports  # noqa: F401  (first: its filters must be in place before diffusers is imported)
 from .errors import (
     ComponentLoadError,
     ComponentNotFoundError,

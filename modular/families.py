@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -51,10 +52,13 @@ class BlockFamily:
             under ``folder``; ``modular run`` without a repo runs the first family's that has one.
         lora_loader: The diffusers ``*LoraLoaderMixin`` that reads this family's LoRA files and loads them
             into its models (``StableDiffusionLoraLoaderMixin``); ``None``: the family takes no LoRA.
-            ``ModularPipeline.load_lora_weights`` drives it (``modular/lora.py``).
+            ``ModularPipeline.load_lora_weights`` drives it (``modular/lora.py``). A class, or its dotted
+            path (``"diffusers.loaders.FluxLoraLoaderMixin"``), imported when first needed: diffusers'
+            loader modules are slow to import and some log warnings when they are.
         ip_adapter_loader: The diffusers pipeline mixin whose ``load_ip_adapter`` reads this family's
             IP-Adapter files (``ModularIPAdapterMixin``, ``FluxIPAdapterMixin``); ``None``: the family takes
-            none. ``ModularPipeline.load_ip_adapter`` drives it (``modular/ip_adapter.py``).
+            none. ``ModularPipeline.load_ip_adapter`` drives it (``modular/ip_adapter.py``). A class or its
+            dotted path, as ``lora_loader``.
     """
 
     name: str
@@ -66,8 +70,20 @@ class BlockFamily:
     choose_blocks: Callable[[Mapping[str, Any]], type] | None = None
     peer_pipeline_class: str = "ModularPipeline"
     demo: Callable[[Path], Any] | None = None
-    lora_loader: type | None = None
-    ip_adapter_loader: type | None = None
+    lora_loader: type | str | None = None
+    ip_adapter_loader: type | str | None = None
+
+    def loader(self, kind: Literal["lora", "ip_adapter"]) -> type | None:
+        """The family's ``lora_loader`` or ``ip_adapter_loader`` class, imported if given by its path."""
+        value = self.lora_loader if kind == "lora" else self.ip_adapter_loader
+        if not isinstance(value, str):
+            return value
+        module_name, _, class_name = value.rpartition(".")
+        found = getattr(importlib.import_module(module_name), class_name, None)
+        if not isinstance(found, type):
+            msg = f"family {self.name!r}: {kind}_loader {value!r} names no class"
+            raise TypeError(msg)
+        return found
 
     @property
     def workflows(self) -> list[str]:

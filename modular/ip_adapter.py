@@ -238,7 +238,7 @@ def _loader_and_denoiser(pipe: ModularPipeline, caller: str) -> tuple[Any, str, 
     from .families import family_of_blocks
 
     family = family_of_blocks(pipe.blocks_class_name)
-    loader = None if family is None else family.ip_adapter_loader
+    loader = None if family is None else family.loader("ip_adapter")
     if loader is None:
         which = "no known family" if family is None else f"family {family.name!r}"
         msg = f"{caller}: {pipe.blocks_class_name} belongs to {which}, which takes no IP-Adapter"

@@ -261,7 +261,7 @@ def _pipe(obj: LoraMixin) -> ModularPipeline:
 
 def _loader(pipe: ModularPipeline, what: str) -> Any:
     family = family_of_blocks(pipe.blocks_class_name)
-    if family is None or family.lora_loader is None:
+    if family is None or family.loader("lora") is None:
         where = (
             f"its blocks ({pipe.blocks_class_name}) belong to no installed family"
             if family is None
@@ -273,7 +273,7 @@ def _loader(pipe: ModularPipeline, what: str) -> Any:
             "diffusers *LoraLoaderMixin of its models (modular.register_family)."
         )
         raise ValueError(msg)
-    return family.lora_loader
+    return family.loader("lora")
 
 
 def _models(pipe: ModularPipeline, loader: Any, what: str | None) -> dict[str, torch.nn.Module | None]:

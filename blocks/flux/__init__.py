@@ -5,8 +5,6 @@ for image-to-image). ``FAMILY`` registers the blocks for the classic ``FluxPipel
 ``FluxImg2ImgPipeline`` and ``FluxControlPipeline`` repos (entry point group ``modular.blocks``).
 """
 
-from diffusers.loaders import FluxIPAdapterMixin, FluxLoraLoaderMixin
-
 from modular import BlockFamily
 
 from .before_denoise import (
@@ -48,8 +46,8 @@ FAMILY = BlockFamily(
     make_tiny_repo=make_tiny_repo,
     peer_pipeline_class="FluxModularPipeline",
     demo=seed_scenario,
-    lora_loader=FluxLoraLoaderMixin,
-    ip_adapter_loader=FluxIPAdapterMixin,
+    lora_loader="diffusers.loaders.FluxLoraLoaderMixin",
+    ip_adapter_loader="diffusers.loaders.FluxIPAdapterMixin",
 )
 
 __all__ = [

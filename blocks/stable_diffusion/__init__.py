@@ -5,8 +5,6 @@
 ``StableDiffusion*Pipeline`` repos (entry point group ``modular.blocks``).
 """
 
-from diffusers.loaders import ModularIPAdapterMixin, StableDiffusionLoraLoaderMixin
-
 from modular import BlockFamily
 
 from .before_denoise import (
@@ -62,8 +60,8 @@ FAMILY = BlockFamily(
         "StableDiffusionInpaintPipeline",
     ),
     make_tiny_repo=make_tiny_repo,
-    lora_loader=StableDiffusionLoraLoaderMixin,
-    ip_adapter_loader=ModularIPAdapterMixin,
+    lora_loader="diffusers.loaders.StableDiffusionLoraLoaderMixin",
+    ip_adapter_loader="diffusers.loaders.ModularIPAdapterMixin",
 )
 
 __all__ = [

@@ -10,8 +10,6 @@ registers the auto blocks for the classic ``StableDiffusionXL*Pipeline`` repos (
 from collections.abc import Mapping
 from typing import Any
 
-from diffusers.loaders import ModularIPAdapterMixin, StableDiffusionXLLoraLoaderMixin
-
 from modular import BlockFamily
 
 from .before_denoise import (
@@ -82,8 +80,8 @@ FAMILY = BlockFamily(
     variants=(StableDiffusionXLRefinerBlocks,),
     choose_blocks=_blocks_for_classic_index,
     peer_pipeline_class="StableDiffusionXLModularPipeline",
-    lora_loader=StableDiffusionXLLoraLoaderMixin,
-    ip_adapter_loader=ModularIPAdapterMixin,
+    lora_loader="diffusers.loaders.StableDiffusionXLLoraLoaderMixin",
+    ip_adapter_loader="diffusers.loaders.ModularIPAdapterMixin",
 )
 
 __all__ = [

@@ -5,8 +5,6 @@
 repos (entry point group ``modular.blocks``).
 """
 
-from diffusers.loaders import ZImageLoraLoaderMixin
-
 from modular import BlockFamily
 
 from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
@@ -40,7 +38,7 @@ FAMILY = BlockFamily(
     tiny_repo_inputs={"height": 32, "width": 32},
     make_tiny_repo=make_tiny_repo,
     peer_pipeline_class="ZImageModularPipeline",
-    lora_loader=ZImageLoraLoaderMixin,
+    lora_loader="diffusers.loaders.ZImageLoraLoaderMixin",
 )
 
 __all__ = [
