@@ -145,24 +145,48 @@ def lora_info(module: torch.nn.Module) -> list[dict[str, Any]] | None:
     return adapters
 
 
-def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
-    """IP-Adapter state of an attention model: how many processors carry image projections, and their scales.
+#: The attribute of a model that records the load ID of the image encoder its IP-Adapter was loaded with.
+IP_ADAPTER_ENCODER = "_ip_adapter_image_encoder"
 
-    Recognised structurally: a processor with ``to_k_ip`` layers (diffusers' IP-Adapter processors).
+
+def _block_of(processor_name: str) -> str:
+    """The block a processor belongs to: ``"down_blocks.1"``, ``"mid_block"``, ``"single_transformer_blocks.3"``."""
+    parts = processor_name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and parts[1].isdigit() else parts[0]
+
+
+def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
+    """IP-Adapter state of an attention model, or ``None`` when it holds none.
+
+    ``{"processors": n, "scales": [...], "scale_per_block": {block: scale}, "image_encoder": load ID}``:
+    ``scales`` are the distinct scales; a block's scale is one number, or a list where its layers or loaded
+    adapters differ. Recognised structurally: a processor with ``to_k_ip`` layers (diffusers' IP-Adapter
+    processors).
     """
     processors = getattr(module, "attn_processors", None)
     if not isinstance(processors, dict):
         return None
-    ip = [proc for proc in processors.values() if hasattr(proc, "to_k_ip")]
+    ip = {name: proc for name, proc in processors.items() if hasattr(proc, "to_k_ip")}
     if not ip:
         return None
     scales: list[Any] = []
-    for proc in ip:
+    per_block: dict[str, list[Any]] = {}
+    for name, proc in ip.items():
         scale = getattr(proc, "scale", None)
+        block = per_block.setdefault(_block_of(name), [])
         for value in scale if isinstance(scale, (list, tuple)) else [scale]:
             if value not in scales:
                 scales.append(value)
-    return {"processors": len(ip), "scales": scales}
+            if value not in block:
+                block.append(value)
+    return {
+        "processors": len(ip),
+        "scales": scales,
+        "scale_per_block": {
+            block: values[0] if len(values) == 1 else values for block, values in per_block.items()
+        },
+        "image_encoder": getattr(module, IP_ADAPTER_ENCODER, None),
+    }
 
 
 def quantization_config(module: Any) -> Any:

@@ -25,7 +25,8 @@ __all__ = [
     "render_table",
 ]
 
-MODEL_HEADER = ("Name_ID", "Class", "Device: act(exec)", "Dtype", "Size (GB)", "Load ID", "Collection")
+# Sizes print in a unit that suits them (format_bytes), so a small model does not read as 0.00 GB.
+MODEL_HEADER = ("Name_ID", "Class", "Device: act(exec)", "Dtype", "Size", "Load ID", "Collection")
 OTHER_HEADER = ("ID", "Class", "Collection")
 EMPTY_TABLE = "Components: none registered."
 #: Where a model placed by auto offload is while it is not on the device: its host copy.
@@ -149,6 +150,21 @@ def lora_cell(adapters: list[dict[str, Any]] | None) -> str | None:
     return "; ".join(parts)
 
 
+def ip_adapter_cell(ip_adapter: dict[str, Any] | None) -> str | None:
+    """The "IP-Adapter" line of a model holding one (``components.model_info.ip_adapter_info``), ``None`` without.
+
+    ``"image encoder image_encoder_1407...; scale 0.5 (down_blocks.1, up_blocks.0), 0.0 (mid_block)"``.
+    """
+    if not ip_adapter:
+        return None
+    by_scale: dict[str, list[str]] = {}
+    for block, scale in ip_adapter["scale_per_block"].items():
+        by_scale.setdefault(str(scale), []).append(block)
+    scales = ", ".join(f"{scale} ({', '.join(blocks)})" for scale, blocks in by_scale.items())
+    encoder = ip_adapter["image_encoder"] or "none"
+    return f"image encoder {encoder}; scale {scales}"
+
+
 def manager_table(manager: ComponentsManager, residency: Callable[[str], Residency | None]) -> str:
     """The table of a ``ComponentsManager``, built from its public look-ups.
 
@@ -169,14 +185,14 @@ def manager_table(manager: ComponentsManager, residency: Callable[[str], Residen
             info["class_name"],
             device_cell(placed) if placed is not None else _plain_device_cell(info),
             info["dtype"] or "N/A",
-            f"{info['size_gb']:.2f}",
+            format_bytes(info["size_gb"] * 1024**3),
             info["load_id"] or "N/A",
         )
         models.append((cells, collections))
         extra = {
             "Adapters": info["adapters"],
             "LoRA": lora_cell(info["lora"]),
-            "IP-Adapter": info["ip_adapter"],
+            "IP-Adapter": ip_adapter_cell(info["ip_adapter"]),
             "Quantization": quantization_cell(info["quantization"], info["size_gb"]),
         }
         extras.append((component_id, extra))

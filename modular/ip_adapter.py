@@ -21,6 +21,8 @@ import attrs
 import torch
 
 from components import ComponentSpec
+from components.load_id import get_load_id
+from components.model_info import IP_ADAPTER_ENCODER
 from components.repo import describe, resolve_location
 from components.weights import check_weight_file
 
@@ -184,6 +186,9 @@ class IPAdapterMethods:
         if encoder is not None:
             pipe._specs["image_encoder"] = encoder_spec
             pipe._components["image_encoder"] = encoder
+            # What the manager's table names as this adapter's image encoder (its id there, else its load ID).
+            encoder_id = cm.get_id(encoder) if cm is not None else None
+            setattr(denoiser, IP_ADAPTER_ENCODER, encoder_id or get_load_id(encoder))
         if pipe._components.get("feature_extractor") is None:
             _add_feature_extractor(pipe, encoder)
         pipe._plans.forget()
@@ -223,6 +228,8 @@ class IPAdapterMethods:
             _change_denoiser(
                 pipe, denoiser, lambda: loader.unload_ip_adapter(_target(loader, denoiser_name, denoiser))
             )
+        if hasattr(denoiser, IP_ADAPTER_ENCODER):
+            delattr(denoiser, IP_ADAPTER_ENCODER)
         declared = {spec.name for spec in pipe._blocks.expected_components}
         for name in _ADDED_COMPONENTS:
             if name in declared:

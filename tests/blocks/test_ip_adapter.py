@@ -156,6 +156,15 @@ def test_the_image_encoder_is_shared_through_the_manager(repos):
     first.set_ip_adapter_scale(0.5)
     info = cm.get_model_info(cm.get_id(first.unet), "ip_adapter")["ip_adapter"]
     assert info["scales"] == [0.5] and info["processors"] > 0
+    assert info["image_encoder"] == cm.get_id(first.image_encoder)
+    assert set(info["scale_per_block"].values()) == {0.5}
+    # Per block, as diffusers' per-block dicts set it; the table groups blocks by scale.
+    first.set_ip_adapter_scale({"down": {"block_1": [1.0]}, "up": {"block_0": [0.0]}})
+    info = cm.get_model_info(cm.get_id(first.unet), "ip_adapter")["ip_adapter"]
+    assert info["scale_per_block"] == {"down_blocks.1": 1.0, "mid_block": 0.0, "up_blocks.0": 0.0}
+    line = next(text for text in str(cm).splitlines() if "IP-Adapter" in text)
+    assert f"image encoder {cm.get_id(first.image_encoder)}" in line
+    assert "scale 1.0 (down_blocks.1), 0.0 (up_blocks.0, mid_block)" in line
 
 
 def test_under_auto_offload_the_output_and_the_measured_size_follow_the_adapter(repos):

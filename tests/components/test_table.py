@@ -12,10 +12,10 @@ def test_render_exact_layout():
     """Columns are as wide as their widest cell; extra collections go on their own lines; info follows."""
     models = [
         (
-            ("unet_1", "UNet2DConditionModel", "cpu", "torch.float16", "1.50", "org/sd|unet|fp16|v2"),
+            ("unet_1", "UNet2DConditionModel", "cpu", "torch.float16", "1.50 GB", "org/sd|unet|fp16|v2"),
             ["sd", "xl"],
         ),
-        (("vae_22", "AutoencoderKL", "cuda:0", "torch.float32", "0.16", "org/sd|vae|null|null"), []),
+        (("vae_22", "AutoencoderKL", "cuda:0", "torch.float32", "0.16 GB", "org/sd|vae|null|null"), []),
     ]
     others = [(("scheduler_333", "PNDMScheduler"), ["sd"])]
     extras = [
@@ -25,25 +25,25 @@ def test_render_exact_layout():
     expected = "\n".join(
         [
             "Components:",
-            "=" * 120,
+            "=" * 118,
             "Models:",
-            "-" * 120,
-            "Name_ID       | Class                | Device: act(exec) | Dtype         | Size (GB) | Load ID              | Collection",
-            "-" * 120,
-            "unet_1        | UNet2DConditionModel | cpu               | torch.float16 | 1.50      | org/sd|unet|fp16|v2  | sd",
-            "              |                      |                   |               |           |                      | xl",
-            "vae_22        | AutoencoderKL        | cuda:0            | torch.float32 | 0.16      | org/sd|vae|null|null | N/A",
-            "-" * 120,
+            "-" * 118,
+            "Name_ID       | Class                | Device: act(exec) | Dtype         | Size    | Load ID              | Collection",
+            "-" * 118,
+            "unet_1        | UNet2DConditionModel | cpu               | torch.float16 | 1.50 GB | org/sd|unet|fp16|v2  | sd",
+            "              |                      |                   |               |         |                      | xl",
+            "vae_22        | AutoencoderKL        | cuda:0            | torch.float32 | 0.16 GB | org/sd|vae|null|null | N/A",
+            "-" * 118,
             "",
             "Other Components:",
-            "-" * 120,
+            "-" * 118,
             "ID            | Class         | Collection",
-            "-" * 120,
+            "-" * 118,
             "scheduler_333 | PNDMScheduler | sd",
-            "-" * 120,
+            "-" * 118,
             "",
             "Additional Component Info:",
-            "=" * 120,
+            "=" * 118,
             "unet_1:",
             "  Adapters: ['style']",
         ]
@@ -86,7 +86,7 @@ def test_manager_rows_show_real_device_dtype_size_and_load_id():
         "Linear",
         "cpu",
         "torch.bfloat16",
-        "0.00",
+        "524800 B",  # 1024 x 256 bfloat16 weights and 256 biases: below 1 MB, in bytes
         "org/name|unet|fp16|abc123",
         "sd",
     ]
