@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from components.quiet_imports import install_filters
+from components.quiet_imports import _DropMessages, install_filters
 
 
 def test_importing_every_family_prints_nothing():
@@ -26,7 +26,7 @@ def test_importing_every_family_prints_nothing():
 def test_only_the_known_lines_are_dropped(caplog, logger_name, message):
     install_filters()  # a second call adds no second filter
     logger = logging.getLogger(logger_name)
-    assert len(logger.filters) == 1
+    assert sum(isinstance(f, _DropMessages) for f in logger.filters) == 1  # other libraries may add theirs
     with caplog.at_level(logging.WARNING, logger=logger_name):
         logger.warning(message)
         logger.warning("something else went wrong")
