@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from modular import ModularPipeline
 
-from .helpers import STEPS, assert_identical, seeded
+from .helpers import STEPS, ParityHarness, assert_identical, seeded
 
 #: The attention projections the tests put LoRA layers on, per kind of model.
 DENOISER_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -48,6 +48,16 @@ def make_lora(
         metadata[f"{name}_lora_adapter_metadata"] = config.to_dict()
     classic_class.save_lora_weights(folder, **layers, **metadata, weight_name=weight_name)
     return Path(folder)
+
+
+def two_loras(
+    harness: ParityHarness, repo: Path, classic_class: type, folder: Path, targets: Mapping[str, list[str]]
+) -> list[Path]:
+    """Two random LoRAs (seeds 0 and 1) for our pipeline of `repo`, each over the models named in `targets`
+    ({component: target modules}) in one file, written with `classic_class`'s `save_lora_weights`."""
+    pipe = harness.load_pipeline(repo)
+    models = {name: (getattr(pipe, name), modules) for name, modules in targets.items()}
+    return [make_lora(folder / name, classic_class, models, seed=seed) for seed, name in enumerate("ab")]
 
 
 def kohya_copy(source: Path, target: Path, alpha: float, prefixes: Mapping[str, str]) -> Path:

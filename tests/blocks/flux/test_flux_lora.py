@@ -10,8 +10,8 @@ from ..lora_helpers import (
     CLIP_TARGETS,
     DENOISER_TARGETS,
     assert_case_matches_classic,
-    make_lora,
     text2image_inputs,
+    two_loras,
 )
 from .conftest import FLUX
 
@@ -21,13 +21,13 @@ INPUTS = text2image_inputs(height=32, width=32)
 @pytest.fixture(scope="module")
 def loras(flux_repo, tmp_path_factory):
     """Two random LoRAs, each over the transformer and the CLIP text encoder in one file."""
-    pipe = FLUX.load_pipeline(flux_repo)
-    targets = {
-        "transformer": (pipe.transformer, DENOISER_TARGETS),
-        "text_encoder": (pipe.text_encoder, CLIP_TARGETS),
-    }
-    folder = tmp_path_factory.mktemp("flux-loras")
-    return [make_lora(folder / name, FluxPipeline, targets, seed=seed) for seed, name in enumerate("ab")]
+    return two_loras(
+        FLUX,
+        flux_repo,
+        FluxPipeline,
+        tmp_path_factory.mktemp("flux-loras"),
+        {"transformer": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
+    )
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -12,11 +12,11 @@ from ..lora_helpers import (
     assert_case_matches_classic,
     assert_parity_through,
     kohya_copy,
-    make_lora,
     ours_and_classic,
     run,
     same,
     text2image_inputs,
+    two_loras,
 )
 from .conftest import SD
 
@@ -26,13 +26,13 @@ INPUTS = text2image_inputs()
 @pytest.fixture(scope="module")
 def loras(sd_repo, tmp_path_factory):
     """Two random LoRAs, each over the UNet and the text encoder in one file."""
-    pipe = SD.load_pipeline(sd_repo)
-    targets = {"unet": (pipe.unet, DENOISER_TARGETS), "text_encoder": (pipe.text_encoder, CLIP_TARGETS)}
-    folder = tmp_path_factory.mktemp("sd-loras")
-    return [
-        make_lora(folder / name, StableDiffusionPipeline, targets, seed=seed)
-        for seed, name in enumerate("ab")
-    ]
+    return two_loras(
+        SD,
+        sd_repo,
+        StableDiffusionPipeline,
+        tmp_path_factory.mktemp("sd-loras"),
+        {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
+    )
 
 
 @pytest.mark.parametrize("case", CASES)

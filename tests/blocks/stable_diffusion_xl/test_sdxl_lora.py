@@ -8,8 +8,8 @@ from ..lora_helpers import (
     CLIP_TARGETS,
     DENOISER_TARGETS,
     assert_case_matches_classic,
-    make_lora,
     text2image_inputs,
+    two_loras,
 )
 from .conftest import SDXL
 
@@ -20,14 +20,13 @@ MODELS = ["unet", "text_encoder", "text_encoder_2"]
 @pytest.fixture(scope="module")
 def loras(sdxl_repo, tmp_path_factory):
     """Two random LoRAs, each over the UNet and both text encoders in one file."""
-    pipe = SDXL.load_pipeline(sdxl_repo)
-    targets = {name: (getattr(pipe, name), CLIP_TARGETS) for name in MODELS[1:]}
-    targets["unet"] = (pipe.unet, DENOISER_TARGETS)
-    folder = tmp_path_factory.mktemp("sdxl-loras")
-    return [
-        make_lora(folder / name, StableDiffusionXLPipeline, targets, seed=seed)
-        for seed, name in enumerate("ab")
-    ]
+    return two_loras(
+        SDXL,
+        sdxl_repo,
+        StableDiffusionXLPipeline,
+        tmp_path_factory.mktemp("sdxl-loras"),
+        {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS, "text_encoder_2": CLIP_TARGETS},
+    )
 
 
 @pytest.mark.parametrize("case", CASES)

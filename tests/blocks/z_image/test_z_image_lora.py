@@ -3,7 +3,7 @@
 import pytest
 from diffusers import ZImagePipeline
 
-from ..lora_helpers import CASES, DENOISER_TARGETS, assert_case_matches_classic, make_lora, text2image_inputs
+from ..lora_helpers import CASES, DENOISER_TARGETS, assert_case_matches_classic, text2image_inputs, two_loras
 from .conftest import SIZE, Z_IMAGE
 
 INPUTS = text2image_inputs(height=SIZE, width=SIZE)
@@ -12,10 +12,13 @@ INPUTS = text2image_inputs(height=SIZE, width=SIZE)
 @pytest.fixture(scope="module")
 def loras(zimage_repo, tmp_path_factory):
     """Two random LoRAs over the transformer (the only model diffusers' Z-Image loader takes a LoRA into)."""
-    pipe = Z_IMAGE.load_pipeline(zimage_repo)
-    targets = {"transformer": (pipe.transformer, DENOISER_TARGETS)}
-    folder = tmp_path_factory.mktemp("z-image-loras")
-    return [make_lora(folder / name, ZImagePipeline, targets, seed=seed) for seed, name in enumerate("ab")]
+    return two_loras(
+        Z_IMAGE,
+        zimage_repo,
+        ZImagePipeline,
+        tmp_path_factory.mktemp("z-image-loras"),
+        {"transformer": DENOISER_TARGETS},
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
