@@ -9,11 +9,14 @@ per call:
 - ``python``: where Python overhead dominates: 1 step, 64x64, ``output_type="latent"`` (no decode), so
   planning, state handling and block dispatch weigh most. Its ratio must not grow as the framework
   changes: 0.98x before the single walk with its cached plan, 0.96x after (medians of five runs of 60
-  pairs on 2 shared CPU cores; planning a call went from about 0.9 ms to under 0.01 ms).
+  pairs on 2 shared CPU cores; planning a call went from about 0.9 ms to under 0.01 ms). Asking a guider
+  component (issue 11) left both runs as they were: default 0.97x/0.97x, python 0.96x/0.96x before/after
+  (medians of three runs of 40 pairs).
 
     python benchmarks/overhead.py                 # both runs: 30 timed pairs after 5 warm-up pairs, 1 thread
     python benchmarks/overhead.py --run python --repeats 100
     python benchmarks/overhead.py --run default --threads 2 --output-type latent
+    python benchmarks/overhead.py --run grad      # inference_mode + clones (ours) vs no_grad
 
 Runs in well under a minute on 2 CPU cores.
 """
@@ -27,11 +30,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
 from diffusers import StableDiffusionPipeline
 
+import modular.pipeline
 from blocks.stable_diffusion import StableDiffusionAutoBlocks, make_tiny_repo
 
 PROMPT = "a photo of a cat"
@@ -110,9 +115,57 @@ def report(title: str, inputs: dict[str, Any], ours, theirs, args, target: str) 
     print(f"  ratio ours/theirs: {ratio:.3f} ({target})")
 
 
+def grad_mode_runners(ours, inputs: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
+    """Our call as it is (under ``torch.inference_mode()``, returned tensors cloned into ordinary ones), as it
+    was (the inference tensors returned as they are: they cannot be changed in place), and run under
+    ``torch.no_grad()`` instead (the other way to return ordinary tensors). The last two swap a name for the
+    duration of the call."""
+
+    def as_it_is():
+        return ours(generator=torch.Generator("cpu").manual_seed(0), output="images", **inputs)
+
+    def without_clones():
+        with mock.patch.object(modular.pipeline, "call_result", lambda state, output: state.get(output)):
+            return as_it_is()
+
+    def under_no_grad():
+        with mock.patch.object(torch, "inference_mode", torch.no_grad):
+            return as_it_is()
+
+    return [
+        ("inference_mode (as was)", without_clones),
+        ("inference_mode + clones", as_it_is),
+        ("no_grad", under_no_grad),
+    ]
+
+
+def report_grad_modes(ours, args) -> None:
+    """Medians of our call in each grad mode, on a tensor output: the default run's and the python run's."""
+    for title, steps, size in (("default", args.steps, {}), ("python", 1, {"height": 64, "width": 64})):
+        inputs = {"prompt": PROMPT, "num_inference_steps": steps, "output_type": "pt", **size}
+        modes = grad_mode_runners(ours, inputs)
+        outputs = [runner() for _, runner in modes]
+        same = all(torch.equal(outputs[0], other) for other in outputs[1:])
+        medians = measure(modes, args.repeats, args.warmup)
+        base = medians["inference_mode (as was)"]
+        print(
+            f"[grad/{title}] tiny SD text-to-image, {steps} step(s), output_type='pt', {args.repeats} "
+            f"alternating rounds after {args.warmup} warm-up rounds, {torch.get_num_threads()} thread(s)"
+        )
+        print(f"  outputs identical: {same}")
+        for (name, _), out in zip(modes, outputs, strict=True):
+            median = medians[name]
+            print(
+                f"  {name:<24} median {median * 1e3:8.2f} ms/call  ratio to as was {median / base:.3f}  "
+                f"output changeable in place: {not out.is_inference()}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run", default="both", choices=["both", "default", "python"], help="which runs")
+    parser.add_argument(
+        "--run", default="both", choices=["both", "default", "python", "grad"], help="which runs"
+    )
     parser.add_argument("--repeats", type=int, default=30, help="timed calls of each pipeline")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls of each pipeline first")
     parser.add_argument("--steps", type=int, default=2, help="denoising steps per call (default run)")
@@ -142,6 +195,8 @@ def main() -> None:
             "width": 64,
         }
         report("python", inputs, ours, theirs, args, "Python overhead dominates; must not grow")
+    if args.run == "grad":
+        report_grad_modes(ours, args)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import torch
 from diffusers import UNet2DConditionModel
 
 from blocks.common import TimestepLoopBlocks
+from blocks.common.guidance import call_guider, check_guider, guided_prediction, guider_spec, stack_conditions
 from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
 from modular import (
     ComponentSpec,
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 _UNET = ComponentSpec("unet", UNet2DConditionModel)
+# The classic pipeline's guidance: classifier-free, scale 7.5 (the call's guidance_scale sets it per call).
+GUIDER_SPEC = guider_spec(guidance_scale=7.5)
 
 
 def guidance_scale_embedding(scale: torch.Tensor, embedding_dim: int, dtype: torch.dtype) -> torch.Tensor:
@@ -44,13 +47,13 @@ def guidance_scale_embedding(scale: torch.Tensor, embedding_dim: int, dtype: tor
 
 
 class StableDiffusionLoopBeforeDenoiser(ModularPipelineBlocks):
-    """Loop step: duplicate the latents for guidance and scale them for the scheduler."""
+    """Loop step: scale the latents for the scheduler (the denoiser batches them per guidance condition)."""
 
     model_name = MODEL_NAME
 
     description = (
-        "Inside the loop: makes latent_model_input from latents (doubled when guidance is on), scaled "
-        "with the scheduler's scale_model_input for timestep t."
+        "Inside the loop: makes latent_model_input from latents, scaled with the scheduler's "
+        "scale_model_input for timestep t (the denoiser batches one copy per guidance condition)."
     )
 
     expected_components = [_UNET, SCHEDULER]
@@ -59,14 +62,11 @@ class StableDiffusionLoopBeforeDenoiser(ModularPipelineBlocks):
         InputParam(
             "latents", type_hint=torch.Tensor, required=True, description="The latents being denoised."
         ),
-        InputParam.template("guidance_scale"),
     ]
 
     def __call__(self, components, block_state, i, t):
-        latents = block_state.latents
-        if do_classifier_free_guidance(components, block_state.guidance_scale):
-            latents = torch.cat([latents] * 2)
-        block_state.latent_model_input = components.scheduler.scale_model_input(latents, t)
+        # Elementwise, so scaling once and batching copies equals the classic scaling of the doubled batch.
+        block_state.latent_model_input = components.scheduler.scale_model_input(block_state.latents, t)
         return components, block_state
 
 
@@ -89,29 +89,43 @@ class StableDiffusionInpaintLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser
     def __call__(self, components, block_state, i, t):
         components, block_state = super().__call__(components, block_state, i, t)
         if components.unet.config.in_channels == 9:
+            # The prepare step doubles mask and masked latents for classifier-free guidance (two equal halves);
+            # one condition's share is the first.
+            batch = block_state.latents.shape[0]
             block_state.latent_model_input = torch.cat(
-                [block_state.latent_model_input, block_state.mask, block_state.masked_image_latents], dim=1
+                [
+                    block_state.latent_model_input,
+                    block_state.mask[:batch],
+                    block_state.masked_image_latents[:batch],
+                ],
+                dim=1,
             )
         return components, block_state
 
 
 class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
-    """Loop step: predict the noise with the UNet and combine the two halves for classifier-free guidance."""
+    """Loop step: predict the noise with the UNet, one pass or batch per condition the guider asks for."""
 
     model_name = MODEL_NAME
 
     description = (
-        "Inside the loop: runs the UNet on latent_model_input at t with the text embeddings; with guidance, "
-        "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
+        "Inside the loop: asks the guider (default ClassifierFreeGuidance) which conditions to predict at t, "
+        "runs the UNet on latent_model_input with each condition's text embeddings (conditions that leave the "
+        "model as it is share one batch, negatives first), and combines the predictions with the guider: "
+        "noise_pred = uncond + guidance_scale * (text - uncond) by default, optionally rescaled by guidance_rescale."
     )
 
-    expected_components = [_UNET]
+    expected_components = [GUIDER_SPEC, _UNET]
 
     inputs = [
         InputParam.template("prompt_embeds", required=True),
         InputParam.template("negative_prompt_embeds"),
         InputParam.template("guidance_scale"),
-        InputParam("guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."),
+        InputParam(
+            "guidance_rescale",
+            type_hint=float,
+            description="Guidance rescale factor (default: the guider's own, 0.0 for the default guider).",
+        ),
         InputParam.template("cross_attention_kwargs"),
         *IP_ADAPTER_DENOISER_INPUTS,
     ]
@@ -128,44 +142,65 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
             )
         return block_state.timestep_cond
 
-    def unet_conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The text embeddings of the (guidance-doubled) batch, negatives first, and extra UNet inputs."""
-        embeds = block_state.prompt_embeds
+    def call_guider(self, components, block_state):
+        """The call's copy of the guider (made at the first step and checked against the UNet)."""
+        if "call_guider" not in block_state:
+            guider = call_guider(
+                components.guider,
+                block_state.guidance_scale,
+                guidance_on=do_classifier_free_guidance(components, block_state.guidance_scale),
+            )
+            if block_state.guidance_rescale is not None and hasattr(guider, "guidance_rescale"):
+                guider.guidance_rescale = block_state.guidance_rescale
+            check_guider(guider, components.unet, "unet", type(self).__name__)
+            block_state.call_guider = guider
+        return block_state.call_guider
+
+    def condition_inputs(self, components, block_state) -> dict[str, tuple[Any, Any]]:
+        """Per UNet input, its (conditional, unconditional) value; unconditional ones only with guidance on."""
         guided = do_classifier_free_guidance(components, block_state.guidance_scale)
-        if guided:
-            embeds = torch.cat([block_state.negative_prompt_embeds, embeds])
-        image_embeds = denoiser_ip_embeds(components, block_state, "unet", type(self).__name__, guided=guided)
-        return embeds, {} if image_embeds is None else {"added_cond_kwargs": {"image_embeds": image_embeds}}
+        name = type(self).__name__
+        image_embeds = denoiser_ip_embeds(components, block_state, "unet", name)
+        negative_image_embeds = None
+        if guided and image_embeds is not None:
+            negative_image_embeds = denoiser_ip_embeds(components, block_state, "unet", name, negative=True)
+        negative = block_state.negative_prompt_embeds if guided else None
+        return {
+            "encoder_hidden_states": (block_state.prompt_embeds, negative),
+            "image_embeds": (image_embeds, negative_image_embeds),
+        }
+
+    def added_conditions(self, stacked: dict[str, Any]) -> dict[str, Any]:
+        """The UNet's ``added_cond_kwargs`` from the batched condition inputs (SD: only image prompts)."""
+        image_embeds = stacked["image_embeds"]
+        return {} if image_embeds is None else {"added_cond_kwargs": {"image_embeds": image_embeds}}
 
     def __call__(self, components, block_state, i, t):
-        guided = do_classifier_free_guidance(components, block_state.guidance_scale)
-        embeds, extra = self.unet_conditions(components, block_state)
-        noise_pred = components.unet(
-            block_state.latent_model_input,
-            t,
-            encoder_hidden_states=embeds,
-            timestep_cond=self._timestep_cond(components, block_state),
-            cross_attention_kwargs=block_state.cross_attention_kwargs,
-            return_dict=False,
-            **extra,
-        )[0]
-        if guided:
-            uncond, text = noise_pred.chunk(2)
-            noise_pred = uncond + block_state.guidance_scale * (text - uncond)
-            if block_state.guidance_rescale > 0.0:
-                noise_pred = _rescale_noise_cfg(noise_pred, text, block_state.guidance_rescale)
-        block_state.noise_pred = noise_pred
+        guider = self.call_guider(components, block_state)
+        # The steps actually run: PNDM runs one more than num_inference_steps, and the guider's start/stop
+        # window must cover them all (it is a fraction of the count it is given).
+        guider.set_state(step=i, num_inference_steps=len(block_state.timesteps), timestep=t)
+        inputs = self.condition_inputs(components, block_state)
+        timestep_cond = self._timestep_cond(components, block_state)
+
+        def predict(conditions: list[dict[str, Any]]) -> list[torch.Tensor]:
+            count = len(conditions)
+            stacked = {name: stack_conditions([c[name] for c in conditions]) for name in inputs}
+            noise_pred = components.unet(
+                stack_conditions([block_state.latent_model_input] * count),
+                t,
+                encoder_hidden_states=stacked["encoder_hidden_states"],
+                timestep_cond=stack_conditions([timestep_cond] * count),
+                cross_attention_kwargs=block_state.cross_attention_kwargs,
+                return_dict=False,
+                **self.added_conditions(stacked),
+            )[0]
+            return list(noise_pred.chunk(count))
+
+        block_state.noise_pred = guided_prediction(
+            guider, components.unet, inputs, predict, unconditional_first=True
+        )
         return components, block_state
-
-
-def _rescale_noise_cfg(
-    noise_cfg: torch.Tensor, noise_pred_text: torch.Tensor, guidance_rescale: float
-) -> torch.Tensor:
-    """Match the guided prediction's spread to the text prediction's (Lin et al. 2023, sec. 3.4), then blend."""
-    std_text = noise_pred_text.std(dim=list(range(1, noise_pred_text.ndim)), keepdim=True)
-    std_cfg = noise_cfg.std(dim=list(range(1, noise_cfg.ndim)), keepdim=True)
-    rescaled = noise_cfg * (std_text / std_cfg)
-    return guidance_rescale * rescaled + (1 - guidance_rescale) * noise_cfg
 
 
 class StableDiffusionLoopAfterDenoiser(ModularPipelineBlocks):

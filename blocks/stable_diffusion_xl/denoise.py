@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
+from blocks.common.guidance import guider_spec
 from blocks.common.params import tensor_input
 from blocks.stable_diffusion.denoise import (
     StableDiffusionDenoiseLoopWrapper,
@@ -18,10 +16,12 @@ from blocks.stable_diffusion.denoise import (
     StableDiffusionLoopBeforeDenoiser,
     StableDiffusionLoopDenoiser,
 )
-from blocks.stable_diffusion.utils import do_classifier_free_guidance
 from modular import InputParam
 
 from .utils import MODEL_NAME, guidance_scale_input, with_sdxl_guidance
+
+# The classic SDXL pipelines' guidance: classifier-free, scale 5.0 (the call's guidance_scale sets it per call).
+SDXL_GUIDER_SPEC = guider_spec(guidance_scale=5.0)
 
 __all__ = [
     "StableDiffusionXLLoopBeforeDenoiser",
@@ -51,15 +51,19 @@ class StableDiffusionXLInpaintLoopBeforeDenoiser(StableDiffusionInpaintLoopBefor
 
 
 class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
-    """Loop step: the UNet with text embeddings, pooled embeddings and time ids; classifier-free guidance."""
+    """Loop step: the UNet with text embeddings, pooled embeddings and time ids, per guidance condition."""
 
     model_name = MODEL_NAME
 
     description = (
-        "Inside the loop: runs the UNet on latent_model_input at t with prompt_embeds and the added conditions "
-        "(text_embeds: pooled_prompt_embeds, time_ids: add_time_ids), negatives first when guidance is on; "
+        "Inside the loop: asks the guider (default ClassifierFreeGuidance) which conditions to predict at t and "
+        "runs the UNet on latent_model_input with each condition's prompt_embeds and added conditions "
+        "(text_embeds: pooled_prompt_embeds, time_ids: add_time_ids; the negatives for the unconditional one); "
+        "conditions that leave the model as it is share one batch, negatives first. By default "
         "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
     )
+
+    expected_components = [SDXL_GUIDER_SPEC, *StableDiffusionLoopDenoiser.expected_components[1:]]
 
     inputs = [
         InputParam.template("prompt_embeds", required=True),
@@ -69,30 +73,35 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
         tensor_input("add_time_ids", "Micro-conditioning ids.", required=True),
         tensor_input("negative_add_time_ids", "Micro-conditioning ids of the unconditional prediction."),
         guidance_scale_input(),
-        InputParam("guidance_rescale", type_hint=float, default=0.0, description="Guidance rescale factor."),
-        InputParam.template("cross_attention_kwargs"),
-        *IP_ADAPTER_DENOISER_INPUTS,
+        *StableDiffusionLoopDenoiser.inputs[3:],
     ]
 
-    def unet_conditions(self, components, block_state) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The text embeddings and added conditions of the (guidance-doubled) batch, made once per call."""
-        if "unet_conditions" not in block_state:
-            embeds = block_state.prompt_embeds
-            pooled, time_ids = block_state.pooled_prompt_embeds, block_state.add_time_ids
-            guided = do_classifier_free_guidance(components, block_state.guidance_scale)
-            if guided:
-                embeds = torch.cat([block_state.negative_prompt_embeds, embeds])
-                pooled = torch.cat([block_state.negative_pooled_prompt_embeds, pooled])
-                time_ids = torch.cat([block_state.negative_add_time_ids, time_ids])
+    def condition_inputs(self, components, block_state) -> dict[str, tuple[Any, Any]]:
+        """Per UNet input, its (conditional, unconditional) value on the execution device, made once per call."""
+        if "condition_inputs" not in block_state:
+            inputs = super().condition_inputs(components, block_state)
+            guided = inputs["encoder_hidden_states"][1] is not None
             device = components._execution_device
-            added = {"text_embeds": pooled.to(device), "time_ids": time_ids.to(device)}
-            image_embeds = denoiser_ip_embeds(
-                components, block_state, "unet", type(self).__name__, guided=guided
+            pairs = {
+                "text_embeds": (block_state.pooled_prompt_embeds, block_state.negative_pooled_prompt_embeds),
+                "time_ids": (block_state.add_time_ids, block_state.negative_add_time_ids),
+            }
+            for name, (positive, negative) in pairs.items():
+                inputs[name] = (positive.to(device), negative.to(device) if guided else None)
+            positive, negative = inputs["encoder_hidden_states"]
+            inputs["encoder_hidden_states"] = (
+                positive.to(device),
+                None if negative is None else negative.to(device),
             )
-            if image_embeds is not None:
-                added["image_embeds"] = image_embeds
-            block_state.unet_conditions = (embeds.to(device), {"added_cond_kwargs": added})
-        return block_state.unet_conditions
+            block_state.condition_inputs = inputs
+        return block_state.condition_inputs
+
+    def added_conditions(self, stacked: dict[str, Any]) -> dict[str, Any]:
+        """SDXL's ``added_cond_kwargs``: pooled embeddings, time ids and any image prompts."""
+        added = {"text_embeds": stacked["text_embeds"], "time_ids": stacked["time_ids"]}
+        if stacked["image_embeds"] is not None:
+            added["image_embeds"] = stacked["image_embeds"]
+        return {"added_cond_kwargs": added}
 
 
 class StableDiffusionXLLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):

@@ -1,0 +1,185 @@
+"""Guidance as a component: the families' denoisers ask a ``guider`` (diffusers' ``diffusers.guiders``) how
+many conditional and unconditional passes to run and how to combine their predictions.
+
+The guider is made from a config (``guider_spec``) and is each pipeline's own. A call never changes it:
+``call_guider`` gives the call a shallow copy that carries the call's scale and the per-step state the guider
+keeps (``set_state``, its count of prepared passes, APG's momentum). ``guided_prediction`` runs the passes:
+
+- a guider that leaves the model alone (classifier-free guidance, APG, CFG-Zero* ...) gets all its conditions
+  in one batch, in the family's classic order, so the default guider equals the classic pipelines bit for bit;
+- a guider that changes the model for some passes (PAG, skip-layer guidance) gets one pass per condition,
+  each between its ``prepare_models`` and ``cleanup_models`` (which install and remove its attention hooks),
+  as diffusers' own modular pipelines run them. ``cleanup_models`` runs even when the pass fails.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from diffusers.configuration_utils import FrozenDict
+from diffusers.guiders import ClassifierFreeGuidance
+from diffusers.guiders.guider_utils import BaseGuidance
+from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
+from modular import ComponentSpec
+
+__all__ = [
+    "GUIDER",
+    "call_guider",
+    "check_guider",
+    "guided_prediction",
+    "guider_spec",
+    "stack_conditions",
+]
+
+GUIDER = "guider"
+
+# What a family's denoiser hands the guider: per model input, its (conditional, unconditional) values.
+ConditionInputs = dict[str, tuple[Any, Any]]
+# Runs the model once on the given conditions' inputs (one dict each, in batch order); one prediction each.
+Predict = Callable[[list[dict[str, Any]]], list[torch.Tensor]]
+
+
+def guider_spec(**config: Any) -> ComponentSpec:
+    """The ``guider`` component: ``ClassifierFreeGuidance`` made from `config` (the family's classic defaults).
+
+    Any ``diffusers.guiders`` guider replaces it: ``pipe.update_components(guider=PerturbedAttentionGuidance(...))``.
+    """
+    return ComponentSpec(
+        GUIDER,
+        ClassifierFreeGuidance,
+        description="How guidance combines the model's predictions (any diffusers.guiders guider).",
+        config=FrozenDict(config),
+        default_creation_method="from_config",
+    )
+
+
+def _neutral_scale(guider: BaseGuidance) -> float:
+    """The scale at which a guider's classifier-free part does nothing (its formulation says which)."""
+    return 0.0 if getattr(guider, "use_original_formulation", False) else 1.0
+
+
+def call_guider(guider: BaseGuidance, guidance_scale: float | None, *, guidance_on: bool) -> BaseGuidance:
+    """A copy of `guider` for one call: its classifier-free scale is the call's `guidance_scale` (when given),
+    or the neutral scale when the family's rule turns classifier-free guidance off for this call
+    (`guidance_on` False: e.g. Stable Diffusion's ``guidance_scale <= 1``). The pipeline's guider is untouched.
+
+    Raises:
+        TypeError: `guider` is not a diffusers guider.
+    """
+    if not isinstance(guider, BaseGuidance):
+        msg = (
+            f"the 'guider' component must be a diffusers.guiders guider such as ClassifierFreeGuidance "
+            f"(got a {type(guider).__name__}); set one with pipe.update_components(guider=...)"
+        )
+        raise TypeError(msg)
+    guider = copy.copy(guider)  # no __init__: diffusers' guiders warn on each construction
+    if not guidance_on:
+        guider.guidance_scale = _neutral_scale(guider)
+    elif guidance_scale is not None:
+        guider.guidance_scale = guidance_scale
+    return guider
+
+
+def _touches_models(guider: BaseGuidance) -> bool:
+    cls = type(guider)
+    return (
+        cls.prepare_models is not BaseGuidance.prepare_models
+        or cls.cleanup_models is not BaseGuidance.cleanup_models
+    )
+
+
+def guided_prediction(
+    guider: BaseGuidance,
+    model: torch.nn.Module,
+    inputs: ConditionInputs,
+    predict: Predict,
+    *,
+    unconditional_first: bool,
+) -> torch.Tensor:
+    """The guided prediction for one step (``guider.set_state`` already called for it).
+
+    Args:
+        guider: The call's guider (``call_guider``).
+        model: The denoiser the guider may hook (``prepare_models`` / ``cleanup_models``).
+        inputs: Per model input, its (conditional, unconditional) value; the guider picks per condition.
+        predict: Runs `model` on a list of conditions' inputs batched together; returns one prediction each.
+        unconditional_first: Batch unconditional conditions before conditional ones (the family's classic order,
+            which keeps the default guider bit for bit equal to the classic pipeline).
+    """
+    batches = guider.prepare_inputs(inputs)
+    if _touches_models(guider):
+        for batch in batches:
+            try:
+                guider.prepare_models(model)
+                (batch.noise_pred,) = predict([_fields(batch, inputs)])
+            finally:
+                guider.cleanup_models(model)
+    else:
+        conditional = []
+        for _ in batches:
+            guider.prepare_models(model)  # counts the pass; the guider tells conditional from unconditional
+            conditional.append(guider.is_conditional)
+            guider.cleanup_models(model)
+        order = sorted(range(len(batches)), key=lambda k: conditional[k] == unconditional_first)
+        predictions = predict([_fields(batches[k], inputs) for k in order])
+        for k, prediction in zip(order, predictions, strict=True):
+            batches[k].noise_pred = prediction
+    return guider(batches).pred
+
+
+def _fields(batch: Any, inputs: ConditionInputs) -> dict[str, Any]:
+    return {name: getattr(batch, name, None) for name in inputs}
+
+
+def stack_conditions(values: Sequence[Any]) -> Any:
+    """One batch from the conditions' values of one input: tensors concatenated along dim 0, lists of
+    tensors (one per IP-Adapter) concatenated item by item; ``None`` when the input is absent."""
+    if values[0] is None:
+        return None
+    if len(values) == 1:
+        return values[0]
+    if isinstance(values[0], list):
+        return [torch.cat(items) for items in zip(*values, strict=True)]
+    return torch.cat(list(values))
+
+
+def check_guider(guider: BaseGuidance, model: torch.nn.Module, model_name: str, block_name: str) -> None:
+    """Checks, before any pass runs, that the layers a guider perturbs (PAG, skip-layer guidance) exist.
+
+    Raises:
+        ValueError: a layer config names blocks `model` does not have; nothing has been hooked.
+    """
+    for config in getattr(guider, "skip_layer_config", None) or []:
+        fqn = config.fqn
+        if fqn == "auto":
+            fqn = next((name for name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS if hasattr(model, name)), None)
+            if fqn is None:
+                msg = (
+                    f"{block_name}: {type(guider).__name__} finds the layers to perturb with fqn='auto', which "
+                    f"only knows transformer models; {model_name} ({type(model).__name__}) needs them named: "
+                    f"give the guider a LayerSkipConfig with fqn=<a ModuleList of transformer blocks>, e.g. "
+                    f"'mid_block.attentions.0.transformer_blocks' for a UNet"
+                )
+                raise ValueError(msg)
+        try:
+            blocks = model.get_submodule(fqn)
+        except AttributeError:
+            blocks = None
+        count = len(blocks) if isinstance(blocks, torch.nn.ModuleList) else 0
+        missing = [i for i in config.indices if not 0 <= i < count]
+        if blocks is None or not isinstance(blocks, torch.nn.ModuleList) or missing or not config.indices:
+            msg = (
+                f"{block_name}: {type(guider).__name__} perturbs layers {list(config.indices)} of {fqn!r}, but "
+                f"{model_name} ({type(model).__name__}) "
+                + (
+                    f"has {count} there"
+                    if isinstance(blocks, torch.nn.ModuleList)
+                    else "has no list of blocks of that name"
+                )
+                + "; name blocks the model has (see model.named_modules()) in the guider's layer config"
+            )
+            raise ValueError(msg)
