@@ -321,6 +321,8 @@ class ComponentsManager:
         memory_reserve_margin: str | int = "3GB",
         offload_strategy: Any = None,
         wait_timeout: float = 600.0,
+        host_budget: str | int | None = None,
+        spill_folder: Any = None,
     ) -> None:
         """Turns auto offload on: every model (now and later) is placed by an ``offload.OffloadEngine``.
 
@@ -332,17 +334,23 @@ class ComponentsManager:
             device: Execution device: ``None`` (the default accelerator), ``"cuda:0"``, a ``torch.device`` or
                 an ``offload.SimulatedDevice``.
             memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
-            offload_strategy: An ``offload.OffloadStrategy``; ``None`` for the engine's default.
+            offload_strategy: An ``offload.OffloadStrategy`` or one written for diffusers' manager (``offload.
+                PeerStrategy``); ``None`` for the engine's default.
             wait_timeout: Seconds a call waits for room held by other threads' running models before it
                 raises ``offload.OffloadTimeoutError``.
+            host_budget, spill_folder: Host memory for host copies (default: what the host has available, less
+                a margin) and where changed weights spill; see ``offload.OffloadEngine`` and docs/offload.md.
 
         Raises:
             offload.ModelTooLargeError: a registered model cannot fit on the device even alone (capacity
                 minus margin); auto offload is left as it was.
+            offload.HostBudgetError: the spill folder is not writable, or a model larger than host_budget has no
+                file to read it back from; auto offload is left as it was.
         """
         with self._locked() as registry:
             components = registry.by_ids(registry.entries)
-            self._offload.enable(components, device, memory_reserve_margin, offload_strategy, wait_timeout)
+            options = (memory_reserve_margin, offload_strategy, wait_timeout, host_budget, spill_folder)
+            self._offload.enable(components, device, *options)
 
     def disable_auto_cpu_offload(self) -> None:
         """Turns auto offload off: hooks removed, weights back on their host copies. A no-op when off.

@@ -46,6 +46,7 @@ INFO_FIELDS = (
     "execution_device",
     "ip_adapter",
     "quantization",
+    "resident_share",
 )
 
 
@@ -226,9 +227,12 @@ def component_info(
     if isinstance(component, torch.nn.Module):
         dtype = module_dtype(component)
         hook = getattr(component, "_hf_hook", None)
+        on_disk = (
+            residency is not None and residency.on_disk
+        )  # its slots hold placeholders (offload.host_tier)
         info.update(
-            size_gb=storage_bytes(component) / 1024**3,
-            device=",".join(module_devices(component)) or None,
+            size_gb=(residency.disk_nbytes if residency and on_disk else storage_bytes(component)) / 1024**3,
+            device="disk" if on_disk else ",".join(module_devices(component)) or None,
             dtype=None if dtype is None else str(dtype),
             adapters=adapter_names(component),
             lora=lora_info(component),
@@ -238,5 +242,7 @@ def component_info(
             else getattr(hook, "execution_device", None),
             ip_adapter=ip_adapter_info(component),
             quantization=quantization_info(component),
+            # Partly resident under auto offload (its tail streamed per call): the share on the device.
+            resident_share=None if residency is None else residency.resident_share,
         )
     return info

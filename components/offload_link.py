@@ -10,6 +10,8 @@ import torch
 import offload
 from offload import OffloadEngine, OffloadLog, Residency
 
+from .weight_sources import weight_files
+
 __all__ = ["OffloadLink"]
 
 
@@ -50,13 +52,20 @@ class OffloadLink:
         memory_reserve_margin: str | int,
         strategy: Any,
         wait_timeout: float,
+        host_budget: str | int | None = None,
+        spill_folder: Any = None,
     ) -> None:
         """Builds an engine, attaches every model among ``components`` (``{component id: object}``) to it,
         and puts it in place of the current one (closed first). Arguments as for
         ``ComponentsManager.enable_auto_cpu_offload``.
 
+        Each model's source files (``weight_files``) go with it, so that under a host budget the engine reads
+        its unchanged weights back from them.
+
         Raises:
             offload.ModelTooLargeError: a model cannot fit on the device even alone; nothing changed.
+            offload.HostBudgetError: the spill folder is not writable, or a model larger than the host budget
+                has no file to read it back from; nothing changed.
         """
         # Looked up on the package when called, so a test can stand in for the engine (test_offload_link.py).
         engine = offload.OffloadEngine(
@@ -64,14 +73,17 @@ class OffloadLink:
             memory_reserve_margin=memory_reserve_margin,
             strategy=strategy,
             wait_timeout=wait_timeout,
+            host_budget=host_budget,
+            spill_folder=spill_folder,
         )
         models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
+        files = {key: weight_files(module) for key, module in models.items()}
         state = "on with the previous settings" if self._engine is not None else "off"
-        engine.check_fit(models, after=f" Auto offload was left {state}.")
+        engine.check_fit(models, after=f" Auto offload was left {state}.", weight_files=files)
         self.disable()
         try:
             for component_id, module in models.items():
-                engine.attach(component_id, module)
+                engine.attach(component_id, module, files[component_id])
         except BaseException:
             engine.close()
             raise
@@ -80,13 +92,13 @@ class OffloadLink:
     def disable(self) -> None:
         """Closes the engine (hooks removed, weights on their host copies); a no-op when off."""
         if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+            engine, self._engine = self._engine, None  # off even if close raises DiskCopyError (all detached)
+            engine.close()
 
     def attach(self, component_id: str, component: Any) -> None:
         """Hands a newly registered model to the engine; a no-op when off or for other objects."""
         if self._engine is not None and isinstance(component, torch.nn.Module):
-            self._engine.attach(component_id, component)
+            self._engine.attach(component_id, component, weight_files(component))
 
     def detach(self, component_id: str, component: Any) -> None:
         """Takes a model that leaves the registry from the engine; a no-op when off or for other objects."""

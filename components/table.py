@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .manager import ComponentsManager
 
 __all__ = [
+    "DISK",
     "EMPTY_TABLE",
     "HOST",
     "MODEL_HEADER",
@@ -31,6 +32,8 @@ OTHER_HEADER = ("ID", "Class", "Collection")
 EMPTY_TABLE = "Components: none registered."
 #: Where a model placed by auto offload is while it is not on the device: its host copy.
 HOST = "cpu"
+#: Where it is while its host copy is dropped under a host budget: the files it is read back from.
+DISK = "disk"
 
 
 def _expand(rows: Sequence[tuple[Sequence[str], Sequence[str]]], width: int) -> list[list[str]]:
@@ -103,9 +106,12 @@ def device_cell(residency: Residency) -> str:
     """The device cell of a model auto offload places: ``"where now(where it runs)"``.
 
     ``"sim(sim)"`` or ``"cuda:0(cuda:0)"`` while it is on the device, ``"cpu(sim)"`` or ``"cpu(cuda:0)"``
-    while it is on its host copy.
+    while it is on its host copy, ``"disk(sim)"`` while its host copy is dropped under a host budget,
+    ``"partial 62%(sim)"`` while 62 % of its bytes are on the device and the rest streams per call.
     """
-    where = residency.device if residency.resident else HOST
+    where = residency.device if residency.resident else DISK if residency.on_disk else HOST
+    if residency.resident and residency.resident_share is not None:
+        where = f"partial {residency.resident_share:.0%}"
     return f"{where}({residency.device})"
 
 

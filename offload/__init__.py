@@ -5,16 +5,20 @@ This package knows modules, ids and byte sizes only; it imports nothing from the
 
 from offload.engine import OffloadEngine
 from offload.errors import (
+    DiskCopyError,
+    HostBudgetError,
     ModelTooLargeError,
     OffloadDeadlockError,
     OffloadOutOfMemoryError,
     OffloadTimeoutError,
     StrategyError,
 )
+from offload.host_tier import HostTier
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadDecision, OffloadLog
 from offload.lru import LRUStrategy
 from offload.next_use import NextUseStrategy
+from offload.peer_strategy import PeerStrategy
 from offload.plan import ExecutionPlan
 from offload.probes import DeviceProbe, HostProbe, MemoryProbe
 from offload.residency import Residency
@@ -26,8 +30,11 @@ from offload.units import format_bytes, format_bytes_distinct, parse_bytes
 
 __all__ = [
     "DeviceProbe",
+    "DiskCopyError",
     "ExecutionPlan",
+    "HostBudgetError",
     "HostProbe",
+    "HostTier",
     "LRUStrategy",
     "MemoryProbe",
     "ModelTooLargeError",
@@ -40,6 +47,7 @@ __all__ = [
     "OffloadTimeoutError",
     "OffloadRequest",
     "OffloadStrategy",
+    "PeerStrategy",
     "Residency",
     "ResidencyLedger",
     "SimulatedDevice",

@@ -7,6 +7,8 @@ a model, and waiting for room under threads, is ``offload.placement.Placer``'s j
 from __future__ import annotations
 
 import math
+import os
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
@@ -14,17 +16,20 @@ import torch
 
 from offload import messages
 from offload.calls import CallTracker
-from offload.errors import ModelTooLargeError, OffloadOutOfMemoryError
+from offload.clock import SimulatedClock
+from offload.errors import DiskCopyError, ModelTooLargeError, OffloadOutOfMemoryError
 from offload.hook import OffloadHook, check_no_foreign_hook, install_hook, remove_hook
+from offload.host_tier import HostTier
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadLog
 from offload.next_use import NextUseStrategy
+from offload.peer_strategy import as_strategy
 from offload.placement import Placer
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe, resolve_probe
 from offload.residency import Residency
 from offload.storage import module_nbytes
-from offload.strategy import SupportsSelectVictims, check_strategy
+from offload.strategy import SupportsSelectVictims
 from offload.units import format_bytes, parse_bytes
 
 __all__ = ["OffloadEngine"]
@@ -56,6 +61,11 @@ class OffloadEngine:
         memory_reserve_margin: Bytes (or ``"3GB"``) kept free for activations.
         strategy: Picks victims; defaults to ``NextUseStrategy()``. Kept until ``set_strategy``.
         wait_timeout: Seconds a call waits for room held by running models before giving up.
+        host_budget: Bytes (or ``"48GB"``) of host copies to hold; past it, the models needed least soon
+            drop theirs and are read back from disk when next placed (``offload.host_tier``). ``None``: what
+            the host has available, less a margin. Not with ``device="cpu"``.
+        spill_folder: Where weights that differ from the files a model was loaded from are written; ``None``
+            for a temporary folder. Removed (or emptied of our files) at ``close``.
     """
 
     def __init__(
@@ -64,11 +74,18 @@ class OffloadEngine:
         memory_reserve_margin: int | str = "3GB",
         strategy: object | None = None,
         wait_timeout: float = 600.0,
+        host_budget: int | str | None = None,
+        spill_folder: str | os.PathLike | None = None,
     ):
         self._probe = resolve_probe(device)
+        if self._probe.always_resident and (host_budget is not None or spill_folder is not None):
+            msg = "host_budget and spill_folder need a device to offload to; device='cpu' keeps every model on the host."
+            raise ValueError(msg)
         margin = parse_bytes(memory_reserve_margin, name="memory_reserve_margin")
-        checked = check_strategy(strategy) if strategy is not None else NextUseStrategy()
         self._ledger = ResidencyLedger(self._probe)
+        checked: SupportsSelectVictims = NextUseStrategy()
+        if strategy is not None:  # one written for diffusers' manager runs behind offload/peer_strategy.py
+            checked = as_strategy(strategy, self._ledger.module, self._probe.execution_device)
         self._hooks: dict[str, OffloadHook] = {}
         timeout = _check_timeout(wait_timeout)
         self._lock = threading.RLock()
@@ -90,6 +107,11 @@ class OffloadEngine:
             strategy=checked,
             wait_timeout=timeout,
         )
+        # Host copies within a budget, disk behind them (with device="cpu", no budget: nothing is dropped).
+        budget = sys.maxsize if self._probe.always_resident else host_budget
+        calls, request = self._calls.running.__getitem__, self._placer.request
+        self._host = HostTier(self._probe, self._ledger, self.log, budget, spill_folder, calls, request)
+        self._placer.beyond.on_disk = self._host.on_disk  # prefetch leaves models on disk alone
 
     def __repr__(self) -> str:
         margin = format_bytes(self._placer.margin)
@@ -131,14 +153,35 @@ class OffloadEngine:
         self._placer.wait_timeout = _check_timeout(value)
 
     @property
+    def prefetch(self) -> bool:
+        """Move the plan's next model (and a streamed model's next group) in while the current one computes;
+        off by default. Never evicts a model needed sooner (``offload.prefetch``)."""
+        return self._placer.beyond.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: bool) -> None:
+        with self._lock:
+            self._placer.beyond.prefetch = bool(value)
+
+    @property
+    def simulated_clock(self) -> SimulatedClock | None:
+        """The simulated clock of a ``SimulatedDevice`` given ``h2d_bandwidth`` (``offload.clock``), else None."""
+        return self._placer.beyond.clock
+
+    @property
     def strategy(self) -> SupportsSelectVictims:
         """The strategy that picks victims."""
         return self._placer.strategy
 
+    @property
+    def host_tier(self) -> HostTier:
+        """The host tier: the host budget, the spill folder, which models are on disk."""
+        return self._host
+
     def set_strategy(self, strategy: object) -> None:
         """Use ``strategy`` from now on (any object with ``select_victims(request)``); a placement in
         progress finishes with the one it started with."""
-        checked = check_strategy(strategy)
+        checked = as_strategy(strategy, self._ledger.module, self._probe.execution_device)
         with self._lock:
             self._placer.strategy = checked
 
@@ -160,24 +203,32 @@ class OffloadEngine:
         with self._lock:
             planned = [m for m in dict.fromkeys(model_ids) if m in self._hooks]
             for model_id in planned:
-                self._placer.remeasure_if_changed(model_id)
+                if not self._host.on_disk(model_id):  # measured once read back
+                    self._placer.remeasure_if_changed(model_id)
             capacity = self._placer.capacity_alone()
-            unfit = {m: self._ledger.nbytes(m) for m in planned if self._ledger.nbytes(m) > capacity}
+            too_large = {m: self._ledger.module(m) for m in planned if self._ledger.nbytes(m) > capacity}
+            unfit, problems = self._placer.beyond.unstreamable(too_large, capacity)  # the others stream
             if unfit:
                 intro = "set_plan: the call would use {models}, which cannot fit"
                 raise self._unfit(unfit, capacity, intro, " Nothing was moved.")
+            if problems:
+                raise ModelTooLargeError(f"set_plan: {' '.join(problems)} Nothing was moved.")
             self._placer.set_plan(model_ids)
             for watcher in self.watchers:
                 watcher("plan", model_ids)
 
     # -- attach / detach -----------------------------------------------------------------------
-    def attach(self, model_id: str, module: torch.nn.Module) -> None:
+    def attach(self, model_id: str, module: torch.nn.Module, weight_files: Sequence[str] = ()) -> None:
         """Hook ``module`` under ``model_id`` and keep its weights on the host copy. Idempotent per id.
+
+        ``weight_files`` are the safetensors files it was loaded from: under a host budget, its unchanged
+        weights are read back from them rather than written to the spill folder.
 
         Raises:
             TypeError: ``module`` is not a ``torch.nn.Module``.
             ValueError: the id is attached to another module, the module is attached under another id,
                 or it already carries a foreign accelerate hook.
+            HostBudgetError: it is larger than the host budget and ``weight_files`` do not hold it all.
         """
         if not isinstance(module, torch.nn.Module):
             msg = f"attach({model_id!r}, ...) needs a torch.nn.Module (got {type(module)})."
@@ -193,6 +244,7 @@ class OffloadEngine:
                 msg = f"this module is already attached as {other!r}; one module can be attached under one id only."
                 raise ValueError(msg)
             check_no_foreign_hook(module, model_id)  # before anything moves
+            self._host.check_fit({model_id: module}, {model_id: weight_files})
             hook = OffloadHook(self, model_id)
             moved_back = self._ledger.add(model_id, module)
             try:
@@ -201,27 +253,39 @@ class OffloadEngine:
                 self._ledger.remove(model_id)
                 raise
             self._hooks[model_id] = hook
+            self._host.attach(model_id, module, weight_files)
             if moved_back:
                 self._placer.record(model_id, (), 0, moved_back, self._probe.free_bytes(), "attach")
 
-    def check_fit(self, modules: Mapping[str, torch.nn.Module], after: str = "") -> None:
+    def check_fit(
+        self,
+        modules: Mapping[str, torch.nn.Module],
+        after: str = "",
+        weight_files: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         """Raise ModelTooLargeError, before anything is attached or moved, if a module cannot fit alone.
 
-        Capacity is the device's total (free memory when the total is unknown) minus the margin.
+        Capacity is the device's total (free memory when the total is unknown) minus the margin. Raises
+        HostBudgetError if a module is larger than the host budget and its ``weight_files`` do not hold it.
 
         Args:
             modules: Model ids and the modules that would be attached under them.
             after: A sentence added to the message (what the caller left as it was).
+            weight_files: The safetensors files each module was loaded from, by model id.
         """
         if self._probe.always_resident:
             return
+        self._host.check_fit(modules, weight_files or {})
         total = self._probe.total_bytes()
         with self._lock:
             capacity = self._placer.capacity_alone() if total is None else total - self._placer.margin
-        sizes = {model_id: module_nbytes(module) for model_id, module in modules.items()}
-        unfit = {model_id: nbytes for model_id, nbytes in sizes.items() if nbytes > capacity}
+        too_large = {model_id: m for model_id, m in modules.items() if module_nbytes(m) > capacity}
+        with self._lock:
+            unfit, problems = self._placer.beyond.unstreamable(too_large, capacity)  # the others stream
         if unfit:
             raise self._unfit(unfit, capacity, "{models} cannot fit", after)
+        if problems:
+            raise ModelTooLargeError(" ".join(problems) + after)
 
     def detach(self, model_id: str) -> None:
         """Remove ``model_id``'s hook; its weights end on the host copy. Waits for its calls in progress in
@@ -249,6 +313,7 @@ class OffloadEngine:
         self._placer.forget(model_id)
         if was_resident and not self._probe.always_resident:
             self._placer.record(model_id, (model_id,), 0, 0, self._probe.free_bytes(), "detach")
+        self._host.detach(model_id)  # last: a file gone since the drop raises DiskCopyError, detached
 
     def close(self) -> None:
         """Detach every model: no hooks, every weight on the host. Waits for the calls in progress in other
@@ -262,10 +327,17 @@ class OffloadEngine:
         with self._changed:
             model_ids = list(self._hooks)
             self._calls.await_no_calls(model_ids, "close()", self._placer.wait_timeout)
+            unreadable: list[DiskCopyError] = []
             for model_id in model_ids:
                 if model_id in self._hooks:  # another thread may have detached it while we waited
-                    self._detach_now(model_id)
+                    try:
+                        self._detach_now(model_id)
+                    except DiskCopyError as error:  # detached all the same; said once all are
+                        unreadable.append(error)
+            self._host.close()
             self._changed.notify_all()
+            if unreadable:
+                raise unreadable[0]
 
     # -- queries -------------------------------------------------------------------------------
     def is_resident(self, model_id: str) -> bool:
@@ -307,6 +379,9 @@ class OffloadEngine:
                 resident=self._ledger.is_resident(model_id),
                 device=self._probe.name,
                 execution_device=self._probe.execution_device,
+                on_disk=self._host.on_disk(model_id),
+                disk_nbytes=self._host.disk_nbytes(model_id),
+                resident_share=self._placer.beyond.resident_share(model_id),
             )
 
     # -- placement -----------------------------------------------------------------------------
@@ -335,7 +410,8 @@ class OffloadEngine:
             StrategyError: the strategy's victims are invalid or free too little (nothing moved).
         """
         with self._lock:
-            self._placer.ensure_resident(model_id)
+            with self._host.placing(model_id):
+                self._placer.ensure_resident(model_id)
             for watcher in self.watchers:
                 watcher("use", model_id)
 
@@ -347,7 +423,15 @@ class OffloadEngine:
     def refresh_host_copy(self, model_id: str) -> None:
         """Bring ``model_id``'s host copy and size up to date after its weights changed in place."""
         with self._lock:
+            self._host.restore(model_id)
             self._placer.refresh(model_id)
+            self._host.changed(model_id)
+
+    def load_host_copy(self, model_id: str) -> None:
+        """Read ``model_id``'s weights back into host memory if its host copy was dropped under the host
+        budget (before editing them in place; the budget holds again at the next placement)."""
+        with self._lock:
+            self._host.restore(model_id)
 
     # -- one hooked call -----------------------------------------------------------------------
     def run_forward(
@@ -376,7 +460,8 @@ class OffloadEngine:
                 with self._lock:
                     if not self._ledger.is_resident(model_id):
                         # Evicted by hand (engine.evict) after the hook placed it.
-                        self._placer.place(model_id)
+                        with self._host.placing(model_id):
+                            self._placer.place(model_id)
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError:
@@ -398,3 +483,4 @@ class OffloadEngine:
         finally:
             with self._lock:
                 self._calls.exit(model_id)
+                self._placer.beyond.end_call(model_id)  # drop and log the groups it streamed

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
+    "DiskCopyError",
+    "HostBudgetError",
     "ModelTooLargeError",
     "OffloadDeadlockError",
     "OffloadOutOfMemoryError",
@@ -29,3 +31,12 @@ class OffloadDeadlockError(RuntimeError):
 
 class StrategyError(ValueError):
     """A strategy returned victims that are not resident, include the requested model, or free too little."""
+
+
+class HostBudgetError(ValueError):
+    """``host_budget`` or ``spill_folder`` cannot be honoured (a model the budget cannot hold has no file to
+    read back from, or the spill folder is not writable). Raised before anything is dropped."""
+
+
+class DiskCopyError(RuntimeError):
+    """A model whose host copy was dropped cannot be read back: a file it reads is gone or was replaced."""

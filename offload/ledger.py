@@ -9,6 +9,7 @@ asynchronous. With a bookkeeping probe (simulated device, CPU) nothing moves; on
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -35,6 +36,15 @@ class _Entry:
     fingerprint: tuple[int, int, int] = (0, 0, 0)
     generation: int = -1
     watched: list[torch.nn.Module] = attrs.field(factory=list)  # its submodules, watched for registrations
+    # Partly resident (offload.streaming): bytes of its resident groups, and bytes it holds on the device
+    # (those plus the room its streamed groups pass through). None when whole or off the device.
+    prefix: int | None = None
+    footprint: int | None = None
+
+
+def _held(entry: _Entry) -> int:
+    """Bytes ``entry`` holds on the device when resident."""
+    return entry.nbytes if entry.footprint is None else entry.footprint
 
 
 def _buffer_slots(module: torch.nn.Module):
@@ -81,8 +91,15 @@ class ResidencyLedger:
         return entry is not None and entry.resident
 
     def residents(self) -> dict[str, int]:
-        """Resident model ids and their sizes in bytes."""
-        return {mid: e.nbytes for mid, e in self._entries.items() if e.resident}
+        """Resident model ids and the bytes each holds on the device (its footprint when partly resident)."""
+        return {mid: _held(e) for mid, e in self._entries.items() if e.resident}
+
+    def partial(self, model_id: str) -> tuple[int, int] | None:
+        """``(resident bytes, footprint)`` of a partly resident model (``offload.streaming``), else None."""
+        entry = self._entries.get(model_id)
+        if entry is None or not entry.resident or entry.prefix is None or entry.footprint is None:
+            return None
+        return entry.prefix, entry.footprint
 
     def resident_bytes(self) -> int:
         """Bytes of all resident models."""
@@ -109,15 +126,22 @@ class ResidencyLedger:
             self.evict(model_id)
         unwatch(self._entries.pop(model_id).watched)
 
-    def make_resident(self, model_id: str) -> int:
-        """Put ``model_id`` on the device. Returns host-to-device bytes (0 if already resident)."""
+    def make_resident(
+        self, model_id: str, part: tuple[Sequence[torch.nn.Module], int, int] | None = None
+    ) -> int:
+        """Put ``model_id`` on the device. Returns host-to-device bytes (0 if already resident).
+
+        ``part`` puts only some of it there (``offload.streaming``): the modules whose own tensors move, their
+        bytes, and the footprint the model then holds (those bytes plus room for its streamed groups).
+        """
         entry = self._entries[model_id]
         if entry.resident:
             return 0
         if self.probe.moves_weights:
-            self._upload(entry)
+            self._upload(entry, None if part is None else part[0])
+        entry.prefix, entry.footprint = (None, None) if part is None else part[1:]
         self._set_resident(model_id, entry, True)
-        return entry.nbytes
+        return entry.nbytes if part is None else part[1]
 
     def evict(self, model_id: str) -> int:
         """Take ``model_id`` off the device. Returns device-to-host bytes: 0 unless weights changed on the
@@ -154,7 +178,7 @@ class ResidencyLedger:
         if self.probe.moves_weights:
             copied = self._sync_host(entry) if entry.resident else self._to_host(entry.module)
         nbytes = module_nbytes(entry.module)
-        if entry.resident:
+        if entry.resident and entry.footprint is None:  # a partly resident one keeps its footprint
             self._resident_bytes += nbytes - entry.nbytes
             self.probe.on_resident(model_id, nbytes)
             self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
@@ -183,11 +207,12 @@ class ResidencyLedger:
     def _set_resident(self, model_id: str, entry: _Entry, resident: bool) -> None:
         entry.resident = resident
         if resident:
-            self._resident_bytes += entry.nbytes
+            self._resident_bytes += _held(entry)
             self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
-            self.probe.on_resident(model_id, entry.nbytes)
+            self.probe.on_resident(model_id, _held(entry))
         else:
-            self._resident_bytes -= entry.nbytes
+            self._resident_bytes -= _held(entry)
+            entry.prefix = entry.footprint = None
             self.probe.on_evicted(model_id)
 
     def _host_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -209,13 +234,13 @@ class ResidencyLedger:
             owner._buffers[name] = self._host_tensor(buffer)
         return copied
 
-    def _upload(self, entry: _Entry) -> None:
+    def _upload(self, entry: _Entry, owners: Sequence[torch.nn.Module] | None = None) -> None:
         device = self.probe.execution_device
         # One device copy per host tensor, even if shared (tied weights): parameters and buffers apart,
         # since a parameter slot takes a Parameter.
         done: dict[int, torch.nn.Parameter] = {}
         done_buffers: dict[int, torch.Tensor] = {}
-        for owner in entry.module.modules():
+        for owner in entry.module.modules() if owners is None else owners:
             for name, param in owner._parameters.items():
                 if param is None or param.device == device:
                     continue

@@ -26,7 +26,15 @@ class OffloadDecision:
         free_after: Free device bytes after it.
         reason: ``"fits"``, ``"evict: <strategy>"``, ``"oom retry"``, ``"refresh"``, ``"remeasure"`` (its
             weights were added, swapped or resized: measured again, taken off the device first if it was on),
-            ``"evict"`` or ``"detach"``.
+            ``"evict"``, ``"detach"``, ``"stream"`` (placed partly resident: ``offload.partial``), ``"stream
+            tail"`` (the groups one call streamed in) or ``"prefetch"``; with a host budget (``offload.host_tier``) also ``"spill"`` (written to
+            the spill folder), ``"drop host copy"`` (its host copy freed: the weights are on disk now) and
+            ``"disk read"`` (read back into host memory).
+        bytes_from_disk: Bytes read back from disk by this decision.
+        bytes_to_disk: Bytes written to the spill folder by this decision.
+        start: On a simulated clock (``SimulatedDevice(h2d_bandwidth=...)``), when its copy started, in
+            simulated seconds; None otherwise.
+        end: When that copy ended.
     """
 
     time: float
@@ -37,9 +45,14 @@ class OffloadDecision:
     free_before: int
     free_after: int
     reason: str
+    bytes_from_disk: int = 0
+    bytes_to_disk: int = 0
+    start: float | None = None
+    end: float | None = None
 
 
 _COLUMNS = ("#", "model", "evicted", "to device", "to host", "free before", "free after", "reason")
+_DISK_COLUMNS = ("from disk", "to disk")  # shown once the log holds disk traffic
 
 
 class OffloadLog:
@@ -55,6 +68,8 @@ class OffloadLog:
         self.total_bytes_to_device = 0
         self.total_bytes_to_host = 0
         self.total_evictions = 0
+        self.total_bytes_from_disk = 0
+        self.total_bytes_to_disk = 0
 
     def append(self, decision: OffloadDecision) -> None:
         """Record ``decision`` and add it to the totals."""
@@ -63,6 +78,8 @@ class OffloadLog:
         self.total_bytes_to_device += decision.bytes_to_device
         self.total_bytes_to_host += decision.bytes_to_host
         self.total_evictions += len(decision.evicted)
+        self.total_bytes_from_disk += decision.bytes_from_disk
+        self.total_bytes_to_disk += decision.bytes_to_disk
 
     def clear(self) -> None:
         """Forget every decision and reset the totals."""
@@ -71,6 +88,8 @@ class OffloadLog:
         self.total_bytes_to_device = 0
         self.total_bytes_to_host = 0
         self.total_evictions = 0
+        self.total_bytes_from_disk = 0
+        self.total_bytes_to_disk = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -89,6 +108,8 @@ class OffloadLog:
 
     def __str__(self) -> str:
         first = self._count - len(self._entries)
+        disk = bool(self.total_bytes_from_disk or self.total_bytes_to_disk)
+        columns = _COLUMNS + _DISK_COLUMNS if disk else _COLUMNS
         rows = [
             (
                 str(first + i + 1),
@@ -99,15 +120,22 @@ class OffloadLog:
                 format_bytes(d.free_before),
                 format_bytes(d.free_after),
                 d.reason,
+                *((format_bytes(d.bytes_from_disk), format_bytes(d.bytes_to_disk)) if disk else ()),
             )
             for i, d in enumerate(self._entries)
         ]
-        widths = [max(len(c), *(len(r[k]) for r in rows)) if rows else len(c) for k, c in enumerate(_COLUMNS)]
-        line = " | ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths))
+        widths = [max(len(c), *(len(r[k]) for r in rows)) if rows else len(c) for k, c in enumerate(columns)]
+        line = " | ".join(c.ljust(w) for c, w in zip(columns, widths))
         out = [line, "-" * len(line)]
         out += [" | ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
-        out.append(
+        total = (
             f"total: to device {format_bytes(self.total_bytes_to_device)}, "
             f"to host {format_bytes(self.total_bytes_to_host)}, evictions {self.total_evictions}"
         )
+        if disk:
+            total += (
+                f", from disk {format_bytes(self.total_bytes_from_disk)}, "
+                f"to disk {format_bytes(self.total_bytes_to_disk)}"
+            )
+        out.append(total)
         return "\n".join(out)

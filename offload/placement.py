@@ -23,6 +23,7 @@ from offload.calls import CallTracker, Waiter
 from offload.errors import ModelTooLargeError, OffloadDeadlockError, OffloadTimeoutError, StrategyError
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadDecision, OffloadLog
+from offload.partial import Beyond
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe
 from offload.strategy import OffloadRequest, SupportsSelectVictims, strategy_name
@@ -78,11 +79,14 @@ class Placer:
         self._recent_plans: deque[tuple[str, ...]] = deque(maxlen=32)
         self._clock = itertools.count(1)
         self._last_used: dict[str, int] = {}
+        # Streaming models partly resident, prefetch and the simulated clock (offload.partial).
+        self.beyond = Beyond(self)
 
     # -- plan and use history ------------------------------------------------------------------
     def set_plan(self, model_ids: tuple[str, ...]) -> None:
         """Follow ``model_ids`` from now on; the same plan set again keeps the loops learned in it."""
         loops = self.plan.loops if model_ids == self.plan.model_ids else set()
+        self.beyond.new_call(self.plan.model_ids)
         self.plan = ExecutionPlan(model_ids)
         self.plan.loops = loops
         if model_ids:
@@ -91,6 +95,7 @@ class Placer:
     def forget(self, model_id: str) -> None:
         """Drop the use history of a model that is detached."""
         self._last_used.pop(model_id, None)
+        self.beyond.forget(model_id)
 
     # -- room ----------------------------------------------------------------------------------
     def free_after_margin(self) -> tuple[int, int]:
@@ -116,6 +121,7 @@ class Placer:
             self.place(model_id)
         self.plan.observe(model_id)
         self._last_used[model_id] = next(self._clock)
+        self.beyond.used(model_id)
 
     def remeasure_if_changed(self, model_id: str) -> None:
         """Measure ``model_id`` again if its weights changed shape; take it off the device first so its
@@ -155,7 +161,12 @@ class Placer:
             order = sorted(residents, key=lambda m: self._last_used.get(m, 0))
             evictable = {m: residents[m] for m in order if not self._calls.running[m]}
             room = free + sum(evictable.values())
-            if nbytes <= room:
+            streamed = self.beyond.try_stream(model_id, nbytes, free, free_before, residents, evictable)
+            if streamed == 0:
+                return
+            if streamed is not None:
+                nbytes = streamed  # partly resident once running models free this much: wait for them
+            elif nbytes <= room:
                 self._evict_for(model_id, nbytes, free, free_before, evictable)
                 return
             if nbytes > free + sum(residents.values()):
@@ -204,18 +215,23 @@ class Placer:
         ]
         return messages.wait_for_cycle(model_id, nbytes, self._device(), mine, others)
 
-    def _evict_for(
-        self, model_id: str, nbytes: int, free: int, free_before: int, evictable: dict[str, int]
-    ) -> None:
-        request = OffloadRequest(
+    def request(self, model_id: str, nbytes: int, free: int, candidates: dict[str, int]) -> OffloadRequest:
+        """What a strategy sees when ``model_id`` needs ``nbytes`` with ``free`` free: the candidates, the plan
+        and the use history (the host tier asks the same question of host copies)."""
+        return OffloadRequest(
             model_id=model_id,
             nbytes=nbytes,
             free=free,
-            residents=evictable,
+            residents=candidates,
             upcoming=self.plan.upcoming(model_id) if self.plan else (),
             recent_plans=tuple(self._recent_plans),
-            last_used={m: self._last_used.get(m, 0) for m in evictable},
+            last_used={m: self._last_used.get(m, 0) for m in candidates},
         )
+
+    def _evict_for(
+        self, model_id: str, nbytes: int, free: int, free_before: int, evictable: dict[str, int]
+    ) -> None:
+        request = self.request(model_id, nbytes, free, evictable)
         victims = list(self.strategy.select_victims(request))
         self._check_victims(request, victims)
         reason = f"evict: {strategy_name(self.strategy)}"
@@ -281,8 +297,13 @@ class Placer:
         to_host: int,
         free_before: int,
         reason: str,
+        span: tuple[float, float] | None = None,
     ) -> None:
-        """Append one decision to the log, with the free bytes after it."""
+        """Append one decision to the log, with the free bytes after it (and, on a simulated clock, when its
+        copy ran: ``span``, or timed here)."""
+        clock = self.beyond.clock
+        if span is None and clock is not None and to_device:
+            span = clock.copy(model_id, to_device, early=reason == "prefetch")
         decision = OffloadDecision(
             time=time.time(),
             model_id=model_id,
@@ -292,5 +313,7 @@ class Placer:
             free_before=free_before,
             free_after=self._probe.free_bytes(),
             reason=reason,
+            start=None if span is None else span[0],
+            end=None if span is None else span[1],
         )
         self._log.append(decision)

@@ -18,9 +18,17 @@ class Residency:
             model counts as resident); otherwise they are on their host copy.
         device: The execution device's short name, e.g. ``"cuda:0"``, ``"sim"`` or ``"cpu"``.
         execution_device: Where its forwards run (the CPU for a simulated device).
+        on_disk: Its host copy was dropped under the host budget: its weights are on disk only until it is
+            next placed (``offload.host_tier``).
+        disk_nbytes: While on disk, the bytes of its weights (the placeholders in its slots hold none).
+        resident_share: While partly resident (its tail streamed per call: ``offload.partial``), the share of
+            its bytes kept on the device, e.g. ``0.62``; None otherwise.
     """
 
     attached: bool
     resident: bool
     device: str
     execution_device: torch.device
+    on_disk: bool = False
+    disk_nbytes: int = 0
+    resident_share: float | None = None

@@ -1,7 +1,9 @@
 """The strategy protocol: given a request, the residents, the free bytes and the plan, name the victims.
 
 A strategy is any object with ``select_victims(request) -> Sequence[str]``; subclass
-``OffloadStrategy`` for a name and a repr. The engine calls it only when the requested model does not
+``OffloadStrategy`` for a name and a repr. A strategy written for diffusers' ``ComponentsManager`` (a
+callable taking the hooks, the model id, the model and the execution device) runs through
+``offload/peer_strategy.py``. The engine calls it only when the requested model does not
 fit in the free bytes (after the margin), and checks the answer: every victim must be one of
 ``request.residents``, and together they must free at least ``request.shortfall`` bytes.
 """
@@ -69,8 +71,9 @@ def check_strategy(strategy: object) -> SupportsSelectVictims:
     if not callable(getattr(strategy, "select_victims", None)):
         msg = (
             f"offload strategy must have a select_victims(request) method (got {strategy!r} that is a "
-            f"{type(strategy)}). Subclass offload.OffloadStrategy, or use NextUseStrategy(), "
-            "SmallestSufficientSet() or LRUStrategy()."
+            f"{type(strategy)}). Subclass offload.OffloadStrategy, use NextUseStrategy(), "
+            "SmallestSufficientSet() or LRUStrategy(), or pass a strategy written for diffusers' "
+            "ComponentsManager: a callable (hooks, model_id, model, execution_device) -> hooks to offload."
         )
         raise TypeError(msg)
     return cast(SupportsSelectVictims, strategy)  # checked just above

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks, as one command for a CUDA machine: the tests marked `gpu`, then the GPU offload
-# benchmark. Logs go to $OUT (or ./gpu-logs). It uses the machine's python3 and torch as they are.
+# The GPU checks, as one command for a CUDA machine: the tests marked `gpu` (among them streaming a model
+# larger than its budget and prefetch on a side stream: tests/offload/test_gpu_streaming.py), then the GPU
+# offload benchmark. Logs go to $OUT (or ./gpu-logs). It uses the machine's python3 and torch as they are.
 #
 # A machine without diffusers: put its wheel (and any other missing ones) in .whl/ first, e.g.
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl diffusers==0.42.1

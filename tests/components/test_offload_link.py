@@ -15,18 +15,27 @@ class RecordingEngine:
 
     instances = []
 
-    def __init__(self, device=None, memory_reserve_margin="3GB", strategy=None, wait_timeout=600.0):
+    def __init__(
+        self,
+        device=None,
+        memory_reserve_margin="3GB",
+        strategy=None,
+        wait_timeout=600.0,
+        host_budget=None,
+        spill_folder=None,
+    ):
         self.args = (device, memory_reserve_margin, strategy)
+        self.host_args = (host_budget, spill_folder)
         self.wait_timeout = wait_timeout
         self.calls = []
         self.log = "the log"
         self.execution_device = torch.device("cuda:0")
         RecordingEngine.instances.append(self)
 
-    def check_fit(self, modules, after=""):
+    def check_fit(self, modules, after="", weight_files=None):
         self.checked = list(modules)
 
-    def attach(self, model_id, module):
+    def attach(self, model_id, module, weight_files=()):
         self.calls.append(("attach", model_id))
 
     def detach(self, model_id):

@@ -108,8 +108,10 @@ def test_a_call_whose_model_cannot_fit_alone_fails_before_any_model_moves(repo):
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     cm.offload_engine.memory_reserve_margin = budget - sizes["vae"]  # room for the VAE, not the UNet
     unet_id = cm.get_id(pipe.unet)
+    # A model too large to place whole is streamed group by group; this one's largest group does not fit either.
     with pytest.raises(
-        ModelTooLargeError, match=f"the call would use model '{unet_id}' \\(5.44 MB\\), which"
+        ModelTooLargeError,
+        match=f"model '{unet_id}' cannot fit on sim .* even streamed group by group: .* Nothing was moved",
     ):
         _run(pipe)
     assert len(cm.offload_log) == 0

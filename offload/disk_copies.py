@@ -1,0 +1,256 @@
+"""A model's weights on disk: where each tensor can be read back from, spill files, dropping and reading back.
+
+A model's host copy is dropped by pointing every weight at a placeholder that holds one element (the
+Parameter objects stay, so references to them, the ledger's fingerprint and the hook stay valid), and read
+back by pointing them at tensors read from safetensors files (``safe_open`` maps the file). A tensor is read
+back from the file the model was loaded from when the file holds it under one of its names, with the same
+shape and dtype, and the same values (checked once, when the model is first dropped); every other tensor
+is written once to a spill file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import attrs
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+__all__ = [
+    "DiskCopy",
+    "TensorSlot",
+    "drop_tensors",
+    "file_index",
+    "file_sources",
+    "read_back",
+    "tensor_slots",
+    "write_spill",
+]
+
+# safetensors' dtype names (the header's "dtype" field). safetensors.torch keeps its own map private.
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+@attrs.define
+class TensorSlot:
+    """One tensor of a model and every slot that holds it (tied weights share one).
+
+    Attributes:
+        key: Its first qualified name; the key in a spill file.
+        names: Every qualified name it has (a source file may store a tied weight under any of them).
+        places: ``(owner module, attribute name, is a parameter)`` for every slot holding it.
+        tensor: The tensor now (a placeholder while the model is dropped).
+    """
+
+    key: str
+    names: list[str]
+    places: list[tuple[torch.nn.Module, str, bool]]
+    tensor: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its values."""
+        return self.tensor.numel() * self.tensor.element_size()
+
+    @property
+    def non_persistent(self) -> bool:
+        """Whether every slot holding it is a non-persistent buffer (left out of the model's state dict)."""
+        return all(
+            not is_param and name in owner._non_persistent_buffers_set
+            for owner, name, is_param in self.places
+        )
+
+
+@attrs.define
+class DiskCopy:
+    """Where each tensor of one model can be read back from: ``sources[slot key] = (path, key in the file)``.
+
+    Attributes:
+        sources: The file and key of every tensor that is not a meta tensor.
+        spilled: Bytes of it written to the spill file (0 when everything is read from the source files).
+        fingerprint: ``module_fingerprint`` of the model when the copy was made; a copy is valid only while
+            the model has the same one and was not refreshed since.
+        stamps: Size and modification time of every file it reads, so a file replaced since is refused.
+        kept: Keys of the tensors that stay in host memory: non-persistent buffers the files lack (position
+            ids, rotary tables: small, and made by the model, not loaded), so an unchanged model spills nothing.
+    """
+
+    sources: dict[str, tuple[str, str]]
+    spilled: int
+    fingerprint: tuple[int, int, int]
+    kept: frozenset[str] = frozenset()
+    stamps: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+
+    def stamp(self) -> None:
+        """Record the size and modification time of every file the copy reads."""
+        for path in {path for path, _ in self.sources.values()}:
+            status = os.stat(path)
+            self.stamps[path] = (status.st_size, status.st_mtime_ns)
+
+    def changed_files(self) -> list[str]:
+        """The files the copy reads that are gone or were replaced since ``stamp``."""
+        changed = []
+        for path, stamp in self.stamps.items():
+            try:
+                status = os.stat(path)
+            except OSError:
+                changed.append(path)
+                continue
+            if (status.st_size, status.st_mtime_ns) != stamp:
+                changed.append(path)
+        return changed
+
+
+def tensor_slots(module: torch.nn.Module) -> list[TensorSlot] | str:
+    """The tensors of ``module`` that hold host memory, each once, or why they cannot be dropped.
+
+    Meta tensors hold nothing and are left out. Returns a reason (a string) when a tensor is not a plain
+    strided tensor (a quantized weight subclass: safetensors cannot store it) or two tensors are different
+    views of one storage (reading them back apart would double the memory and break the view).
+    """
+    slots: dict[object, TensorSlot] = {}  # by tensor object, and by view of a storage
+    storages: dict[int, tuple] = {}  # storage pointer -> the one view of it that is used
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        entries = [(n, t, True) for n, t in owner._parameters.items()]
+        entries += [(n, t, False) for n, t in owner._buffers.items()]
+        for name, tensor, is_param in entries:
+            if tensor is None or tensor.device.type == "meta":
+                continue
+            data = tensor.data if is_param else tensor
+            qualified = f"{prefix}.{name}" if prefix else name
+            if type(data) is not torch.Tensor or data.layout != torch.strided:
+                return (
+                    f"{qualified} is a {type(data).__name__} ({data.layout}), which safetensors cannot store"
+                )
+            slot = slots.get(id(tensor))
+            if slot is None:
+                pointer = data.untyped_storage().data_ptr()
+                view: tuple = (pointer, data.storage_offset(), tuple(data.shape), data.stride(), data.dtype)
+                if pointer == 0:  # an empty tensor has no storage to share
+                    view = ("empty", id(tensor))
+                elif storages.setdefault(pointer, view) != view:
+                    return f"{qualified} is one of several different views of one storage"
+                slot = slots.get(view)
+                if slot is None:  # a tensor object tied to another one by its data is the same slot
+                    slot = slots[view] = TensorSlot(key=qualified, names=[], places=[], tensor=data)
+                slots[id(tensor)] = slot
+            if qualified not in slot.names:
+                slot.names.append(qualified)
+            if not any(o is owner and n == name for o, n, _ in slot.places):
+                slot.places.append((owner, name, is_param))
+    unique = {id(slot): slot for slot in slots.values()}
+    return list(unique.values())
+
+
+def file_index(paths: Iterable[str]) -> dict[str, tuple[str, tuple[int, ...], torch.dtype | None]]:
+    """``{key: (path, shape, dtype)}`` of the tensors stored in safetensors files, from their headers only.
+
+    A key in several files keeps the first; a file that cannot be read is skipped (its tensors then spill).
+    """
+    index: dict[str, tuple[str, tuple[int, ...], torch.dtype | None]] = {}
+    for path in paths:
+        try:
+            with safe_open(path, framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 - a safe_open handle is not a mapping
+                    view = handle.get_slice(key)
+                    index.setdefault(key, (path, tuple(view.get_shape()), _DTYPES.get(view.get_dtype())))
+        except (OSError, ValueError, RuntimeError):
+            continue
+    return index
+
+
+def file_sources(
+    slots: Sequence[TensorSlot], index: dict[str, tuple[str, tuple[int, ...], torch.dtype | None]]
+) -> dict[str, tuple[str, str]]:
+    """``{slot key: (path, key in the file)}`` for the slots a file of ``index`` stores with the same values.
+
+    A slot matches under any of its names with the same shape and dtype; its values are then compared with
+    the file's (each file is opened once), so a weight changed in place since loading does not match.
+    """
+    candidates: dict[str, list[tuple[TensorSlot, str]]] = {}
+    for slot in slots:
+        for name in slot.names:
+            found = index.get(name)
+            if found is not None and found[1] == tuple(slot.tensor.shape) and found[2] == slot.tensor.dtype:
+                candidates.setdefault(found[0], []).append((slot, name))
+                break
+    sources = {}
+    for path, pairs in candidates.items():
+        with safe_open(path, framework="pt") as handle:
+            for slot, name in pairs:
+                if torch.equal(handle.get_tensor(name), slot.tensor):
+                    sources[slot.key] = (path, name)
+    return sources
+
+
+def write_spill(path: str, slots: Sequence[TensorSlot]) -> int:
+    """Write ``slots`` to the safetensors file ``path`` (whole, or not at all). Returns the bytes written.
+
+    Raises:
+        OSError, SafetensorError: the file cannot be written.
+    """
+    tensors = {slot.key: slot.tensor.contiguous() for slot in slots}
+    partial = f"{path}.partial"
+    try:
+        save_file(tensors, partial)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
+    return sum(slot.nbytes for slot in slots)
+
+
+def _placeholder(tensor: torch.Tensor) -> torch.Tensor:
+    # One element broadcast to the shape: the slot keeps its shape, dtype and device for the fingerprint and
+    # for readers of the module, and holds no memory. NaN where the dtype has it, so a forward that bypasses
+    # the hook gives NaN rather than plausible numbers.
+    fill = float("nan") if tensor.is_floating_point() or tensor.is_complex() else 0
+    return torch.full((), fill, dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)
+
+
+def _assign(slot: TensorSlot, tensor: torch.Tensor) -> None:
+    for owner, name, is_param in slot.places:
+        if is_param:
+            param = owner._parameters[name]
+            assert param is not None  # tensor_slots found a Parameter in this slot
+            param.data = tensor
+        else:
+            owner._buffers[name] = tensor
+    slot.tensor = tensor
+
+
+def drop_tensors(slots: Sequence[TensorSlot]) -> None:
+    """Point every slot at a placeholder; the values are freed once nothing else refers to them."""
+    for slot in slots:
+        _assign(slot, _placeholder(slot.tensor))
+
+
+def read_back(slots: Sequence[TensorSlot], copy: DiskCopy, pin: bool) -> int:
+    """Point every slot at its tensor read from disk (pinned when ``pin``). Returns the bytes read."""
+    by_path: dict[str, list[TensorSlot]] = {}
+    for slot in slots:
+        by_path.setdefault(copy.sources[slot.key][0], []).append(slot)
+    read = 0
+    for path, group in by_path.items():
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            for slot in group:
+                tensor = handle.get_tensor(copy.sources[slot.key][1])
+                _assign(slot, tensor.pin_memory() if pin else tensor)
+                read += slot.nbytes
+    return read

@@ -1,0 +1,403 @@
+"""The host tier: keeps the host copies of an engine's models within a byte budget, with disk behind it.
+
+Every attached model keeps a host copy (``offload.ledger``). With a host budget, when the host copies
+held exceed it, the models needed least soon (ranked as ``NextUseStrategy`` ranks device victims, from the
+plan and the use history) drop theirs: their weights are then on disk, and read back when next placed. A
+tensor is read back from the safetensors file the model was loaded from when that file holds the same
+values; the others (a fused LoRA, an edited or new weight, a model built in memory) are written once to a
+spill folder. Models on the device or running are never dropped. Every step is in the engine's log.
+
+The engine calls a ``HostTier`` with its lock held.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import attrs
+import torch
+from safetensors import SafetensorError
+
+from offload.disk_copies import (
+    DiskCopy,
+    TensorSlot,
+    drop_tensors,
+    file_index,
+    file_sources,
+    read_back,
+    tensor_slots,
+    write_spill,
+)
+from offload.errors import DiskCopyError, HostBudgetError
+from offload.ledger import ResidencyLedger
+from offload.log import OffloadDecision, OffloadLog
+from offload.next_use import NextUseStrategy
+from offload.probes import MemoryProbe
+from offload.storage import module_fingerprint, module_nbytes
+from offload.strategy import OffloadRequest
+from offload.units import format_bytes, format_bytes_distinct, parse_bytes
+
+__all__ = ["HostTier", "default_host_budget", "host_memory"]
+
+logger = logging.getLogger("offload.engine")
+
+#: Share of the host's total memory the default budget leaves to everything else.
+HOST_MARGIN_SHARE = 0.1
+
+
+def host_memory() -> tuple[int, int]:
+    """The host's available and total memory in bytes (``MemAvailable`` where Linux reports it)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = os.sysconf("SC_PHYS_PAGES") * page
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, total
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * page, total
+
+
+def default_host_budget(held: int) -> int:
+    """What the host can give host copies: what it has available, plus the ``held`` bytes of host copies
+    already in memory, minus ``HOST_MARGIN_SHARE`` of its total memory."""
+    available, total = host_memory()
+    return max(available + held - int(total * HOST_MARGIN_SHARE), 0)
+
+
+@attrs.define
+class _Model:
+    module: torch.nn.Module
+    files: tuple[str, ...]  # the safetensors files it was loaded from
+    size: int  # bytes of its host copy (meta tensors hold none)
+    measured: int  # the ledger's size of it when ``size`` was measured
+    kept: int = 0  # bytes that stay in host memory while it is on disk (DiskCopy.kept)
+    index: dict | None = None  # the files' tensors, from their headers (read once, when first needed)
+    copy: DiskCopy | None = None  # where its tensors can be read back from, once it was first dropped
+    stale: bool = False  # its values changed since ``copy`` was made (refresh_host_copy)
+    dropped: list[TensorSlot] | None = None  # the slots pointing at placeholders while on disk
+    refusal: str | None = None  # why it cannot be dropped, until it changes
+
+
+class HostTier:
+    """Holds the host copies of one engine's models within ``budget`` bytes; the rest are on disk.
+
+    Args:
+        probe: The engine's device (its free bytes go into the log).
+        ledger: Which models are on the device.
+        log: The engine's log.
+        budget: Bytes (or ``"48GB"``) of host copies to hold; ``None`` for ``default_host_budget``.
+        spill_folder: Where changed weights are written; ``None`` for a temporary folder, made when first
+            needed and removed at ``close``. A folder given is made if missing and checked writable now.
+        calls: How many calls of a model are in progress (a model in a call is never dropped).
+        request: Builds the request a strategy ranks (``Placer.request``: the plan and the use history).
+
+    Raises:
+        HostBudgetError: the spill folder cannot be written.
+        TypeError, ValueError: ``budget`` is not a size.
+    """
+
+    def __init__(
+        self,
+        probe: MemoryProbe,
+        ledger: ResidencyLedger,
+        log: OffloadLog,
+        budget: int | str | None,
+        spill_folder: str | os.PathLike | None,
+        calls: Callable[[str], int],
+        request: Callable[[str, int, int, dict[str, int]], OffloadRequest],
+    ):
+        self.budget = default_host_budget(0) if budget is None else parse_bytes(budget, name="host_budget")
+        self._probe = probe
+        self._ledger = ledger
+        self._log = log
+        self._calls = calls
+        self._request = request
+        self._pin = probe.moves_weights and probe.execution_device.type == "cuda"
+        self._models: dict[str, _Model] = {}
+        self._placing: set[str] = set()  # read back and about to be placed: not dropped meanwhile
+        self._own_folder = spill_folder is None
+        existed = spill_folder is not None and os.path.isdir(spill_folder)
+        self._folder = None if spill_folder is None else _writable_folder(os.fspath(spill_folder))
+        self._made_folder = self._folder is not None and not existed  # removed at close if left empty
+        self._spill_files: dict[str, str] = {}
+
+    @property
+    def spill_folder(self) -> str | None:
+        """The folder changed weights are written to (``None`` until a temporary one is first needed)."""
+        return self._folder
+
+    def held_bytes(self) -> int:
+        """Bytes of the host copies in memory now."""
+        return sum(m.size if m.dropped is None else m.kept for m in self._models.values())
+
+    def on_disk(self, model_id: str) -> bool:
+        """Whether ``model_id``'s host copy is dropped: its weights are on disk only."""
+        model = self._models.get(model_id)
+        return model is not None and model.dropped is not None
+
+    def disk_nbytes(self, model_id: str) -> int:
+        """Bytes of ``model_id``'s weights while they are on disk only; 0 while its host copy is held."""
+        model = self._models.get(model_id)
+        return model.size if model is not None and model.dropped is not None else 0
+
+    def spill_files(self) -> dict[str, str]:
+        """The spill file written for each model, by model id."""
+        return dict(self._spill_files)
+
+    # -- attach / detach -----------------------------------------------------------------------
+    def check_fit(self, modules: Mapping[str, torch.nn.Module], files: Mapping[str, Sequence[str]]) -> None:
+        """Raise HostBudgetError if a model larger than the budget has no file to read all of it back from.
+
+        Such a model is never held on the host for long; it can be read back only from a file written before
+        it was dropped (its source file, unchanged), since a spill is written from a host copy the budget
+        cannot hold. Checked from the files' headers (names, shapes, dtypes).
+        """
+        for model_id, module in modules.items():
+            size = module_nbytes(module, count_meta=False)
+            if size <= self.budget:
+                continue
+            slots = tensor_slots(module)
+            index = file_index(files.get(model_id, ()))
+            missing = (
+                [slots]
+                if isinstance(slots, str)
+                else [
+                    slot.key
+                    for slot in slots
+                    if not slot.non_persistent and not any(_stored(index, n, slot.tensor) for n in slot.names)
+                ]
+            )
+            if missing:
+                need, budget = format_bytes_distinct(size, self.budget)
+                where = "no safetensors file it was loaded from" if not index else "files that lack some"
+                msg = (
+                    f"model {model_id!r} ({need}) is larger than host_budget {budget} and has {where} of its "
+                    f"weights to read back from ({_first(missing)}); it would have to be held in host memory "
+                    "beyond the budget. Raise host_budget above its size, or save the model with "
+                    "save_pretrained() and load it from there. Nothing was dropped."
+                )
+                raise HostBudgetError(msg)
+
+    def attach(self, model_id: str, module: torch.nn.Module, files: Sequence[str]) -> None:
+        """Keep ``module``'s host copy under the budget from now on; ``files`` are those it was loaded from."""
+        size = module_nbytes(module, count_meta=False)
+        self._models[model_id] = _Model(module, tuple(files), size, measured=self._ledger.nbytes(model_id))
+
+    def detach(self, model_id: str) -> None:
+        """Read ``model_id`` back if it is on disk, and forget it (its spill file is removed)."""
+        self.restore(model_id)
+        del self._models[model_id]
+        path = self._spill_files.pop(model_id, None)
+        if path is not None and os.path.exists(path):
+            os.remove(path)
+
+    def close(self) -> None:
+        """Remove the spill files, and the spill folder when this tier made it. Call after every detach."""
+        for path in self._spill_files.values():
+            if os.path.exists(path):
+                os.remove(path)
+        self._spill_files.clear()
+        if self._folder is not None and self._own_folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+        elif self._folder is not None and self._made_folder and not os.listdir(self._folder):
+            os.rmdir(self._folder)
+
+    # -- placement -----------------------------------------------------------------------------
+    @contextmanager
+    def placing(self, model_id: str) -> Iterator[None]:
+        """Around a placement of ``model_id``: first read it back if it is on disk (dropping others so that it
+        fits the budget), and keep it from being dropped; after, drop host copies until the budget holds
+        (models just evicted from the device may go now)."""
+        self._placing.add(model_id)
+        try:
+            model = self._models.get(model_id)
+            if model is not None and model.dropped is not None:
+                self._make_room(model_id, model.size)
+                self.restore(model_id)
+            yield
+        finally:
+            self._placing.discard(model_id)
+            measured = self._ledger.nbytes(model_id) if model_id in self._ledger else None  # None: detached
+            if model is not None and model.dropped is None and measured not in (None, model.measured):
+                model.size = module_nbytes(model.module, count_meta=False)  # measured again by the placer
+                model.measured = measured
+            self._make_room(model_id, 0)
+
+    def changed(self, model_id: str) -> None:
+        """``model_id``'s weights changed in place (``refresh_host_copy``): compare and spill again next time.
+
+        Reads it back first if it is on disk, so that the change applies to real weights.
+        """
+        model = self._models.get(model_id)
+        if model is None:
+            return
+        self.restore(model_id)
+        model.stale = True
+        model.refusal = None
+        model.size = module_nbytes(model.module, count_meta=False)
+        model.measured = self._ledger.nbytes(model_id)
+
+    def restore(self, model_id: str) -> None:
+        """Read ``model_id``'s weights back from disk into host memory; a no-op when they are there.
+
+        Raises:
+            DiskCopyError: a file it reads is gone or was replaced since it was dropped (nothing changed).
+        """
+        model = self._models.get(model_id)
+        if model is None or model.dropped is None or model.copy is None:
+            return
+        changed = model.copy.changed_files()
+        if changed:
+            msg = (
+                f"model {model_id!r} cannot be read back: its host copy was dropped under host_budget "
+                f"{format_bytes(self.budget)} and {changed} is gone or was replaced since. Put the file back "
+                "as it was, or remove the model (its weights now read as NaN) and load it again."
+            )
+            raise DiskCopyError(msg)
+        free = self._probe.free_bytes()
+        read = read_back(model.dropped, model.copy, self._pin)
+        model.dropped = None
+        self._record(model_id, "disk read", free, from_disk=read)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _make_room(self, model_id: str, extra: int) -> None:
+        refused: set[str] = set()
+        while True:
+            excess = self.held_bytes() + extra - self.budget
+            if excess <= 0:
+                return
+            candidates = {
+                m: model.size
+                for m, model in self._models.items()
+                if m != model_id
+                and m not in refused
+                and m not in self._placing
+                and model.dropped is None
+                and model.refusal is None
+                and model.size > 0
+                and not self._ledger.is_resident(m)
+                and not self._calls(m)
+            }
+            if not candidates:
+                return  # the rest is on the device or in use: the budget holds again once they leave it
+            request = self._request(model_id, excess, 0, candidates)
+            for victim in NextUseStrategy().select_victims(request):
+                if not self._drop(victim):
+                    refused.add(victim)
+
+    def _drop(self, model_id: str) -> bool:
+        model = self._models[model_id]
+        slots = tensor_slots(model.module)
+        if isinstance(slots, str):
+            model.refusal = slots
+            logger.info("%s keeps its host copy: %s", model_id, slots)
+            return False
+        if any(slot.tensor.device.type != "cpu" for slot in slots):
+            return False  # part of it is on the device (a streamed model's resident groups): kept for now
+        fingerprint = module_fingerprint(model.module)
+        copy = model.copy
+        keys = {slot.key for slot in slots}
+        if (
+            copy is None
+            or model.stale
+            or copy.fingerprint != fingerprint
+            or set(copy.sources) | copy.kept != keys
+        ):
+            copy = self._disk_copy(model_id, model, slots, fingerprint)
+            if copy is None:
+                return False
+        free = self._probe.free_bytes()
+        dropped = [slot for slot in slots if slot.key not in copy.kept]
+        model.kept = sum(slot.nbytes for slot in slots if slot.key in copy.kept)
+        drop_tensors(dropped)
+        model.copy, model.stale, model.dropped = copy, False, dropped
+        self._record(model_id, "drop host copy", free)
+        return True
+
+    def _disk_copy(
+        self, model_id: str, model: _Model, slots: list[TensorSlot], fingerprint: tuple[int, int, int]
+    ) -> DiskCopy | None:
+        """Where every tensor can be read back from: its source file, or a spill written now."""
+        if model.index is None:
+            model.index = file_index(model.files)
+        sources = file_sources(slots, model.index)
+        kept = frozenset(slot.key for slot in slots if slot.key not in sources and slot.non_persistent)
+        spill = [slot for slot in slots if slot.key not in sources and slot.key not in kept]
+        spilled = 0
+        if spill:
+            free = self._probe.free_bytes()
+            path = self._spill_path(model_id)
+            try:
+                spilled = write_spill(path, spill)
+            except (OSError, SafetensorError) as error:
+                model.refusal = f"its spill file {path} could not be written ({error})"
+                logger.warning("%s keeps its host copy: %s", model_id, model.refusal)
+                return None
+            self._spill_files[model_id] = path
+            sources.update({slot.key: (path, slot.key) for slot in spill})
+            self._record(model_id, "spill", free, to_disk=spilled)
+        copy = DiskCopy(sources=sources, spilled=spilled, fingerprint=fingerprint, kept=kept)
+        copy.stamp()
+        return copy
+
+    def _spill_path(self, model_id: str) -> str:
+        if self._folder is None:
+            self._folder = tempfile.mkdtemp(prefix="offload-spill-")
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)
+        return os.path.join(self._folder, f"{name}-{id(self._models[model_id]):x}.safetensors")
+
+    def _record(self, model_id: str, reason: str, free: int, from_disk: int = 0, to_disk: int = 0) -> None:
+        free_after = self._probe.free_bytes()
+        self._log.append(
+            OffloadDecision(
+                time=time.time(),
+                model_id=model_id,
+                evicted=(),
+                bytes_to_device=0,
+                bytes_to_host=0,
+                free_before=free,
+                free_after=free_after,
+                reason=reason,
+                bytes_from_disk=from_disk,
+                bytes_to_disk=to_disk,
+            )
+        )
+
+
+def _stored(index: dict, name: str, tensor: torch.Tensor) -> bool:
+    found = index.get(name)
+    return found is not None and found[1] == tuple(tensor.shape) and found[2] == tensor.dtype
+
+
+def _first(items: list[str]) -> str:
+    shown = ", ".join(items[:3])
+    return shown if len(items) <= 3 else f"{shown} and {len(items) - 3} more"
+
+
+def _writable_folder(folder: str) -> str:
+    """``folder``, made if missing, once a file could be written in it.
+
+    Raises:
+        HostBudgetError: it cannot be made or written to.
+    """
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        msg = (
+            f"spill_folder {folder!r} is not a writable folder ({error}). Pass a folder you can write to, or "
+            "leave spill_folder unset for a temporary one. Nothing was dropped."
+        )
+        raise HostBudgetError(msg) from error
+    return folder

@@ -1,0 +1,125 @@
+"""Prefetch and the simulated clock: the copy of the next model (or group) overlaps the current forward."""
+
+import pytest
+import torch
+
+from offload import OffloadEngine, SimulatedDevice
+from offload.prefetch import prefetch_victims
+
+from .helpers import MetaProbe, call, sized
+from .test_streaming import GROUP, Tower, X
+
+S = 4000  # bytes of each whole model; the bandwidth moves one per simulated second
+
+
+def _two_models(prefetch: bool) -> OffloadEngine:
+    a, b = sized(S), sized(S)
+    device = SimulatedDevice(2 * S, h2d_bandwidth=S, compute_time={"a": 2.0, "b": 1.0})
+    engine = OffloadEngine(device, memory_reserve_margin=0)
+    engine.prefetch = prefetch
+    engine.attach("a", a)
+    engine.attach("b", b)
+    engine.set_plan(["a", "b"])
+    call(a)
+    call(b)
+    return engine
+
+
+def test_without_prefetch_each_copy_waits_for_the_forward_before_it():
+    engine = _two_models(prefetch=False)
+    assert [(d.model_id, d.reason, d.start, d.end) for d in engine.log] == [
+        ("a", "fits", 0.0, 1.0),
+        ("b", "fits", 3.0, 4.0),  # issued once a's 2 s forward is done
+    ]
+    assert engine.simulated_clock.now == 5.0
+
+
+def test_prefetch_copies_the_next_model_while_the_current_one_computes():
+    """b's copy runs during a's forward: the wall time drops by the copy's second."""
+    engine = _two_models(prefetch=True)
+    assert [(d.model_id, d.reason, d.start, d.end) for d in engine.log] == [
+        ("a", "fits", 0.0, 1.0),
+        ("b", "prefetch", 1.0, 2.0),
+    ]
+    assert engine.simulated_clock.now == 4.0
+    assert engine.log.total_bytes_to_device == 2 * S and engine.log.total_bytes_to_host == 0
+
+
+def test_prefetch_never_evicts_the_running_model():
+    """With room for one model, b cannot come in while a runs: it is placed when it is called."""
+    a, b = sized(S), sized(S)
+    expected = (call(a), call(b))
+    engine = OffloadEngine(SimulatedDevice(S), memory_reserve_margin=0)
+    engine.prefetch = True
+    engine.attach("a", a)
+    engine.attach("b", b)
+    engine.set_plan(["a", "b"])
+    assert torch.equal(call(a), expected[0]) and torch.equal(call(b), expected[1])
+    assert [d.reason for d in engine.log] == ["fits", "evict: NextUseStrategy"]
+
+
+def test_prefetch_victims_are_only_models_needed_later_than_the_target():
+    assert prefetch_victims("c", S, {"a": S}, ("a", "c")) is None  # a is needed sooner than c
+    assert prefetch_victims("c", S, {"a": S}, ("c", "a")) == ["a"]
+    assert prefetch_victims("c", S, {"a": S, "x": S}, ("c", "a")) == ["x"]  # not needed at all goes first
+
+
+def test_a_streamed_model_prefetches_its_next_group_and_saves_wall_time():
+    """Same bytes, same output; with prefetch each group's copy overlaps the previous group's forward."""
+    results = {}
+    for prefetch in (False, True):
+        tower = Tower(depth=4)
+        expected = tower(X)
+        device = SimulatedDevice(3 * GROUP, h2d_bandwidth=GROUP, compute_time={"tower": 5.0})
+        engine = OffloadEngine(device, memory_reserve_margin=0)
+        engine.prefetch = prefetch
+        engine.attach("tower", tower)
+        assert torch.equal(tower(X), expected)
+        results[prefetch] = (engine.log.total_bytes_to_device, engine.simulated_clock.now)
+    (bytes_off, wall_off), (bytes_on, wall_on) = results[False], results[True]
+    # Each group takes 1 s to copy and 1 s to compute (5 s over 5 groups). Without prefetch, base and block 0
+    # stay (one slot): 2 s copy, 2 s compute, then 3 blocks at 1 s copy + 1 s compute, each copy after the
+    # forward before it. With prefetch (two slots) only the base stays: 1 s + 1 s, block 0's copy exposed,
+    # then 4 forwards of 1 s whose next copies run beside them.
+    assert bytes_off == bytes_on == 5 * GROUP
+    assert wall_off == pytest.approx(2 + 2 + 3 * (1 + 1))
+    assert wall_on == pytest.approx(1 + 1 + 1 + 4 * 1)
+
+
+def test_with_real_moves_at_most_the_running_and_the_next_group_are_on_the_device():
+    tower = Tower(depth=4)
+    on_device = []
+
+    def recording(forward):
+        def record(*args):
+            on_device.append(sum(block.weight.device.type == "meta" for block in tower.blocks))
+            return forward(*args)
+
+        return record
+
+    for block in tower.blocks:
+        block.forward = recording(block.forward)
+    engine = OffloadEngine(MetaProbe(3 * GROUP), memory_reserve_margin=0)
+    engine.prefetch = True
+    engine.attach("tower", tower)
+    tower(X)
+    assert on_device == [2, 2, 2, 1]  # the running block and the prefetched next one; the last has none next
+    assert all(block.weight.device.type == "cpu" for block in tower.blocks)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"h2d_bandwidth": "fast"}, ValueError),
+        ({"h2d_bandwidth": 0}, ValueError),
+        ({"compute_time": {"a": -1.0}}, ValueError),
+        ({"compute_time": [("a", 1.0)]}, TypeError),
+    ],
+)
+def test_bad_clock_settings_are_refused_with_the_fix(kwargs, error):
+    with pytest.raises(error, match="h2d_bandwidth|compute_time"):
+        SimulatedDevice("1GB", **kwargs)
+
+
+def test_bandwidth_reads_as_bytes_per_second():
+    assert SimulatedDevice("1GB", h2d_bandwidth="25GB/s").h2d_bandwidth == 25 * 10**9
