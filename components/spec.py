@@ -10,10 +10,11 @@ from typing import Any
 import attrs
 import torch
 
-from .errors import ComponentLoadError, PipelineTypeError, RemoteCodeError
-from .importing import declared_remote_code, is_pipeline_type, remote_code_refused, resolve_type_from_folder
+from .errors import RemoteCodeError
+from .importing import declared_remote_code, remote_code_refused, resolve_type_from_folder
 from .load_id import LOAD_ID_FIELDS, NULL_LOAD_ID, decode_load_id, format_load_id, get_load_id, tag_load_id
 from .load_kwargs import LOAD_OPTIONS, PASSED_ON_OPTIONS, split_load_kwargs
+from .loadable_type import check_loadable_type
 from .quantization import resolve_quantization
 from .remote_code import check_consent, consent_covers, refusal_hint
 from .repo import Location, describe, resolve_location
@@ -372,35 +373,6 @@ class ComponentSpec:
         if consent_covers(options.get("trust_remote_code"), self.pretrained_model_name_or_path):
             kwargs["trust_remote_code"] = True
         return kwargs
-
-
-def check_loadable_type(name: str, cls: type, where: str) -> None:
-    """Checks that ``cls`` loads one component with ``from_pretrained``, before anything is read.
-
-    Raises:
-        PipelineTypeError: ``cls`` is a whole pipeline, whose loader reads every folder of a repo (and their
-            weights, pickle files included) past the checks made here on one component folder.
-        ComponentLoadError: ``cls`` has no ``from_pretrained``.
-    """
-    if is_pipeline_type(cls):
-        msg = (
-            f"Component {name!r} from {where} is declared as {cls.__module__}.{cls.__qualname__}, a whole "
-            f"pipeline, not a component: loading it would load another repo's components unchecked. Declare the "
-            f"component's own class (e.g. a model, scheduler or tokenizer class) or type_hint=None, and load "
-            f"the other pipeline's components through its own index."
-        )
-        raise PipelineTypeError(msg)
-    try:
-        loader = getattr(cls, "from_pretrained", None)
-    except ImportError:  # diffusers' placeholder for a class whose backend is missing: let it raise on load
-        return
-    if not callable(loader):
-        msg = (
-            f"Component {name!r} from {where} is declared as {cls.__module__}.{cls.__qualname__}, which has no "
-            f"from_pretrained to load it with. Declare a class that loads from a repo, or build the component "
-            f"with ComponentSpec.create()."
-        )
-        raise ComponentLoadError(msg)
 
 
 @attrs.frozen

@@ -16,16 +16,19 @@ from components.remote_code import RemoteCodeConsent
 from .block import ModularPipelineBlocks
 from .call_components import CallComponents, fresh_state
 from .composite import run_steps
+from .devices import DeviceMethods
 from .index import read_index, specs_from_index
 from .ip_adapter import IPAdapterMethods
 from .lora import LoraMixin
+from .outputs import call_result
 from .planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
+from .replacement import replacement_type
 from .state import PipelineState
 
 __all__ = ["ModularPipeline"]
 
 
-class ModularPipeline(LoraMixin, IPAdapterMethods):
+class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
     """Blocks plus one spec and (once loaded) one object per component.
 
     Make one with ``blocks.init_pipeline(repo, components_manager=cm)`` or
@@ -115,19 +118,33 @@ class ModularPipeline(LoraMixin, IPAdapterMethods):
         pipe._workflow = workflow
         return pipe
 
-    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        safe_serialization: bool = True,
+        variant: str | None = None,
+        max_shard_size: int | str | None = None,
+        push_to_hub: bool = False,
+        **kwargs: Any,
+    ) -> None:
         """Write every loaded component and a ``modular_model_index.json`` into ``save_directory``.
 
         Only the component folders it writes and the index are added or replaced; other files stay. A kill at
-        any point leaves the old complete save or the new one (see ``modular/saving.py``).
+        any point leaves the old complete save or the new one (see ``modular/saving.py``). The keywords are
+        the peer's: ``overwrite_modular_index`` (``False``: an index that keeps its components' sources,
+        without their weights) and, with ``push_to_hub=True``, ``repo_id``, ``commit_message``, ``private``,
+        ``create_pr`` and ``token`` (``modular/save_options.py``). Every keyword is checked before anything
+        is written.
 
         Raises:
-            ValueError: an empty path.
+            ValueError: an empty path or a bad keyword value; TypeError: an unknown keyword.
             SaveTargetInUseError: the save would replace files a loaded component reads its weights from.
         """
-        from .saving import save_pipeline
+        from .save_options import save_pretrained
 
-        save_pipeline(self, save_directory)
+        save_pretrained(
+            self, save_directory, safe_serialization, variant, max_shard_size, push_to_hub, **kwargs
+        )
 
     # ----- components -----
     def __getattr__(self, name: str) -> Any:
@@ -229,7 +246,7 @@ class ModularPipeline(LoraMixin, IPAdapterMethods):
                 raise KeyError(_unknown("component or config", name, {**self._specs, **self._config}))
         # The blocks' declared type is what they accept (e.g. any scheduler); the repo's index only says
         # which class the repo holds, so a different scheduler class is still a valid replacement.
-        declared = {spec.name: spec.type_hint for spec in self._blocks.expected_components}
+        declared = {spec.name: replacement_type(spec) for spec in self._blocks.expected_components}
         for name, value in kwargs.items():
             if name in self._config:
                 continue
@@ -264,54 +281,6 @@ class ModularPipeline(LoraMixin, IPAdapterMethods):
                     cm.remove(component_id)
         self._plans.forget()
 
-    def to(self, *args: Any, **kwargs: Any) -> ModularPipeline:
-        """Move every model (``torch.nn.Module`` component) like ``module.to(...)``.
-
-        Raises:
-            ValueError: auto offload places these models (moving them by hand would bypass it).
-        """
-        cm = self._components_manager
-        if cm is not None:
-            hooked = [n for n, obj in self._components.items() if cm.is_auto_offloaded(obj)]
-            if hooked:
-                msg = (
-                    f"pipe.to(...): auto offload places {hooked} on its own; moving or converting them by hand "
-                    "would bypass it. Call components_manager.disable_auto_cpu_offload() first, then .to(...), "
-                    "then enable it again."
-                )
-                raise ValueError(msg)
-        for obj in self._components.values():
-            if isinstance(obj, torch.nn.Module):
-                obj.to(*args, **kwargs)
-        return self
-
-    def _modules(self) -> list[torch.nn.Module]:
-        return [obj for obj in self._components.values() if isinstance(obj, torch.nn.Module)]
-
-    @property
-    def device(self) -> torch.device:
-        for module in self._modules():
-            for tensor in module.parameters():
-                return tensor.device
-        return torch.device("cpu")
-
-    @property
-    def _execution_device(self) -> torch.device:
-        """Where models run: the offload hook's execution device when there is one, else their device."""
-        for module in self._modules():
-            hook = getattr(module, "_hf_hook", None)
-            device = getattr(hook, "execution_device", None)
-            if device is not None:
-                return torch.device(device)
-        return self.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        for module in self._modules():
-            for tensor in module.parameters():
-                return tensor.dtype
-        return torch.float32
-
     @property
     def doc(self) -> str:
         return self._blocks.doc
@@ -327,7 +296,8 @@ class ModularPipeline(LoraMixin, IPAdapterMethods):
     ):
         """Run the blocks on these inputs under ``torch.inference_mode()``.
 
-        Returns the final PipelineState, one value (``output="images"``) or a dict (``output=[...]``).
+        Returns the final PipelineState, one value (``output="images"``) or a dict (``output=[...]``); its
+        tensors are ordinary ones (not inference tensors), which the caller may change in place.
         Everything is checked before anything runs: unknown inputs, wrong types, missing inputs,
         unloaded components and unknown outputs are errors that change nothing.
         """
@@ -342,11 +312,7 @@ class ModularPipeline(LoraMixin, IPAdapterMethods):
             cm.set_execution_plan(self._models_in_order(plan))
         with torch.inference_mode():
             _, state = run_steps(plan.steps, CallComponents(self), state)
-        if output is None:
-            return state
-        if isinstance(output, str):
-            return state.get(output)
-        return {name: state.get(name) for name in output}
+        return call_result(state, output)  # tensors cloned out of inference mode (modular/outputs.py)
 
     def _models_in_order(self, plan: CallPlan) -> list[torch.nn.Module]:
         """The models this call uses, in order; a repeat in a row says nothing new and is dropped."""

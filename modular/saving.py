@@ -33,7 +33,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,9 +41,11 @@ import diffusers
 
 from components.load_id import NULL_LOAD_ID, decode_load_id, get_load_id
 
+from .config_components import changed_config_components
 from .errors import SaveTargetInUseError
 from .families import available_families, family_of_blocks
 from .index import MODULAR_INDEX, spec_to_entry
+from .save_options import SaveOptions
 
 if sys.platform != "win32":
     import fcntl
@@ -51,7 +53,7 @@ if sys.platform != "win32":
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
 
-__all__ = ["index_dict", "recover_interrupted_save", "save_pipeline"]
+__all__ = ["check_save_target", "index_dict", "recover_interrupted_save", "save_pipeline"]
 
 _STAGING = ".modular-saving-"
 _BACKUP = ".old-"
@@ -59,13 +61,15 @@ _PLAN = "plan.json"
 
 
 def index_dict(
-    pipe: ModularPipeline, target: Path | None = None, saved: Collection[str] = frozenset()
+    pipe: ModularPipeline, target: Path | None = None, saved: Mapping[str, str | None] | None = None
 ) -> dict[str, Any]:
     """The index in the peer's shape.
 
-    Components in ``saved`` (written to ``target/<name>``), and any other whose files lie in a subfolder of
-    ``target``, get ``pretrained_model_name_or_path=None`` and their subfolder: "this folder".
+    Components in ``saved`` (written to ``target/<name>``, by name with the variant written), and any other
+    whose files lie in a subfolder of ``target``, get ``pretrained_model_name_or_path=None`` and their
+    subfolder: "this folder".
     """
+    saved = saved or {}
     blocks_class_name, workflow = _blocks_origin(pipe)
     data: dict[str, Any] = {
         "_blocks_class_name": blocks_class_name,
@@ -76,12 +80,15 @@ def index_dict(
         data["_workflow"] = workflow
     data.update(pipe._config)
     for name, spec in pipe._specs.items():
-        if spec.default_creation_method != "from_pretrained":
+        # From-config components are listed only when saved here (modular/config_components.py).
+        if spec.default_creation_method != "from_pretrained" and name not in saved:
             continue
         entry = spec_to_entry(spec, pipe._components[name])
         fields = entry[2]
         if name in saved:
-            fields.update(pretrained_model_name_or_path=None, subfolder=name, variant=None, revision=None)
+            fields.update(
+                pretrained_model_name_or_path=None, subfolder=name, variant=saved[name], revision=None
+            )
         elif target is not None and fields["subfolder"] and _root(fields) == target:
             fields.update(pretrained_model_name_or_path=None, revision=None)
         data[name] = entry
@@ -164,16 +171,21 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def _plan(pipe: ModularPipeline, target: Path) -> list[str]:
+def _plan(pipe: ModularPipeline, target: Path, overwrite_index: bool = True) -> list[str]:
     """The components to write; refuses to replace files a loaded component is read from.
 
     A component loaded from exactly ``target/<name>`` is not written again: its files are already there
-    (and may be memory-mapped). Test: test_saving_into_the_source_repo_keeps_it_loading.
+    (and may be memory-mapped). Test: test_saving_into_the_source_repo_keeps_it_loading. Without
+    ``overwrite_index`` a component with a load ID keeps its entry, so its weights are not written: nothing
+    would read them (test_an_index_that_keeps_its_sources_is_written_without_weights).
     """
     write = []
+    changed = changed_config_components(pipe)  # from-config components that differ from the blocks' own
     for name, spec in pipe._specs.items():
         obj = pipe._components[name]
-        if spec.default_creation_method != "from_pretrained" or obj is None:
+        if obj is None or (spec.default_creation_method != "from_pretrained" and name not in changed):
+            continue
+        if not overwrite_index and get_load_id(obj) not in (None, NULL_LOAD_ID):
             continue
         if _location(_load_fields(obj, spec.load_id)) != target / name:
             write.append(name)
@@ -190,15 +202,18 @@ def _plan(pipe: ModularPipeline, target: Path) -> list[str]:
     return write
 
 
-def _save_component(obj: Any, folder: Path) -> None:
+def _save_options(obj: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``options`` (``safe_serialization``, ``variant``, ``max_shard_size``) that ``obj``'s save takes."""
     save = getattr(obj, "save_pretrained", None)
     if save is None:
-        msg = f"cannot save {type(obj).__name__} to {folder}: it has no save_pretrained method"
+        msg = f"cannot save {type(obj).__name__}: it has no save_pretrained method"
         raise TypeError(msg)
-    kwargs = {}
-    if "safe_serialization" in inspect.signature(save).parameters:
-        kwargs["safe_serialization"] = True
-    save(str(folder), **kwargs)
+    accepted = inspect.signature(save).parameters
+    return {key: value for key, value in options.items() if key in accepted and value is not None}
+
+
+def _save_component(obj: Any, folder: Path, kwargs: Mapping[str, Any]) -> None:
+    obj.save_pretrained(str(folder), **kwargs)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -243,15 +258,8 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def save_pipeline(pipe: ModularPipeline, save_directory: str | os.PathLike) -> None:
-    """Write every loaded component into ``save_directory/<name>`` and the index; see the module docstring.
-
-    Raises:
-        ValueError: ``save_directory`` is empty.
-        SaveTargetInUseError: a loaded component is read from files this save would replace.
-        FileExistsError: ``save_directory`` is a file.
-        BlockingIOError: another save into the folder is running.
-    """
+def check_save_target(save_directory: str | os.PathLike) -> Path:
+    """The resolved folder to save into; refuses an empty path and a file."""
     if os.fspath(save_directory) == "":
         msg = (
             'save_pretrained: the folder is empty (got ""); pass a folder, e.g. "saved", or "." for this one'
@@ -261,24 +269,46 @@ def save_pipeline(pipe: ModularPipeline, save_directory: str | os.PathLike) -> N
     if target.exists() and not target.is_dir():
         msg = f"cannot save to {target}: it exists and is not a folder"
         raise FileExistsError(msg)
+    return target
+
+
+def save_pipeline(
+    pipe: ModularPipeline, save_directory: str | os.PathLike, options: SaveOptions | None = None
+) -> dict[str, Any]:
+    """Write every loaded component into ``save_directory/<name>`` and the index; see the module docstring.
+
+    ``options`` (``modular/save_options.py``) say how weights are written and whether saved components'
+    entries point at this folder. Returns the index written.
+
+    Raises:
+        ValueError: ``save_directory`` is empty.
+        SaveTargetInUseError: a loaded component is read from files this save would replace.
+        FileExistsError: ``save_directory`` is a file.
+        BlockingIOError: another save into the folder is running.
+        TypeError: a component to write has no ``save_pretrained``.
+    """
+    options = options or SaveOptions()
+    target = check_save_target(save_directory)
     if not recover_interrupted_save(target):
         msg = f"cannot save to {target}: another save into it is running; wait for it to finish"
         raise BlockingIOError(msg)
-    write = _plan(pipe, target)
-    index = index_dict(pipe, target, saved=write)
+    write = _plan(pipe, target, options.overwrite_modular_index)
+    kwargs = {name: _save_options(pipe._components[name], options.weight_options()) for name in write}
+    index = index_dict(pipe, target, saved={name: kwargs[name].get("variant") for name in write})
     if target.exists():
-        _save_into(pipe, target, write, index)
+        _save_into(pipe, target, kwargs, index)
     else:
-        _save_new(pipe, target, write, index)
+        _save_new(pipe, target, kwargs, index)
+    return index
 
 
-def _save_new(pipe: ModularPipeline, target: Path, write: list[str], index: dict[str, Any]) -> None:
+def _save_new(pipe: ModularPipeline, target: Path, write: dict[str, dict], index: dict[str, Any]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = _staging_folder(target.parent, f".{target.name}{_STAGING}")
     with _locked(staging):
         try:
-            for name in write:
-                _save_component(pipe._components[name], staging / name)
+            for name, kwargs in write.items():
+                _save_component(pipe._components[name], staging / name, kwargs)
             _write_json(staging / MODULAR_INDEX, index)
             os.rename(staging, target)
         except BaseException:
@@ -286,15 +316,15 @@ def _save_new(pipe: ModularPipeline, target: Path, write: list[str], index: dict
             raise
 
 
-def _save_into(pipe: ModularPipeline, target: Path, write: list[str], index: dict[str, Any]) -> None:
+def _save_into(pipe: ModularPipeline, target: Path, write: dict[str, dict], index: dict[str, Any]) -> None:
     staging = _staging_folder(target, _STAGING)
     token = staging.name.removeprefix(_STAGING)
     with _locked(staging):
         try:
-            for name in write:
-                _save_component(pipe._components[name], staging / name)
+            for name, kwargs in write.items():
+                _save_component(pipe._components[name], staging / name, kwargs)
             _write_json(staging / MODULAR_INDEX, index)
-            _write_json(staging / _PLAN, write)
+            _write_json(staging / _PLAN, list(write))
             for name in write:
                 if os.path.lexists(target / name):
                     os.rename(target / name, target / f".{name}{_BACKUP}{token}")

@@ -16,6 +16,7 @@ from .utils import MODEL_NAME, SCHEDULER, default_sigmas, default_size
 __all__ = [
     "NUM_INFERENCE_STEPS",
     "SIGMAS",
+    "IMG2IMG_STRENGTH",
     "STRENGTH",
     "TIMESTEP_INPUTS",
     "set_flux_timesteps",
@@ -27,7 +28,9 @@ NUM_INFERENCE_STEPS = InputParam.template("num_inference_steps", default=28)
 SIGMAS = InputParam(
     "sigmas", type_hint=list[float], description="Custom sigmas (default: linspace(1, 1 / steps, steps))."
 )
-STRENGTH = InputParam.template("strength", default=None, description="In [0, 1]; default 0.6.")
+# FluxImg2ImgPipeline's default strength.
+IMG2IMG_STRENGTH = 0.6
+STRENGTH = InputParam.template("strength", default=IMG2IMG_STRENGTH)
 TIMESTEP_INPUTS = (NUM_INFERENCE_STEPS, SIGMAS)
 
 
@@ -85,7 +88,7 @@ class FluxImg2ImgSetTimestepsStep(StrengthTimestepsStep):
     """Set the timesteps, then keep the last ``strength`` part of them, for image-to-image."""
 
     model_name = MODEL_NAME
-    default_strength = 0.6
+    default_strength = IMG2IMG_STRENGTH
 
     description = (
         "Sets the shifted timesteps (mu from height x width), then skips the first (1 - strength) of them "

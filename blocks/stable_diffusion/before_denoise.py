@@ -21,6 +21,7 @@ from blocks.common.params import (
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks
 
 from .utils import (
+    INPAINT_STRENGTH,
     MODEL_NAME,
     SCHEDULER,
     default_size,
@@ -141,7 +142,7 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
         tensor_input("mask_condition", "The binarized mask.", required=True),
         tensor_input("masked_image", "The masked image.", required=True),
         tensor_input("latent_timestep", "The first timestep."),
-        strength_input(),
+        strength_input(INPAINT_STRENGTH),
         InputParam.template("latents"),
         InputParam.template("height"),
         InputParam.template("width"),
@@ -180,7 +181,7 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
         scale = vae_scale_factor(components)
         total = block_state.batch_size * block_state.num_images_per_prompt
         check_generators(self, generator, total)
-        strength = 1.0 if block_state.strength is None else block_state.strength
+        strength = block_state.strength  # the declared default fills a missing one
         full_strength = strength == 1.0
         image_latents = block_state.image_latents
         if image_latents is not None:

@@ -159,7 +159,7 @@ class StableDiffusionImg2ImgCheckInputsStep(StableDiffusionCheckInputsStep):
     )
 
     def workflow_inputs(self) -> list[InputParam]:
-        return [InputParam.template("image"), strength_input()]
+        return [InputParam.template("image"), strength_input(self.default_strength)]
 
     def check_workflow(
         self, components: Any, bs: BlockState, problems: InputProblems, total: int | None
@@ -195,7 +195,7 @@ class StableDiffusionInpaintCheckInputsStep(StableDiffusionCheckInputsStep):
             InputParam.template("mask_image"),
             InputParam.template("height"),
             InputParam.template("width"),
-            strength_input(),
+            strength_input(self.default_strength),
             InputParam.template("latents"),
         ]
 

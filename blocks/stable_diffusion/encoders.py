@@ -14,7 +14,14 @@ from blocks.common.params import BATCH_INPUTS, DTYPE, HEIGHT_WIDTH_OUTPUTS, tens
 from blocks.common.prompts import check_prompt_or_embeds
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME, default_size, encode_vae_image, image_processor_for_vae, strength_input
+from .utils import (
+    INPAINT_STRENGTH,
+    MODEL_NAME,
+    default_size,
+    encode_vae_image,
+    image_processor_for_vae,
+    strength_input,
+)
 
 __all__ = [
     "IMAGE_PROCESSOR",
@@ -210,7 +217,7 @@ class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
         InputParam.template("mask_image", required=True),
         InputParam.template("height"),
         InputParam.template("width"),
-        strength_input(),
+        strength_input(INPAINT_STRENGTH),
         InputParam.template("latents"),
         InputParam.template("generator"),
         DTYPE,
@@ -234,7 +241,7 @@ class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
         init_image = init_image.to(dtype=torch.float32)
         image_latents = None
         needs_latents = components.unet.config.in_channels == 4 or (
-            block_state.latents is None and block_state.strength not in (None, 1.0)
+            block_state.latents is None and block_state.strength != 1.0
         )
         if needs_latents:
             dtype = block_state.dtype or components.vae.dtype

@@ -8,7 +8,14 @@ from blocks.common.params import BATCH_SIZE, SIGMAS, TIMESTEPS_OUTPUTS
 from blocks.common.timesteps import StrengthTimestepsStep
 from modular import InputParam, ModularPipelineBlocks
 
-from .utils import MODEL_NAME, SCHEDULER, strength_input
+from .utils import (
+    IMG2IMG_STRENGTH,
+    INPAINT_STRENGTH,
+    MODEL_NAME,
+    SCHEDULER,
+    strength_input,
+    with_strength_default,
+)
 
 __all__ = [
     "TIMESTEP_INPUTS",
@@ -82,7 +89,7 @@ class StableDiffusionImg2ImgSetTimestepsStep(StrengthTimestepsStep):
     """Set the timesteps and keep the last ``strength`` part of them, for image-to-image."""
 
     model_name = MODEL_NAME
-    default_strength = 0.8
+    default_strength = IMG2IMG_STRENGTH
 
     description = (
         "Sets the scheduler's timesteps, then skips the first (1 - strength) of them, so denoising starts "
@@ -91,7 +98,12 @@ class StableDiffusionImg2ImgSetTimestepsStep(StrengthTimestepsStep):
 
     expected_components = [SCHEDULER]
 
-    inputs = [*TIMESTEP_INPUTS, strength_input(), BATCH_SIZE, InputParam.template("num_images_per_prompt")]
+    inputs = [
+        *TIMESTEP_INPUTS,
+        strength_input(IMG2IMG_STRENGTH),
+        BATCH_SIZE,
+        InputParam.template("num_images_per_prompt"),
+    ]
 
     def set_timesteps(self, components, block_state) -> int:
         _, steps = set_scheduler_timesteps(
@@ -110,4 +122,6 @@ class StableDiffusionImg2ImgSetTimestepsStep(StrengthTimestepsStep):
 class StableDiffusionInpaintSetTimestepsStep(StableDiffusionImg2ImgSetTimestepsStep):
     """Img2img timesteps with inpainting's default strength of 1.0 (start from pure noise)."""
 
-    default_strength = 1.0
+    default_strength = INPAINT_STRENGTH
+
+    inputs = with_strength_default(StableDiffusionImg2ImgSetTimestepsStep.inputs, INPAINT_STRENGTH)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterable
 from typing import Any
 
+import attrs
 import torch
 from diffusers import SchedulerMixin
 
@@ -23,9 +25,16 @@ __all__ = [
     "extra_step_kwargs",
     "repeat_to_batch",
     "strength_input",
+    "with_strength_default",
+    "IMG2IMG_STRENGTH",
+    "INPAINT_STRENGTH",
 ]
 
 MODEL_NAME = "stable-diffusion"
+
+# The classic pipelines' strength defaults: StableDiffusionImg2ImgPipeline's and StableDiffusionInpaintPipeline's.
+IMG2IMG_STRENGTH = 0.8
+INPAINT_STRENGTH = 1.0
 
 # Any diffusers scheduler works with these blocks (SD repos ship PNDM; Euler, DDIM ... can be swapped in).
 SCHEDULER = ComponentSpec(
@@ -94,15 +103,17 @@ def repeat_to_batch(tensor: torch.Tensor, batch_size: int, what: str, *, copy: b
     return tensor.repeat(batch_size // tensor.shape[0], *([1] * (tensor.dim() - 1)))
 
 
-def strength_input() -> InputParam:
-    """The ``strength`` input. Its default depends on the workflow (0.8 for image-to-image, 1.0 for
-    inpainting, as in the classic pipelines), so it is declared without one and each block applies its own:
-    one declared default would be given to every workflow by the pipeline."""
+def strength_input(default: float) -> InputParam:
+    """The ``strength`` input with a workflow's default (the classic pipelines differ: image-to-image 0.8,
+    inpainting 1.0). Each block declares its workflow's, so a composed input records them by branch."""
     return InputParam.template(
         "strength",
-        default=None,
-        description=(
-            "How much to transform the reference image, in [0, 1] (0 keeps it, 1 starts from pure noise); "
-            "default 0.8 for image-to-image and 1.0 for inpainting."
-        ),
+        default=default,
+        description="How much to transform the reference image, in [0, 1] (0 keeps it, 1 starts from pure noise).",
     )
+
+
+def with_strength_default(params: Iterable[InputParam], default: float) -> list[InputParam]:
+    """`params` (a block's inputs) with ``strength`` declaring `default`: an inpainting block made from an
+    image-to-image one declares its own workflow's default."""
+    return [attrs.evolve(p, default=default) if p.name == "strength" else p for p in params]

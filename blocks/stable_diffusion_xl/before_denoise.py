@@ -25,12 +25,13 @@ from blocks.stable_diffusion.utils import (
     default_size,
     do_classifier_free_guidance,
     repeat_to_batch,
+    strength_input,
     vae_scale_factor,
 )
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .timesteps import DENOISING_START
-from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input, strength_input
+from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input
 
 __all__ = [
     "StableDiffusionXLPrepareLatentsStep",
@@ -107,7 +108,7 @@ class StableDiffusionXLInpaintPrepareLatentsStep(StableDiffusionInpaintPrepareLa
         tensor_input("mask_condition", "The binarized mask.", required=True),
         tensor_input("masked_image", "The masked image."),
         LATENT_TIMESTEP,
-        strength_input(),
+        strength_input(INPAINT_STRENGTH),
         DENOISING_START,
         InputParam.template("latents"),
         InputParam.template("height"),
@@ -145,7 +146,7 @@ class StableDiffusionXLInpaintPrepareLatentsStep(StableDiffusionInpaintPrepareLa
         total = bs.batch_size * bs.num_images_per_prompt
         check_generators(self, bs.generator, total)
         name = type(self).__name__
-        strength = INPAINT_STRENGTH if bs.strength is None else bs.strength
+        strength = bs.strength  # the declared default fills a missing one
         if bs.image_latents is not None:
             # A repeated copy even for a factor of 1, as the classic pipeline makes.
             bs.image_latents = repeat_to_batch(bs.image_latents, total, f"{name}: image", copy=True)

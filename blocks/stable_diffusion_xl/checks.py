@@ -17,6 +17,7 @@ from blocks.stable_diffusion.checks import (
     StableDiffusionImg2ImgCheckInputsStep,
     StableDiffusionInpaintCheckInputsStep,
 )
+from blocks.stable_diffusion.utils import strength_input
 from modular import BlockState, InputParam
 
 from .encoders import PROMPT_INPUTS
@@ -26,7 +27,7 @@ from .timesteps import (
     StableDiffusionXLInpaintSetTimestepsStep,
     is_fraction,
 )
-from .utils import MODEL_NAME, guidance_scale_input, strength_input
+from .utils import MODEL_NAME, guidance_scale_input
 
 __all__ = [
     "StableDiffusionXLCheckInputsStep",
@@ -72,7 +73,7 @@ class StableDiffusionXLImg2ImgCheckInputsStep(_SDXLRules, StableDiffusionImg2Img
     def workflow_inputs(self) -> list[InputParam]:
         return [
             InputParam.template("image"),
-            strength_input(),
+            strength_input(self.default_strength),
             DENOISING_START,
             InputParam.template("latents"),
         ]
@@ -108,7 +109,7 @@ class StableDiffusionXLInpaintCheckInputsStep(_SDXLRules, StableDiffusionInpaint
             InputParam.template("mask_image"),
             InputParam.template("height"),
             InputParam.template("width"),
-            strength_input(),
+            strength_input(self.default_strength),
             DENOISING_START,
             InputParam.template("latents"),
         ]

@@ -13,10 +13,10 @@ from blocks.stable_diffusion.encoders import (
     StableDiffusionInpaintVaeEncoderStep,
     StableDiffusionVaeEncoderStep,
 )
-from blocks.stable_diffusion.utils import default_size, image_processor_for_vae
+from blocks.stable_diffusion.utils import default_size, image_processor_for_vae, with_strength_default
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input, strength_input
+from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input
 
 __all__ = [
     "PROMPT_2",
@@ -254,9 +254,7 @@ class StableDiffusionXLInpaintVaeEncoderStep(StableDiffusionInpaintVaeEncoderSte
         "the generator is used in the classic order."
     )
 
-    inputs = [
-        strength_input() if p.name == "strength" else p for p in StableDiffusionInpaintVaeEncoderStep.inputs
-    ]
+    inputs = with_strength_default(StableDiffusionInpaintVaeEncoderStep.inputs, INPAINT_STRENGTH)
 
     @torch.no_grad()
     def __call__(self, components, state):
@@ -267,12 +265,11 @@ class StableDiffusionXLInpaintVaeEncoderStep(StableDiffusionInpaintVaeEncoderSte
         mask = image_processor_for_vae(components, "mask_processor").preprocess(
             bs.mask_image, height=height, width=width
         )
-        strength = INPAINT_STRENGTH if bs.strength is None else bs.strength
         dtype = bs.dtype or components.vae.dtype
         bs.image_latents = None
         if image.shape[1] == 4:
             bs.image_latents = image.to(device=components._execution_device, dtype=dtype)
-        elif components.unet.config.in_channels == 4 or (bs.latents is None and strength != 1.0):
+        elif components.unet.config.in_channels == 4 or (bs.latents is None and bs.strength != 1.0):
             pixels = image.to(device=components._execution_device, dtype=dtype)
             bs.image_latents = encode_image_latents(components.vae, pixels, bs.generator)
         bs.masked_image = None if image.shape[1] == 4 else image * (mask < 0.5)

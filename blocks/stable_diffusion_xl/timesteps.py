@@ -7,10 +7,10 @@ import torch
 from blocks.common.params import BATCH_SIZE, LATENT_TIMESTEP_OUTPUT, TIMESTEPS_OUTPUTS
 from blocks.common.timesteps import checked_strength
 from blocks.stable_diffusion.timesteps import TIMESTEP_INPUTS, kept_steps, set_scheduler_timesteps
-from blocks.stable_diffusion.utils import SCHEDULER
+from blocks.stable_diffusion.utils import SCHEDULER, strength_input, with_strength_default
 from modular import InputParam, ModularPipelineBlocks
 
-from .utils import INPAINT_STRENGTH, MODEL_NAME, strength_input
+from .utils import IMG2IMG_STRENGTH, INPAINT_STRENGTH, MODEL_NAME
 
 __all__ = [
     "DENOISING_START",
@@ -89,7 +89,7 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
     """Set the timesteps for image-to-image: skip the first ``1 - strength`` (or up to denoising_start)."""
 
     model_name = MODEL_NAME
-    default_strength = 0.3
+    default_strength = IMG2IMG_STRENGTH
 
     description = (
         "Sets the scheduler's timesteps, then skips the first (1 - strength) of them (default strength 0.3), "
@@ -102,7 +102,7 @@ class StableDiffusionXLImg2ImgSetTimestepsStep(ModularPipelineBlocks):
     inputs = [
         *_TIMESTEP_INPUTS,
         DENOISING_START,
-        strength_input(),
+        strength_input(IMG2IMG_STRENGTH),
         BATCH_SIZE,
         InputParam.template("num_images_per_prompt"),
     ]
@@ -150,3 +150,5 @@ class StableDiffusionXLInpaintSetTimestepsStep(StableDiffusionXLImg2ImgSetTimest
     """Image-to-image timesteps with inpainting's default strength of 0.9999."""
 
     default_strength = INPAINT_STRENGTH
+
+    inputs = with_strength_default(StableDiffusionXLImg2ImgSetTimestepsStep.inputs, INPAINT_STRENGTH)

@@ -13,10 +13,10 @@ from modular import InputParam
 
 __all__ = [
     "MODEL_NAME",
+    "IMG2IMG_STRENGTH",
     "INPAINT_STRENGTH",
     "guidance_scale_input",
     "with_sdxl_guidance",
-    "strength_input",
     "latents_stats",
     "vae_in_float32",
     "encode_image_latents",
@@ -24,7 +24,9 @@ __all__ = [
 
 MODEL_NAME = "stable-diffusion-xl"
 
-# The classic inpainting pipeline's default strength: just below 1, so the image's latents seed the noise.
+# The classic pipelines' strength defaults: StableDiffusionXLImg2ImgPipeline's, and
+# StableDiffusionXLInpaintPipeline's (just below 1, so the image's latents seed the noise).
+IMG2IMG_STRENGTH = 0.3
 INPAINT_STRENGTH = 0.9999
 
 
@@ -36,15 +38,6 @@ def guidance_scale_input() -> InputParam:
 def with_sdxl_guidance(params: Iterable[InputParam]) -> list[InputParam]:
     """`params` (a Stable Diffusion block's inputs) with SDXL's ``guidance_scale`` in place of SD's."""
     return [guidance_scale_input() if p.name == "guidance_scale" else p for p in params]
-
-
-def strength_input() -> InputParam:
-    """``strength``, declared without a default: image-to-image applies its own (0.3, as the classic)."""
-    return InputParam.template(
-        "strength",
-        default=None,
-        description="How much to transform the reference image, in [0, 1]; default 0.3 for image-to-image.",
-    )
 
 
 def latents_stats(vae: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
