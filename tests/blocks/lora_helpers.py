@@ -10,6 +10,7 @@ import copy
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+import pytest
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 from peft.utils import get_peft_model_state_dict
@@ -50,14 +51,21 @@ def make_lora(
     return Path(folder)
 
 
-def two_loras(
-    harness: ParityHarness, repo: Path, classic_class: type, folder: Path, targets: Mapping[str, list[str]]
-) -> list[Path]:
-    """Two random LoRAs (seeds 0 and 1) for our pipeline of `repo`, each over the models named in `targets`
-    ({component: target modules}) in one file, written with `classic_class`'s `save_lora_weights`."""
-    pipe = harness.load_pipeline(repo)
-    models = {name: (getattr(pipe, name), modules) for name, modules in targets.items()}
-    return [make_lora(folder / name, classic_class, models, seed=seed) for seed, name in enumerate("ab")]
+def loras_fixture(
+    harness: ParityHarness, repo_fixture: str, classic_class: type, targets: Mapping[str, list[str]]
+):
+    """A module-scoped fixture giving two random LoRAs (seeds 0 and 1) for our pipeline of the repo that
+    `repo_fixture` names, each over the models in `targets` ({component: target modules}) in one file, written
+    with `classic_class`'s `save_lora_weights` as a trainer would."""
+
+    @pytest.fixture(scope="module")
+    def loras(request, tmp_path_factory) -> list[Path]:
+        pipe = harness.load_pipeline(request.getfixturevalue(repo_fixture))
+        models = {name: (getattr(pipe, name), modules) for name, modules in targets.items()}
+        folder = tmp_path_factory.mktemp(f"{repo_fixture}-loras")
+        return [make_lora(folder / name, classic_class, models, seed=seed) for seed, name in enumerate("ab")]
+
+    return loras
 
 
 def kohya_copy(source: Path, target: Path, alpha: float, prefixes: Mapping[str, str]) -> Path:

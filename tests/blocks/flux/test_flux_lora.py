@@ -10,24 +10,17 @@ from ..lora_helpers import (
     CLIP_TARGETS,
     DENOISER_TARGETS,
     assert_case_matches_classic,
+    loras_fixture,
     text2image_inputs,
-    two_loras,
 )
 from .conftest import FLUX
 
 INPUTS = text2image_inputs(height=32, width=32)
 
 
-@pytest.fixture(scope="module")
-def loras(flux_repo, tmp_path_factory):
-    """Two random LoRAs, each over the transformer and the CLIP text encoder in one file."""
-    return two_loras(
-        FLUX,
-        flux_repo,
-        FluxPipeline,
-        tmp_path_factory.mktemp("flux-loras"),
-        {"transformer": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
-    )
+loras = loras_fixture(
+    FLUX, "flux_repo", FluxPipeline, {"transformer": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS}
+)
 
 
 @pytest.mark.parametrize("case", CASES)

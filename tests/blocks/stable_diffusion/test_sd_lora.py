@@ -12,27 +12,20 @@ from ..lora_helpers import (
     assert_case_matches_classic,
     assert_parity_through,
     kohya_copy,
+    loras_fixture,
     ours_and_classic,
     run,
     same,
     text2image_inputs,
-    two_loras,
 )
 from .conftest import SD
 
 INPUTS = text2image_inputs()
 
 
-@pytest.fixture(scope="module")
-def loras(sd_repo, tmp_path_factory):
-    """Two random LoRAs, each over the UNet and the text encoder in one file."""
-    return two_loras(
-        SD,
-        sd_repo,
-        StableDiffusionPipeline,
-        tmp_path_factory.mktemp("sd-loras"),
-        {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
-    )
+loras = loras_fixture(
+    SD, "sd_repo", StableDiffusionPipeline, {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS}
+)
 
 
 @pytest.mark.parametrize("case", CASES)

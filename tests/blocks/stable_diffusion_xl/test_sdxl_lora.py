@@ -8,8 +8,8 @@ from ..lora_helpers import (
     CLIP_TARGETS,
     DENOISER_TARGETS,
     assert_case_matches_classic,
+    loras_fixture,
     text2image_inputs,
-    two_loras,
 )
 from .conftest import SDXL
 
@@ -17,16 +17,12 @@ INPUTS = text2image_inputs()
 MODELS = ["unet", "text_encoder", "text_encoder_2"]
 
 
-@pytest.fixture(scope="module")
-def loras(sdxl_repo, tmp_path_factory):
-    """Two random LoRAs, each over the UNet and both text encoders in one file."""
-    return two_loras(
-        SDXL,
-        sdxl_repo,
-        StableDiffusionXLPipeline,
-        tmp_path_factory.mktemp("sdxl-loras"),
-        {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS, "text_encoder_2": CLIP_TARGETS},
-    )
+loras = loras_fixture(
+    SDXL,
+    "sdxl_repo",
+    StableDiffusionXLPipeline,
+    {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS, "text_encoder_2": CLIP_TARGETS},
+)
 
 
 @pytest.mark.parametrize("case", CASES)

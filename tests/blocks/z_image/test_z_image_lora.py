@@ -3,22 +3,20 @@
 import pytest
 from diffusers import ZImagePipeline
 
-from ..lora_helpers import CASES, DENOISER_TARGETS, assert_case_matches_classic, text2image_inputs, two_loras
+from ..lora_helpers import (
+    CASES,
+    DENOISER_TARGETS,
+    assert_case_matches_classic,
+    loras_fixture,
+    text2image_inputs,
+)
 from .conftest import SIZE, Z_IMAGE
 
 INPUTS = text2image_inputs(height=SIZE, width=SIZE)
 
 
-@pytest.fixture(scope="module")
-def loras(zimage_repo, tmp_path_factory):
-    """Two random LoRAs over the transformer (the only model diffusers' Z-Image loader takes a LoRA into)."""
-    return two_loras(
-        Z_IMAGE,
-        zimage_repo,
-        ZImagePipeline,
-        tmp_path_factory.mktemp("z-image-loras"),
-        {"transformer": DENOISER_TARGETS},
-    )
+# The transformer is the only model diffusers' Z-Image loader takes a LoRA into.
+loras = loras_fixture(Z_IMAGE, "zimage_repo", ZImagePipeline, {"transformer": DENOISER_TARGETS})
 
 
 @pytest.mark.parametrize("case", CASES)
