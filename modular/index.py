@@ -17,7 +17,7 @@ from huggingface_hub.errors import (
 )
 
 from components import ComponentSpec, import_type
-from components.errors import PipelineTypeError
+from components.errors import ComponentLoadError, PipelineTypeError, RemoteCodeError
 from components.importing import is_pipeline_type
 from components.load_id import LOAD_ID_FIELDS
 from components.remote_code import RemoteCodeConsent, consent_covers, consent_for_pipeline
@@ -343,7 +343,14 @@ def specs_from_index(
         entry_repo = repo if here else fields.get("pretrained_model_name_or_path")
         declared: type | None = None
         if hint and hint[0] and hint[1]:
-            declared = import_type(hint[0], hint[1], trust_remote_code=consent_covers(consent, entry_repo))
+            try:
+                declared = import_type(
+                    hint[0], hint[1], trust_remote_code=consent_covers(consent, entry_repo)
+                )
+            except RemoteCodeError:
+                raise
+            except ComponentLoadError as error:  # an unknown class: name the entry, import nothing more
+                raise IndexFileError(source, [f"entry {name!r}: {error}"]) from error
             _refuse_pipeline(source, name, declared)
         specs[name] = ComponentSpec(
             name=name,

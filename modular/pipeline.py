@@ -16,13 +16,14 @@ from components.remote_code import RemoteCodeConsent
 from .block import ModularPipelineBlocks
 from .call_components import CallComponents, fresh_state
 from .composite import run_steps
+from .config_components import config_spec_from_index
 from .devices import DeviceMethods
 from .index import read_index, specs_from_index
 from .ip_adapter import IPAdapterMethods
 from .lora import LoraMixin
 from .outputs import call_result
 from .planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
-from .replacement import replacement_type
+from .replacement import check_replacements
 from .state import PipelineState
 
 __all__ = ["ModularPipeline"]
@@ -72,13 +73,14 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
             specs, config = specs_from_index(kind, index, repo, revision, trust_remote_code=trust_remote_code)
             for name, spec in specs.items():
                 if name in self._specs:
-                    self._specs[name] = _merge_spec(self._specs[name], spec)
+                    self._specs[name] = _merge_spec(self._specs[name], spec, os.path.join(repo, kind))
             for name, value in config.items():
                 if name in self._config:
                     self._config[name] = value
-        for name, spec in self._specs.items():
-            if spec.default_creation_method == "from_config":
-                self._set_component(name, spec.create())
+        made = {n: s.create() for n, s in self._specs.items() if s.default_creation_method == "from_config"}
+        check_replacements(blocks, self._specs, made)  # e.g. a saved guider the blocks cannot serve
+        for name, obj in made.items():
+            self._set_component(name, obj)
 
     # ----- construction from a repo -----
     @classmethod
@@ -246,14 +248,8 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
                 raise KeyError(_unknown("component or config", name, {**self._specs, **self._config}))
         # The blocks' declared type is what they accept (e.g. any scheduler); the repo's index only says
         # which class the repo holds, so a different scheduler class is still a valid replacement.
-        declared = {spec.name: replacement_type(spec) for spec in self._blocks.expected_components}
-        for name, value in kwargs.items():
-            if name in self._config:
-                continue
-            hint = declared.get(name) or self._specs[name].type_hint
-            if value is not None and hint is not None and not isinstance(value, hint):
-                msg = f"update_components: {name!r} must be a {hint.__name__} (got a {type(value).__name__})"
-                raise TypeError(msg)
+        given = {name: value for name, value in kwargs.items() if name not in self._config}
+        check_replacements(self._blocks, self._specs, given)
         self._plans.forget()  # before too: a failure part way leaves no plan of the old components
         for name, value in kwargs.items():
             if name in self._config:
@@ -346,8 +342,11 @@ def _unknown(kind: str, name: str, known: Any) -> str:
     return f"no {kind} named {name!r}{hint} (known: {sorted(known)})"
 
 
-def _merge_spec(declared: ComponentSpec, from_index: ComponentSpec) -> ComponentSpec:
-    """The blocks' spec with the loading fields (and a more precise type) the index gives."""
+def _merge_spec(declared: ComponentSpec, from_index: ComponentSpec, source: str) -> ComponentSpec:
+    """The blocks' spec with the loading fields (and a more precise type) the index gives; a from-config
+    component is made from the config the entry points at (``modular/config_components.py``)."""
+    if declared.default_creation_method == "from_config":
+        return config_spec_from_index(declared, from_index, source)
     changes: dict[str, Any] = {key: getattr(from_index, key) for key in LOAD_ID_FIELDS}
     if from_index.type_hint is not None:
         changes["type_hint"] = from_index.type_hint

@@ -9,11 +9,19 @@ keeps (``set_state``, its count of prepared passes, APG's momentum). ``guided_pr
   in one batch, in the family's classic order, so the default guider equals the classic pipelines bit for bit;
 - a guider that changes the model for some passes (PAG, skip-layer guidance) gets one pass per condition,
   each between its ``prepare_models`` and ``cleanup_models`` (which install and remove its attention hooks),
-  as diffusers' own modular pipelines run them. ``cleanup_models`` runs even when the pass fails.
+  as diffusers' own modular pipelines run them. ``cleanup_models`` runs even when the pass fails;
+- a family whose classic PAG pipeline batches the perturbed prediction with the others (Stable Diffusion, SDXL)
+  asks for that instead (``batch_perturbed_attention``): one batch, with diffusers' PAG attention processors
+  on the perturbed layers during it (``perturbed_attention.py``), bit for bit the classic PAG pipelines.
+
+A family's denoiser makes the conditional and unconditional predictions from its inputs, and any other only
+by running the model the guider has changed (its hooks or the PAG processors); ``check_guider_kind`` refuses a
+guider that asks for more, before any model runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,17 +29,21 @@ from typing import Any
 import torch
 from diffusers.configuration_utils import FrozenDict
 from diffusers.guiders import ClassifierFreeGuidance
-from diffusers.guiders.guider_utils import BaseGuidance
+from diffusers.guiders.guider_utils import BaseGuidance, GuiderOutput
 from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
 
 from modular import ComponentSpec
+
+from .perturbed_attention import PERTURBED, perturbed_attention, perturbed_self_attention
 
 __all__ = [
     "GUIDER",
     "call_guider",
     "check_guider",
+    "check_guider_kind",
     "guided_prediction",
     "guider_spec",
+    "neutral_scale",
     "stack_conditions",
 ]
 
@@ -57,7 +69,7 @@ def guider_spec(**config: Any) -> ComponentSpec:
     )
 
 
-def _neutral_scale(guider: BaseGuidance) -> float:
+def neutral_scale(guider: BaseGuidance) -> float:
     """The scale at which a guider's classifier-free part does nothing (its formulation says which)."""
     return 0.0 if getattr(guider, "use_original_formulation", False) else 1.0
 
@@ -78,7 +90,7 @@ def call_guider(guider: BaseGuidance, guidance_scale: float | None, *, guidance_
         raise TypeError(msg)
     guider = copy.copy(guider)  # no __init__: diffusers' guiders warn on each construction
     if not guidance_on:
-        guider.guidance_scale = _neutral_scale(guider)
+        guider.guidance_scale = neutral_scale(guider)
     elif guidance_scale is not None:
         guider.guidance_scale = guidance_scale
     return guider
@@ -99,8 +111,9 @@ def guided_prediction(
     predict: Predict,
     *,
     unconditional_first: bool,
-) -> torch.Tensor:
-    """The guided prediction for one step (``guider.set_state`` already called for it).
+    batch_perturbed_attention: bool = False,
+) -> GuiderOutput:
+    """The guider's combined prediction for one step (``guider.set_state`` already called for it).
 
     Args:
         guider: The call's guider (``call_guider``).
@@ -109,15 +122,34 @@ def guided_prediction(
         predict: Runs `model` on a list of conditions' inputs batched together; returns one prediction each.
         unconditional_first: Batch unconditional conditions before conditional ones (the family's classic order,
             which keeps the default guider bit for bit equal to the classic pipeline).
+        batch_perturbed_attention: Run a PAG guider's perturbed prediction in the same batch, last, with diffusers'
+            PAG attention processors on its layers (the family's classic PAG pipeline does).
+
+    Returns:
+        The guider's output: ``pred`` (the guided prediction), ``pred_cond`` and ``pred_uncond``.
     """
     batches = guider.prepare_inputs(inputs)
-    if _touches_models(guider):
+    modules = perturbed_self_attention(guider, model) if batch_perturbed_attention else None
+    if modules is not None:
+        names = [getattr(batch, guider._identifier_key) for batch in batches]
+        # The PAG processors attend normally on the first chunks and perturb the last one.
+        rank = {"pred_uncond": 0 if unconditional_first else 1, "pred_cond": 1 if unconditional_first else 0}
+        order = sorted(range(len(batches)), key=lambda k: rank.get(names[k], 2))
+        context = (
+            perturbed_attention(modules, with_unconditional="pred_uncond" in names)
+            if PERTURBED in names
+            else contextlib.nullcontext()
+        )
+        with context:
+            predictions = predict([_fields(batches[k], inputs) for k in order])
+    elif _touches_models(guider):
         for batch in batches:
             try:
                 guider.prepare_models(model)
                 (batch.noise_pred,) = predict([_fields(batch, inputs)])
             finally:
                 guider.cleanup_models(model)
+        return guider(batches)
     else:
         conditional = []
         for _ in batches:
@@ -126,9 +158,9 @@ def guided_prediction(
             guider.cleanup_models(model)
         order = sorted(range(len(batches)), key=lambda k: conditional[k] == unconditional_first)
         predictions = predict([_fields(batches[k], inputs) for k in order])
-        for k, prediction in zip(order, predictions, strict=True):
-            batches[k].noise_pred = prediction
-    return guider(batches).pred
+    for k, prediction in zip(order, predictions, strict=True):
+        batches[k].noise_pred = prediction
+    return guider(batches)
 
 
 def _fields(batch: Any, inputs: ConditionInputs) -> dict[str, Any]:
@@ -147,13 +179,57 @@ def stack_conditions(values: Sequence[Any]) -> Any:
     return torch.cat(list(values))
 
 
+# The predictions a denoiser makes from its (conditional, unconditional) inputs, without changing the model.
+_FROM_INPUTS = ("pred_cond", "pred_uncond")
+
+
+def check_guider_kind(guider: Any, block_name: str) -> None:
+    """Checks that a family's denoiser can make every prediction `guider` may ask for.
+
+    It makes ``pred_cond`` and ``pred_uncond`` from its inputs; any other prediction only by running the model
+    as the guider's own ``prepare_models`` changes it (PAG's and skip-layer guidance's hooks). A guider that
+    asks for predictions made another way (LTX-2's, which its denoiser makes with model arguments of its own) is
+    refused, so ``update_components`` and a saved index fail before any model runs.
+
+    Raises:
+        TypeError: `guider` is not a diffusers guider.
+        ValueError: it asks for predictions this denoiser cannot make.
+    """
+    if not isinstance(guider, BaseGuidance):
+        msg = (
+            f"{block_name}: the 'guider' component must be a diffusers.guiders guider such as "
+            f"ClassifierFreeGuidance (got a {type(guider).__name__})"
+        )
+        raise TypeError(msg)
+    others = [name for name in guider._input_predictions or [] if name not in _FROM_INPUTS]
+    if others and not _touches_models(guider):
+        msg = (
+            f"{block_name}: {type(guider).__name__} asks for predictions {others}, which this denoiser cannot "
+            f"make: it makes {list(_FROM_INPUTS)} from its inputs, and others only through a guider's own model "
+            f"hooks (prepare_models), which {type(guider).__name__} does not have. Use a guider made for this "
+            f"family, e.g. ClassifierFreeGuidance, PerturbedAttentionGuidance or SkipLayerGuidance"
+        )
+        raise ValueError(msg)
+
+
 def check_guider(guider: BaseGuidance, model: torch.nn.Module, model_name: str, block_name: str) -> None:
-    """Checks, before any pass runs, that the layers a guider perturbs (PAG, skip-layer guidance) exist.
+    """Checks, before any pass runs, that the denoiser can serve the guider (``check_guider_kind``) and that
+    the layers it perturbs (PAG, skip-layer guidance) exist.
 
     Raises:
         ValueError: a layer config names blocks `model` does not have; nothing has been hooked.
     """
+    check_guider_kind(guider, block_name)
     for config in getattr(guider, "skip_layer_config", None) or []:
+        if not isinstance(config.indices, list | tuple):
+            # SkipLayerGuidance(skip_layer_guidance_layers=[0]) makes LayerSkipConfig(0): an int, which
+            # diffusers' layer-skip hook cannot iterate (test_a_layer_config_with_an_int_index_says_how_to_fix_it).
+            msg = (
+                f"{block_name}: {type(guider).__name__} has a layer config with indices {config.indices!r}, which "
+                f"diffusers' layer-skip hook needs as a list; give the guider "
+                f"LayerSkipConfig(indices=[{config.indices!r}], fqn=...) instead"
+            )
+            raise ValueError(msg)
         fqn = config.fqn
         if fqn == "auto":
             fqn = next((name for name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS if hasattr(model, name)), None)

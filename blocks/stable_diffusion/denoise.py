@@ -8,7 +8,15 @@ import torch
 from diffusers import UNet2DConditionModel
 
 from blocks.common import TimestepLoopBlocks
-from blocks.common.guidance import call_guider, check_guider, guided_prediction, guider_spec, stack_conditions
+from blocks.common.guidance import (
+    GUIDER,
+    call_guider,
+    check_guider,
+    check_guider_kind,
+    guided_prediction,
+    guider_spec,
+    stack_conditions,
+)
 from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
 from modular import (
     ComponentSpec,
@@ -111,7 +119,8 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
     description = (
         "Inside the loop: asks the guider (default ClassifierFreeGuidance) which conditions to predict at t, "
         "runs the UNet on latent_model_input with each condition's text embeddings (conditions that leave the "
-        "model as it is share one batch, negatives first), and combines the predictions with the guider: "
+        "model as it is share one batch, negatives first, and PAG's perturbed one joins it last, as in the "
+        "classic PAG pipelines), and combines the predictions with the guider: "
         "noise_pred = uncond + guidance_scale * (text - uncond) by default, optionally rescaled by guidance_rescale."
     )
 
@@ -129,6 +138,11 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
         InputParam.template("cross_attention_kwargs"),
         *IP_ADAPTER_DENOISER_INPUTS,
     ]
+
+    def check_component(self, name: str, component: Any) -> None:
+        """Refuses a guider this denoiser cannot serve (``check_guider_kind``), before any model runs."""
+        if name == GUIDER:
+            check_guider_kind(component, type(self).__name__)
 
     def _timestep_cond(self, components, block_state) -> torch.Tensor | None:
         proj_dim = components.unet.config.time_cond_proj_dim
@@ -157,14 +171,19 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
         return block_state.call_guider
 
     def condition_inputs(self, components, block_state) -> dict[str, tuple[Any, Any]]:
-        """Per UNet input, its (conditional, unconditional) value; unconditional ones only with guidance on."""
+        """Per UNet input, its (conditional, unconditional) value.
+
+        With classifier-free guidance off there is no unconditional value and the conditional one stands in:
+        diffusers' PAG guider then takes its perturbed pass's inputs from the second slot, and the classic PAG
+        pipeline runs that pass on the prompt (test_pag_without_classifier_free_guidance_equals_the_classic_pag_pipeline).
+        """
         guided = do_classifier_free_guidance(components, block_state.guidance_scale)
         name = type(self).__name__
         image_embeds = denoiser_ip_embeds(components, block_state, "unet", name)
-        negative_image_embeds = None
+        negative_image_embeds = image_embeds
         if guided and image_embeds is not None:
             negative_image_embeds = denoiser_ip_embeds(components, block_state, "unet", name, negative=True)
-        negative = block_state.negative_prompt_embeds if guided else None
+        negative = block_state.negative_prompt_embeds if guided else block_state.prompt_embeds
         return {
             "encoder_hidden_states": (block_state.prompt_embeds, negative),
             "image_embeds": (image_embeds, negative_image_embeds),
@@ -197,9 +216,10 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
             )[0]
             return list(noise_pred.chunk(count))
 
+        # Negatives first, and PAG's perturbed prediction in the same batch: the classic (PAG) pipelines' batch.
         block_state.noise_pred = guided_prediction(
-            guider, components.unet, inputs, predict, unconditional_first=True
-        )
+            guider, components.unet, inputs, predict, unconditional_first=True, batch_perturbed_attention=True
+        ).pred
         return components, block_state
 
 

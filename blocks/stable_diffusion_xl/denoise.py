@@ -16,6 +16,7 @@ from blocks.stable_diffusion.denoise import (
     StableDiffusionLoopBeforeDenoiser,
     StableDiffusionLoopDenoiser,
 )
+from blocks.stable_diffusion.utils import do_classifier_free_guidance
 from modular import InputParam
 
 from .utils import MODEL_NAME, guidance_scale_input, with_sdxl_guidance
@@ -59,7 +60,7 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
         "Inside the loop: asks the guider (default ClassifierFreeGuidance) which conditions to predict at t and "
         "runs the UNet on latent_model_input with each condition's prompt_embeds and added conditions "
         "(text_embeds: pooled_prompt_embeds, time_ids: add_time_ids; the negatives for the unconditional one); "
-        "conditions that leave the model as it is share one batch, negatives first. By default "
+        "conditions that leave the model as it is share one batch, negatives first (PAG's perturbed one joins it last). By default "
         "noise_pred = uncond + guidance_scale * (text - uncond), optionally rescaled by guidance_rescale."
     )
 
@@ -80,19 +81,17 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
         """Per UNet input, its (conditional, unconditional) value on the execution device, made once per call."""
         if "condition_inputs" not in block_state:
             inputs = super().condition_inputs(components, block_state)
-            guided = inputs["encoder_hidden_states"][1] is not None
+            guided = do_classifier_free_guidance(components, block_state.guidance_scale)
             device = components._execution_device
             pairs = {
                 "text_embeds": (block_state.pooled_prompt_embeds, block_state.negative_pooled_prompt_embeds),
                 "time_ids": (block_state.add_time_ids, block_state.negative_add_time_ids),
             }
             for name, (positive, negative) in pairs.items():
-                inputs[name] = (positive.to(device), negative.to(device) if guided else None)
+                # Without guidance the conditional value stands in for the unconditional one (see SD's).
+                inputs[name] = (positive.to(device), (negative if guided else positive).to(device))
             positive, negative = inputs["encoder_hidden_states"]
-            inputs["encoder_hidden_states"] = (
-                positive.to(device),
-                None if negative is None else negative.to(device),
-            )
+            inputs["encoder_hidden_states"] = (positive.to(device), negative.to(device))
             block_state.condition_inputs = inputs
         return block_state.condition_inputs
 

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from diffusers import ZImageTransformer2DModel
 
 from blocks.common import TimestepLoopBlocks
+from blocks.common.guidance import (
+    GUIDER,
+    call_guider,
+    check_guider,
+    check_guider_kind,
+    guided_prediction,
+    guider_spec,
+    neutral_scale,
+)
 from modular import (
     ComponentSpec,
     InputParam,
     ModularPipelineBlocks,
 )
 
-from .utils import MODEL_NAME, SCHEDULER, do_classifier_free_guidance, embeds_input, guidance_scale_input
+from .utils import (
+    GUIDANCE_SCALE,
+    MODEL_NAME,
+    SCHEDULER,
+    do_classifier_free_guidance,
+    embeds_input,
+    guidance_scale_input,
+)
 
 __all__ = [
     "ZImageLoopBeforeDenoiser",
@@ -23,18 +41,20 @@ __all__ = [
 ]
 
 _TRANSFORMER = ComponentSpec("transformer", ZImageTransformer2DModel)
+# The classic pipeline's guidance, pred = pos + scale * (pos - neg): classifier-free in its original
+# formulation (diffusers' modular Z-Image declares the same class with the Imagen formulation, disabled).
+GUIDER_SPEC = guider_spec(guidance_scale=GUIDANCE_SCALE, use_original_formulation=True)
 
 
 class ZImageLoopBeforeDenoiser(ModularPipelineBlocks):
-    """Loop step: the transformer's inputs for timestep t, and whether guidance runs at this step."""
+    """Loop step: the transformer's inputs for timestep t, and the guidance scale at this step."""
 
     model_name = MODEL_NAME
 
     description = (
-        "Inside the loop: the model timestep (1000 - t) / 1000 per image; guidance runs at this step when "
-        "guidance_scale > 0 and, with cfg_truncation <= 1, the model timestep is not above cfg_truncation. "
-        "Makes the transformer's inputs: one [C, 1, H, W] latent per image (twice with guidance), the "
-        "timesteps, and the embeddings list (positives, then negatives)."
+        "Inside the loop: the model timestep (1000 - t) / 1000 per image and one [C, 1, H, W] latent per image "
+        "(the denoiser repeats them per guidance condition). The step's guidance scale is guidance_scale, or 0 "
+        "(guidance off at this step) once, with cfg_truncation <= 1, the model timestep exceeds cfg_truncation."
     )
 
     expected_components = [_TRANSFORMER]
@@ -43,8 +63,6 @@ class ZImageLoopBeforeDenoiser(ModularPipelineBlocks):
         InputParam(
             "latents", type_hint=torch.Tensor, required=True, description="The latents being denoised."
         ),
-        embeds_input("prompt_embeds", required=True),
-        embeds_input("negative_prompt_embeds"),
         guidance_scale_input(),
         InputParam(
             "cfg_truncation",
@@ -58,21 +76,18 @@ class ZImageLoopBeforeDenoiser(ModularPipelineBlocks):
         latents = block_state.latents
         timestep = (1000 - t.expand(latents.shape[0])) / 1000
         scale = block_state.guidance_scale
-        guided = do_classifier_free_guidance(scale)
         truncation = block_state.cfg_truncation
-        if guided and truncation is not None and float(truncation) <= 1 and timestep[0].item() > truncation:
+        if (
+            do_classifier_free_guidance(scale)
+            and truncation is not None
+            and float(truncation) <= 1
+            and timestep[0].item() > truncation
+        ):
             scale = 0.0
         block_state.step_guidance_scale = scale
-        block_state.apply_cfg = guided and scale > 0
         model_latents = latents.to(components.transformer.dtype)
-        embeds = block_state.prompt_embeds
-        if block_state.apply_cfg:
-            model_latents = model_latents.repeat(2, 1, 1, 1)
-            embeds = embeds + block_state.negative_prompt_embeds
-            timestep = timestep.repeat(2)
         block_state.model_latents = list(model_latents.unsqueeze(2).unbind(dim=0))
         block_state.model_timestep = timestep
-        block_state.model_embeds = embeds
         return components, block_state
 
 
@@ -84,19 +99,25 @@ def _normalize(pred: torch.Tensor, pos: torch.Tensor, factor: float) -> torch.Te
 
 
 class ZImageLoopDenoiser(ModularPipelineBlocks):
-    """Loop step: the transformer's velocity, combined per image for guidance, as the scheduler's noise_pred."""
+    """Loop step: the transformer's velocity per condition the guider asks for, combined by the guider."""
 
     model_name = MODEL_NAME
 
     description = (
-        "Inside the loop: runs the transformer on the list inputs; with guidance, per image "
-        "pred = pos + scale * (pos - neg), its norm capped at cfg_normalization x the positive's norm when "
-        "cfg_normalization > 0. noise_pred is the negated float32 prediction."
+        "Inside the loop: asks the guider (default ClassifierFreeGuidance in its original formulation) which "
+        "conditions to predict at t, runs the transformer on the list inputs with each condition's embeddings "
+        "(conditions that leave the model as it is share one batch, positives first), and combines the float32 "
+        "predictions with the guider: pred = pos + scale * (pos - neg) by default. When the guider combined more "
+        "than one prediction and cfg_normalization > 0, each image's prediction norm is capped at "
+        "cfg_normalization x its positive prediction's. noise_pred is the negated prediction."
     )
 
-    expected_components = [_TRANSFORMER]
+    expected_components = [GUIDER_SPEC, _TRANSFORMER]
 
     inputs = [
+        embeds_input("prompt_embeds", required=True),
+        embeds_input("negative_prompt_embeds"),
+        guidance_scale_input(),
         InputParam(
             "cfg_normalization",
             type_hint=bool | float,
@@ -110,29 +131,56 @@ class ZImageLoopDenoiser(ModularPipelineBlocks):
         ),
     ]
 
+    def check_component(self, name: str, component: Any) -> None:
+        """Refuses a guider this denoiser cannot serve (``check_guider_kind``), before any model runs."""
+        if name == GUIDER:
+            check_guider_kind(component, type(self).__name__)
+
+    def call_guider(self, components, block_state):
+        """The call's copy of the guider (made at the first step and checked against the transformer)."""
+        if "call_guider" not in block_state:
+            guider = call_guider(
+                components.guider,
+                block_state.guidance_scale,
+                guidance_on=do_classifier_free_guidance(block_state.guidance_scale),
+            )
+            check_guider(guider, components.transformer, "transformer", type(self).__name__)
+            block_state.call_guider = guider
+        return block_state.call_guider
+
     def __call__(self, components, block_state, i, t):
-        outputs = components.transformer(
-            block_state.model_latents,
-            block_state.model_timestep,
-            block_state.model_embeds,
-            joint_attention_kwargs=block_state.joint_attention_kwargs,
-            return_dict=False,
-        )[0]
-        if block_state.apply_cfg:
-            count = len(block_state.prompt_embeds)
-            scale, factor = block_state.step_guidance_scale, block_state.cfg_normalization
-            preds = []
-            for pos, neg in zip(outputs[:count], outputs[count:], strict=True):
-                pos, neg = pos.float(), neg.float()
-                pred = pos + scale * (pos - neg)
-                if factor and float(factor) > 0.0:
-                    pred = _normalize(pred, pos, float(factor))
-                preds.append(pred)
-            noise_pred = torch.stack(preds, dim=0)
-        else:
-            noise_pred = torch.stack([out.float() for out in outputs], dim=0)
+        guider = self.call_guider(components, block_state)
+        # cfg_truncation turns classifier-free guidance off per step: the guider's neutral scale.
+        scale = block_state.step_guidance_scale
+        guider.guidance_scale = scale if do_classifier_free_guidance(scale) else neutral_scale(guider)
+        guider.set_state(step=i, num_inference_steps=len(block_state.timesteps), timestep=t)
+        # Without guidance the prompt stands in for the negative (PAG's perturbed pass reads that slot).
+        guided = do_classifier_free_guidance(block_state.guidance_scale)
+        negative = block_state.negative_prompt_embeds if guided else block_state.prompt_embeds
+        inputs = {"cap_feats": (block_state.prompt_embeds, negative)}
+
+        def predict(conditions: list[dict[str, Any]]) -> list[torch.Tensor]:
+            count = len(conditions)
+            outputs = components.transformer(
+                block_state.model_latents * count,
+                block_state.model_timestep.repeat(count),
+                [embeds for condition in conditions for embeds in condition["cap_feats"]],
+                joint_attention_kwargs=block_state.joint_attention_kwargs,
+                return_dict=False,
+            )[0]
+            size = len(outputs) // count
+            return [
+                torch.stack([out.float() for out in outputs[k * size : (k + 1) * size]]) for k in range(count)
+            ]
+
+        output = guided_prediction(guider, components.transformer, inputs, predict, unconditional_first=False)
+        pred, factor = output.pred, block_state.cfg_normalization
+        if guider.num_conditions > 1 and factor and float(factor) > 0.0:
+            pred = torch.stack(
+                [_normalize(p, c, float(factor)) for p, c in zip(pred, output.pred_cond, strict=True)]
+            )
         # The transformer predicts the velocity towards the image; the scheduler steps along its negative.
-        block_state.noise_pred = -noise_pred.squeeze(2)
+        block_state.noise_pred = -pred.squeeze(2)
         return components, block_state
 
 

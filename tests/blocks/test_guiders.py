@@ -1,15 +1,14 @@
 """Guidance as a swappable ``guider`` component (diffusers' guiders) in the Stable Diffusion and SDXL denoisers.
 
 The default guider keeps every family's classic parity (the parity suites). Here: swapping guiders,
-PAG against the classic PAG pipelines, APG and skip-layer guidance against diffusers' own modular SDXL
-pipeline, guiders on a shared manager and under auto offload, and bad guiders.
+PAG against the classic PAG pipelines (bit for bit), APG and skip-layer guidance against diffusers' own modular
+SDXL pipeline, guiders on a shared manager and under auto offload, and bad guiders.
 
-Why PAG and APG agree only to ~1e-5, not bit for bit: diffusers' guider hooks perturb a whole UNet forward,
-so a perturbed prediction is a pass of its own, while the classic PAG pipelines batch the unconditional,
-conditional and perturbed predictions into one UNet call (per-chunk attention processors). The CPU kernels
-round differently for different batch sizes (even the conditional rows of a batch of 6 differ from the same
-rows in a batch of 2, by ~1e-6), so results agree to ~1e-5 after the steps. APG leaves the model alone, so
-ours batches its two conditions (as the classic CFG pipelines do) while the peer runs one pass per condition.
+PAG is bit for bit because the denoiser runs it as the classic PAG pipelines do: the unconditional, conditional
+and perturbed predictions in one UNet batch, with diffusers' PAG attention processors on the perturbed layers
+(blocks/common/perturbed_attention.py). APG agrees with the peer only to ~1e-5: it leaves the model alone, so
+ours batches its two conditions (as the classic CFG pipelines do) while the peer runs one pass per condition,
+and the CPU kernels round differently for different batch sizes.
 """
 
 import logging
@@ -20,6 +19,7 @@ from diffusers import StableDiffusionPAGPipeline, StableDiffusionXLPAGPipeline
 from diffusers.guiders import (
     AdaptiveProjectedGuidance,
     ClassifierFreeGuidance,
+    LTX2Guidance,
     PerturbedAttentionGuidance,
     SkipLayerGuidance,
 )
@@ -163,9 +163,65 @@ def test_pag_on_sd_equals_the_classic_pag_pipeline(sd, prompts):
     plain = run(sd, **prompts)
     sd.update_components(guider=pag(guidance_scale=7.5))
     ours = run(sd, **prompts)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
+    assert torch.equal(ours, theirs)
     assert (ours - plain).abs().max() > 100 * ATOL  # PAG changed the result
-    assert _hooked(sd.unet) == []  # the hooks came off after each perturbed pass
+
+
+def _processors(unet) -> dict[str, object]:
+    return dict(unet.attn_processors)
+
+
+def test_pag_without_classifier_free_guidance_equals_the_classic_pag_pipeline(sd):
+    """guidance_scale=1: PAG alone (cond + scale * (cond - perturbed), the original formulation) equals the
+    classic pipeline bit for bit; the batch is (conditional, perturbed) with PAGIdentitySelfAttnProcessor2_0."""
+    classic = StableDiffusionPAGPipeline(
+        **{name: sd.components[name] for name in ("vae", "text_encoder", "tokenizer", "unet", "scheduler")},
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+        pag_applied_layers=["mid"],
+    )
+    classic.set_progress_bar_config(disable=True)
+    inputs = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", "guidance_scale": 1.0}
+    theirs = classic(generator=seeded(0), pag_scale=3.0, **inputs).images
+    sd.update_components(guider=pag(use_original_formulation=True))
+    assert torch.equal(run(sd, guidance_scale=1.0), theirs)
+
+
+def test_pag_puts_the_unets_attention_processors_back(sd):
+    """After a PAG call every attention processor is the one it was, and no diffusers hook is left on the UNet."""
+    before = _processors(sd.unet)
+    sd.update_components(guider=pag(guidance_scale=7.5))
+    run(sd)
+    after = _processors(sd.unet)
+    assert after.keys() == before.keys()
+    assert all(after[name] is before[name] for name in before)
+    assert _hooked(sd.unet) == []
+
+
+def test_pag_puts_the_processors_back_when_the_pass_fails(sd):
+    """A UNet pass that raises inside PAG's batch leaves the original processors in place; the next call works."""
+    before = _processors(sd.unet)
+    expected = run(sd)
+    sd.update_components(guider=pag(guidance_scale=7.5))
+    seen = []
+
+    def fail(module, args):
+        seen.append(type(module.processor).__name__)
+        raise RuntimeError("boom")
+
+    attention = sd.unet.get_submodule(MID)[0].attn1
+    handle = attention.register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            run(sd)
+    finally:
+        handle.remove()
+    assert seen == ["PAGCFGIdentitySelfAttnProcessor2_0"]  # it failed while PAG's processor was in place
+    after = _processors(sd.unet)
+    assert all(after[name] is before[name] for name in before)
+    sd.update_components(guider=ClassifierFreeGuidance(guidance_scale=7.5))
+    assert torch.equal(run(sd), expected)
 
 
 def test_pag_on_sdxl_equals_the_classic_pag_pipeline(sdxl):
@@ -185,8 +241,7 @@ def test_pag_on_sdxl_equals_the_classic_pag_pipeline(sdxl):
     theirs = classic(generator=seeded(0), pag_scale=3.0, **inputs).images
     sdxl.update_components(guider=pag(indices=(0, 1), guidance_scale=5.0))
     ours = run(sdxl, height=64, width=64)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
-    assert _hooked(sdxl.unet) == []
+    assert torch.equal(ours, theirs)
 
 
 # ----- APG and skip-layer guidance against the peer -----
@@ -300,6 +355,28 @@ def test_pag_on_layers_the_unet_lacks_fails_before_any_pass_and_hooks_nothing(sd
     assert calls == [] and _hooked(sd.unet) == []
     sd.update_components(guider=ClassifierFreeGuidance(guidance_scale=7.5))
     assert torch.equal(run(sd), expected)
+
+
+def test_a_guider_the_denoiser_cannot_serve_is_refused_and_the_guider_kept(sd):
+    """LTX2Guidance asks for predictions SD's denoiser cannot make: a ValueError saying which, nothing changed."""
+    guider = sd.guider
+    with pytest.raises(
+        ValueError,
+        match=r"^StableDiffusionLoopDenoiser: LTX2Guidance asks for predictions \['pred_cond_stg', "
+        r"'pred_cond_modality'\], which this denoiser cannot make",
+    ):
+        sd.update_components(guider=LTX2Guidance(guidance_scale=3.0, stg_scale=1.0))
+    assert sd.guider is guider
+
+
+def test_a_layer_config_with_an_int_index_says_how_to_fix_it(sd):
+    """SkipLayerGuidance(skip_layer_guidance_layers=[0]) makes an int index diffusers' hook cannot use: the call
+    says to give a list, before any pass runs, and hooks nothing."""
+    config = LayerSkipConfig(indices=0, fqn=MID)
+    sd.update_components(guider=SkipLayerGuidance(skip_layer_config=config))
+    with pytest.raises(ValueError, match=r"indices 0, which diffusers' layer-skip hook needs as a list"):
+        run(sd)
+    assert _hooked(sd.unet) == []
 
 
 def test_auto_layers_on_a_unet_ask_for_named_layers(sd):
