@@ -39,6 +39,7 @@ from offload import (  # noqa: E402
     OffloadStrategy,
     SimulatedDevice,
     SmallestSufficientSet,
+    WatermarkStrategy,
 )
 from offload.replay import meta_module  # noqa: E402  (modules of exact byte sizes, nothing allocated)
 from offload.units import GB  # noqa: E402  (1024**3, as printed everywhere)
@@ -142,7 +143,13 @@ class PeerAutoOffload(OffloadStrategy):
 
 
 # -- replay ----------------------------------------------------------------------------------
-STRATEGIES = ("NextUse (ours)", "LRU", "SmallestSufficientSet", "peer AutoOffloadStrategy")
+STRATEGIES = (
+    "NextUse (ours)",
+    "LRU",
+    "SmallestSufficientSet",
+    "peer AutoOffloadStrategy",
+    "Watermark 0.5-0.9",
+)
 
 
 def make_strategy(name: str, device: SimulatedDevice, trace: Trace) -> OffloadStrategy:
@@ -152,6 +159,8 @@ def make_strategy(name: str, device: SimulatedDevice, trace: Trace) -> OffloadSt
         return LRUStrategy()
     if name == "SmallestSufficientSet":
         return SmallestSufficientSet()
+    if name == "Watermark 0.5-0.9":  # a UI's memory manager: headroom kept, paid for in bytes moved
+        return WatermarkStrategy(low=0.5, high=0.9)
     return PeerAutoOffload(device, trace.margin, trace.sizes)
 
 

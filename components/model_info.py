@@ -11,7 +11,7 @@ from offload.residency import Residency
 from offload.storage import module_nbytes
 
 from .load_id import get_load_id
-from .quantization import describe_quantization
+from .quantization import describe_quantization, quantization_method
 
 __all__ = [
     "INFO_FIELDS",
@@ -22,6 +22,7 @@ __all__ = [
     "lora_layers",
     "record_lora_source",
     "ip_adapter_info",
+    "is_bitsandbytes",
     "module_devices",
     "module_dtype",
     "quantization_config",
@@ -47,6 +48,7 @@ INFO_FIELDS = (
     "ip_adapter",
     "quantization",
     "resident_share",
+    "pinned",
 )
 
 
@@ -195,6 +197,21 @@ def quantization_config(module: Any) -> Any:
     return getattr(getattr(module, "hf_quantizer", None), "quantization_config", None)
 
 
+#: bitsandbytes' parameter classes, recognised by name so that bitsandbytes need not be installed.
+BITSANDBYTES_PARAMETERS = {"Params4bit", "Int8Params"}
+
+
+def is_bitsandbytes(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds bitsandbytes-quantized weights (loaded with such a config, or holding its
+    parameter classes): their packed state lives beside the tensors, so offload cannot move them."""
+    if quantization_method(quantization_config(module)) == "bitsandbytes":
+        return True
+    return any(
+        type(param).__name__ in BITSANDBYTES_PARAMETERS and type(param).__module__.startswith("bitsandbytes")
+        for param in module.parameters()
+    )
+
+
 def quantization_info(module: Any) -> dict[str, Any] | None:
     """What a model quantized at load time is quantized with, or ``None``.
 
@@ -244,5 +261,7 @@ def component_info(
             quantization=quantization_info(component),
             # Partly resident under auto offload (its tail streamed per call): the share on the device.
             resident_share=None if residency is None else residency.resident_share,
+            # Pinned under auto offload (offload.pinned): where it stays, e.g. "sim" or "cuda:0".
+            pinned=None if residency is None else residency.pinned,
         )
     return info

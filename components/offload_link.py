@@ -10,9 +10,17 @@ import torch
 import offload
 from offload import OffloadEngine, OffloadLog, Residency
 
+from .model_info import is_bitsandbytes
 from .weight_sources import weight_files
 
-__all__ = ["OffloadLink"]
+__all__ = ["OffloadLink", "cannot_move"]
+
+
+def cannot_move(module: torch.nn.Module) -> bool:
+    """Whether auto offload must leave ``module`` where it is: bitsandbytes-quantized weights keep packed
+    state the offload engine's moves would lose. A module marked with ``offload.pin`` is pinned by the
+    engine itself."""
+    return is_bitsandbytes(module)
 
 
 class OffloadLink:
@@ -60,10 +68,11 @@ class OffloadLink:
         ``ComponentsManager.enable_auto_cpu_offload``.
 
         Each model's source files (``weight_files``) go with it, so that under a host budget the engine reads
-        its unchanged weights back from them.
+        its unchanged weights back from them. Models that cannot move (``cannot_move``) are attached pinned.
 
         Raises:
-            offload.ModelTooLargeError: a model cannot fit on the device even alone; nothing changed.
+            offload.ModelTooLargeError: a model cannot fit on the device even alone, or the pinned models leave
+                no room; nothing changed.
             offload.HostBudgetError: the spill folder is not writable, or a model larger than the host budget
                 has no file to read it back from; nothing changed.
         """
@@ -78,12 +87,13 @@ class OffloadLink:
         )
         models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
         files = {key: weight_files(module) for key, module in models.items()}
+        pinned = [key for key, module in models.items() if cannot_move(module)]
         state = "on with the previous settings" if self._engine is not None else "off"
-        engine.check_fit(models, after=f" Auto offload was left {state}.", weight_files=files)
+        engine.check_fit(models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned)
         self.disable()
         try:
             for component_id, module in models.items():
-                engine.attach(component_id, module, files[component_id])
+                engine.attach(component_id, module, files[component_id], pinned=component_id in pinned)
         except BaseException:
             engine.close()
             raise
@@ -98,7 +108,9 @@ class OffloadLink:
     def attach(self, component_id: str, component: Any) -> None:
         """Hands a newly registered model to the engine; a no-op when off or for other objects."""
         if self._engine is not None and isinstance(component, torch.nn.Module):
-            self._engine.attach(component_id, component, weight_files(component))
+            self._engine.attach(
+                component_id, component, weight_files(component), pinned=cannot_move(component)
+            )
 
     def detach(self, component_id: str, component: Any) -> None:
         """Takes a model that leaves the registry from the engine; a no-op when off or for other objects."""

@@ -107,8 +107,11 @@ def device_cell(residency: Residency) -> str:
 
     ``"sim(sim)"`` or ``"cuda:0(cuda:0)"`` while it is on the device, ``"cpu(sim)"`` or ``"cpu(cuda:0)"``
     while it is on its host copy, ``"disk(sim)"`` while its host copy is dropped under a host budget,
-    ``"partial 62%(sim)"`` while 62 % of its bytes are on the device and the rest streams per call.
+    ``"partial 62%(sim)"`` while 62 % of its bytes are on the device and the rest streams per call;
+    ``"cuda:0(pinned)"`` or ``"sim(pinned)"`` for a pinned model, which stays where it is (``offload.pinned``).
     """
+    if residency.pinned is not None:
+        return f"{residency.pinned}(pinned)"
     where = residency.device if residency.resident else DISK if residency.on_disk else HOST
     if residency.resident and residency.resident_share is not None:
         where = f"partial {residency.resident_share:.0%}"

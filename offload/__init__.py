@@ -19,6 +19,7 @@ from offload.log import OffloadDecision, OffloadLog
 from offload.lru import LRUStrategy
 from offload.next_use import NextUseStrategy
 from offload.peer_strategy import PeerStrategy
+from offload.pinned import is_marked_pinned, pin, unpin
 from offload.plan import ExecutionPlan
 from offload.probes import DeviceProbe, HostProbe, MemoryProbe
 from offload.residency import Residency
@@ -27,6 +28,7 @@ from offload.smallest_set import SmallestSufficientSet
 from offload.storage import module_fingerprint, module_nbytes
 from offload.strategy import OffloadRequest, OffloadStrategy, strategy_name
 from offload.units import format_bytes, format_bytes_distinct, parse_bytes
+from offload.watermark import WatermarkStrategy
 
 __all__ = [
     "DeviceProbe",
@@ -53,10 +55,14 @@ __all__ = [
     "SimulatedDevice",
     "SmallestSufficientSet",
     "StrategyError",
+    "WatermarkStrategy",
     "format_bytes",
     "format_bytes_distinct",
+    "is_marked_pinned",
     "module_fingerprint",
     "module_nbytes",
     "parse_bytes",
+    "pin",
     "strategy_name",
+    "unpin",
 ]

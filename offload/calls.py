@@ -9,6 +9,7 @@ waits here until their calls have returned, while new calls of them wait.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -19,7 +20,22 @@ import attrs
 from offload import messages
 from offload.errors import OffloadTimeoutError
 
-__all__ = ["CallTracker", "Waiter"]
+__all__ = ["CallTracker", "Waiter", "check_wait_timeout"]
+
+
+def check_wait_timeout(value: object) -> float:
+    """``value`` as seconds to wait for room, once known to be a positive, finite number.
+
+    Raises:
+        TypeError: not a number. ValueError: not positive and finite.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        msg = f"wait_timeout must be a number of seconds (got {value!r} that is a {type(value)})."
+        raise TypeError(msg)
+    if not 0 < value < math.inf:
+        msg = f"wait_timeout must be a positive, finite number of seconds (got {value!r}). Example: 600."
+        raise ValueError(msg)
+    return float(value)
 
 
 @attrs.frozen

@@ -6,43 +6,33 @@ a model, and waiting for room under threads, is ``offload.placement.Placer``'s j
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
 from offload import messages
-from offload.calls import CallTracker
+from offload.calls import CallTracker, check_wait_timeout
 from offload.clock import SimulatedClock
-from offload.errors import DiskCopyError, ModelTooLargeError, OffloadOutOfMemoryError
+from offload.errors import DiskCopyError, OffloadOutOfMemoryError
+from offload.fit import check_fit, check_pinned_attach, check_plan_fit
 from offload.hook import OffloadHook, check_no_foreign_hook, install_hook, remove_hook
 from offload.host_tier import HostTier
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadLog
 from offload.next_use import NextUseStrategy
 from offload.peer_strategy import as_strategy
+from offload.pinned import is_marked_pinned, pinned_input_device, pinned_location
 from offload.placement import Placer
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe, resolve_probe
 from offload.residency import Residency
-from offload.storage import module_nbytes
 from offload.strategy import SupportsSelectVictims
 from offload.units import format_bytes, parse_bytes
 
 __all__ = ["OffloadEngine"]
-
-
-def _check_timeout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        msg = f"wait_timeout must be a number of seconds (got {value!r} that is a {type(value)})."
-        raise TypeError(msg)
-    if not 0 < value < math.inf:
-        msg = f"wait_timeout must be a positive, finite number of seconds (got {value!r}). Example: 600."
-        raise ValueError(msg)
-    return float(value)
 
 
 class OffloadEngine:
@@ -87,7 +77,7 @@ class OffloadEngine:
         if strategy is not None:  # one written for diffusers' manager runs behind offload/peer_strategy.py
             checked = as_strategy(strategy, self._ledger.module, self._probe.execution_device)
         self._hooks: dict[str, OffloadHook] = {}
-        timeout = _check_timeout(wait_timeout)
+        timeout = check_wait_timeout(wait_timeout)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified when room may have been freed
         # Models inside a hooked call (never evicted), threads waiting for room, models being detached.
@@ -150,7 +140,7 @@ class OffloadEngine:
 
     @wait_timeout.setter
     def wait_timeout(self, value: float) -> None:
-        self._placer.wait_timeout = _check_timeout(value)
+        self._placer.wait_timeout = check_wait_timeout(value)
 
     @property
     def prefetch(self) -> bool:
@@ -205,30 +195,27 @@ class OffloadEngine:
             for model_id in planned:
                 if not self._host.on_disk(model_id):  # measured once read back
                     self._placer.remeasure_if_changed(model_id)
-            capacity = self._placer.capacity_alone()
-            too_large = {m: self._ledger.module(m) for m in planned if self._ledger.nbytes(m) > capacity}
-            unfit, problems = self._placer.beyond.unstreamable(too_large, capacity)  # the others stream
-            if unfit:
-                intro = "set_plan: the call would use {models}, which cannot fit"
-                raise self._unfit(unfit, capacity, intro, " Nothing was moved.")
-            if problems:
-                raise ModelTooLargeError(f"set_plan: {' '.join(problems)} Nothing was moved.")
+            check_plan_fit(self._placer, planned)
             self._placer.set_plan(model_ids)
             for watcher in self.watchers:
                 watcher("plan", model_ids)
 
     # -- attach / detach -----------------------------------------------------------------------
-    def attach(self, model_id: str, module: torch.nn.Module, weight_files: Sequence[str] = ()) -> None:
+    def attach(
+        self, model_id: str, module: torch.nn.Module, weight_files: Sequence[str] = (), pinned: bool = False
+    ) -> None:
         """Hook ``module`` under ``model_id`` and keep its weights on the host copy. Idempotent per id.
 
         ``weight_files`` are the safetensors files it was loaded from: under a host budget, its unchanged
-        weights are read back from them rather than written to the spill folder.
+        weights are read back from them rather than written to the spill folder. A ``pinned`` module (or one
+        marked with ``offload.pin``) stays where it is, its device bytes used from now on (``offload.pinned``).
 
         Raises:
             TypeError: ``module`` is not a ``torch.nn.Module``.
             ValueError: the id is attached to another module, the module is attached under another id,
                 or it already carries a foreign accelerate hook.
             HostBudgetError: it is larger than the host budget and ``weight_files`` do not hold it all.
+            ModelTooLargeError: it is pinned and leaves itself no room on the device, the margin kept.
         """
         if not isinstance(module, torch.nn.Module):
             msg = f"attach({model_id!r}, ...) needs a torch.nn.Module (got {type(module)})."
@@ -244,48 +231,49 @@ class OffloadEngine:
                 msg = f"this module is already attached as {other!r}; one module can be attached under one id only."
                 raise ValueError(msg)
             check_no_foreign_hook(module, model_id)  # before anything moves
-            self._host.check_fit({model_id: module}, {model_id: weight_files})
-            hook = OffloadHook(self, model_id)
-            moved_back = self._ledger.add(model_id, module)
+            pinned = pinned or is_marked_pinned(module)
+            if pinned:
+                check_pinned_attach(self._placer, model_id, module)
+            else:
+                self._host.check_fit({model_id: module}, {model_id: weight_files})
+            free_before = self._probe.free_bytes()
+            hook = OffloadHook(self, model_id, pinned_input_device(self._probe, module) if pinned else None)
+            moved_back = self._ledger.add(model_id, module, pinned)
             try:
+                victims, to_host = self._placer.room_beside_pinned(model_id) if pinned else ([], 0)
                 install_hook(module, hook)
             except Exception:
                 self._ledger.remove(model_id)
                 raise
             self._hooks[model_id] = hook
+            if pinned:  # no host copy to keep under the host budget
+                self._placer.record(model_id, victims, 0, to_host, free_before, "pinned")
+                return
             self._host.attach(model_id, module, weight_files)
             if moved_back:
-                self._placer.record(model_id, (), 0, moved_back, self._probe.free_bytes(), "attach")
+                self._placer.record(model_id, (), 0, moved_back, free_before, "attach")
 
     def check_fit(
         self,
         modules: Mapping[str, torch.nn.Module],
         after: str = "",
         weight_files: Mapping[str, Sequence[str]] | None = None,
+        pinned: Collection[str] = (),
     ) -> None:
         """Raise ModelTooLargeError, before anything is attached or moved, if a module cannot fit alone.
 
-        Capacity is the device's total (free memory when the total is unknown) minus the margin. Raises
-        HostBudgetError if a module is larger than the host budget and its ``weight_files`` do not hold it.
+        Capacity is the device's total (free memory when the total is unknown) minus the margin and the
+        pinned models' bytes (``offload.fit``). Raises HostBudgetError if a module is larger than the host
+        budget and its ``weight_files`` do not hold it.
 
         Args:
             modules: Model ids and the modules that would be attached under them.
             after: A sentence added to the message (what the caller left as it was).
             weight_files: The safetensors files each module was loaded from, by model id.
+            pinned: The ids among ``modules`` that would be attached pinned (marked ones count too).
         """
-        if self._probe.always_resident:
-            return
-        self._host.check_fit(modules, weight_files or {})
-        total = self._probe.total_bytes()
         with self._lock:
-            capacity = self._placer.capacity_alone() if total is None else total - self._placer.margin
-        too_large = {model_id: m for model_id, m in modules.items() if module_nbytes(m) > capacity}
-        with self._lock:
-            unfit, problems = self._placer.beyond.unstreamable(too_large, capacity)  # the others stream
-        if unfit:
-            raise self._unfit(unfit, capacity, "{models} cannot fit", after)
-        if problems:
-            raise ModelTooLargeError(" ".join(problems) + after)
+            check_fit(self._placer, self._host, modules, after, weight_files or {}, pinned)
 
     def detach(self, model_id: str) -> None:
         """Remove ``model_id``'s hook; its weights end on the host copy. Waits for its calls in progress in
@@ -306,7 +294,7 @@ class OffloadEngine:
 
     def _detach_now(self, model_id: str) -> None:
         module = self._ledger.module(model_id)
-        was_resident = self._ledger.is_resident(model_id)
+        was_resident = self._ledger.is_resident(model_id) and not self._ledger.is_pinned(model_id)
         self._ledger.remove(model_id)
         remove_hook(module)
         del self._hooks[model_id]
@@ -353,8 +341,12 @@ class OffloadEngine:
         return list(self._hooks)
 
     def resident_ids(self) -> list[str]:
-        """Ids of the models on the device now."""
+        """Ids of the models placed on the device now (pinned models are in ``pinned_ids``)."""
         return list(self._ledger.residents())
+
+    def pinned_ids(self) -> list[str]:
+        """Ids of the pinned models: attached, kept where they are (``offload.pinned``)."""
+        return list(self._ledger.pinned())
 
     def running_ids(self) -> list[str]:
         """Ids of the models inside a hooked call now, in any thread (never evicted while there)."""
@@ -382,6 +374,9 @@ class OffloadEngine:
                 on_disk=self._host.on_disk(model_id),
                 disk_nbytes=self._host.disk_nbytes(model_id),
                 resident_share=self._placer.beyond.resident_share(model_id),
+                pinned=pinned_location(self._probe, self._ledger.module(model_id))
+                if self._ledger.is_pinned(model_id)
+                else None,
             )
 
     # -- placement -----------------------------------------------------------------------------
@@ -389,10 +384,6 @@ class OffloadEngine:
     def _plan(self) -> ExecutionPlan:
         # The plan in force lives with the placer; tests/offload/test_engine.py reads it under this name.
         return self._placer.plan
-
-    def _unfit(self, sizes: dict[str, int], capacity: int, intro: str, after: str) -> ModelTooLargeError:
-        device = messages.device_name(self._probe)
-        return ModelTooLargeError(messages.unfit(sizes, capacity, device, self._placer.margin, intro, after))
 
     def ensure_resident(self, model_id: str) -> None:
         """Make ``model_id`` resident, evicting what the strategy picks. What the hook calls.
@@ -416,7 +407,7 @@ class OffloadEngine:
                 watcher("use", model_id)
 
     def evict(self, model_id: str) -> None:
-        """Take ``model_id`` off the device now (nothing is copied back)."""
+        """Take ``model_id`` off the device now (nothing is copied back); a pinned model stays."""
         with self._lock:
             self._placer.evict(model_id)
 
@@ -471,14 +462,8 @@ class OffloadEngine:
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as error:
-                nbytes = self._ledger.nbytes(model_id)
-                _, free = self._placer.free_after_margin()
-                msg = (
-                    f"model {model_id!r} ({format_bytes(nbytes)}) ran out of memory on {self._probe.name} in its "
-                    f"forward, and again after every other model was evicted ({format_bytes(free)} free after "
-                    f"memory_reserve_margin {format_bytes(self._placer.margin)}). Use smaller inputs (batch, "
-                    "resolution), a larger memory_reserve_margin, or a larger device."
-                )
+                nbytes, (_, free) = self._ledger.nbytes(model_id), self._placer.free_after_margin()
+                msg = messages.forward_oom(model_id, nbytes, self._probe.name, free, self._placer.margin)
                 raise OffloadOutOfMemoryError(msg) from error
         finally:
             with self._lock:

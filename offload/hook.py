@@ -34,11 +34,13 @@ class OffloadHook(ModelHook):
     Args:
         engine: The engine that owns the ledger and the strategy.
         model_id: The id the model is attached under.
+        device: Where a pinned model's inputs go (it runs where it stays); None: the engine's device.
     """
 
-    def __init__(self, engine: OffloadEngine, model_id: str):
+    def __init__(self, engine: OffloadEngine, model_id: str, device: torch.device | None = None):
         self.engine = engine
         self.model_id = model_id
+        self.device = device
         # The forward accelerate wrapped, restored on removal.
         self.original_forward: Callable[..., Any] | None = None
         # Other methods replaced on the instance (diffusers' encode/decode), removed on removal.
@@ -50,11 +52,11 @@ class OffloadHook(ModelHook):
     @property
     def execution_device(self) -> torch.device:
         """Where the model runs; pipelines read it (as from accelerate's hooks) to place their tensors."""
-        return self.engine.execution_device
+        return self.engine.execution_device if self.device is None else self.device
 
     def pre_forward(self, module, *args, **kwargs):
         self.engine.ensure_resident(self.model_id)
-        device = self.engine.execution_device
+        device = self.execution_device
         return send_to_device(args, device), send_to_device(kwargs, device)
 
 

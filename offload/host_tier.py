@@ -195,7 +195,7 @@ class HostTier:
     def detach(self, model_id: str) -> None:
         """Read ``model_id`` back if it is on disk, and forget it (its spill file is removed)."""
         self.restore(model_id)
-        del self._models[model_id]
+        self._models.pop(model_id, None)  # a pinned model was never attached here
         path = self._spill_files.pop(model_id, None)
         if path is not None and os.path.exists(path):
             os.remove(path)

@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from offload.changes import install_registration_counter, registrations, unwatch, watch
+from offload.pinned import pinned_device_bytes
 from offload.probes import MemoryProbe
 from offload.storage import module_fingerprint, module_nbytes
 
@@ -40,6 +41,8 @@ class _Entry:
     # (those plus the room its streamed groups pass through). None when whole or off the device.
     prefix: int | None = None
     footprint: int | None = None
+    # Pinned (offload.pinned): never moved; the bytes it holds on the device, else None.
+    pinned: int | None = None
 
 
 def _held(entry: _Entry) -> int:
@@ -92,7 +95,16 @@ class ResidencyLedger:
 
     def residents(self) -> dict[str, int]:
         """Resident model ids and the bytes each holds on the device (its footprint when partly resident)."""
-        return {mid: _held(e) for mid, e in self._entries.items() if e.resident}
+        return {mid: _held(e) for mid, e in self._entries.items() if e.resident and e.pinned is None}
+
+    def is_pinned(self, model_id: str) -> bool:
+        """True if ``model_id`` is pinned: it stays where it is (``offload.pinned``)."""
+        entry = self._entries.get(model_id)
+        return entry is not None and entry.pinned is not None
+
+    def pinned(self) -> dict[str, int]:
+        """Pinned model ids and the bytes each holds on the device (never among ``residents``)."""
+        return {mid: e.pinned for mid, e in self._entries.items() if e.pinned is not None}
 
     def partial(self, model_id: str) -> tuple[int, int] | None:
         """``(resident bytes, footprint)`` of a partly resident model (``offload.streaming``), else None."""
@@ -106,13 +118,20 @@ class ResidencyLedger:
         return self._resident_bytes
 
     # -- changes -------------------------------------------------------------------------------
-    def add(self, model_id: str, module: torch.nn.Module) -> int:
+    def add(self, model_id: str, module: torch.nn.Module, pinned: bool = False) -> int:
         """Register ``module`` with its weights on the host (pinned on CUDA). Returns device-to-host bytes.
 
-        A module whose weights sit on an accelerator is copied to the host once, here.
+        A module whose weights sit on an accelerator is copied to the host once, here. A ``pinned`` one stays
+        where it is and counts as resident from now on, outside ``residents`` (``offload.pinned``).
         """
         generation = registrations()
         entry = _Entry(module=module, nbytes=module_nbytes(module))
+        if pinned:
+            entry.pinned, entry.resident = pinned_device_bytes(self.probe, module), True
+            self._measured(entry, generation)
+            self._entries[model_id] = entry
+            self.probe.on_resident(model_id, entry.pinned)
+            return 0
         moved_back = self._to_host(module) if self.probe.moves_weights else 0
         self._measured(entry, generation)
         self._entries[model_id] = entry
@@ -122,7 +141,9 @@ class ResidencyLedger:
 
     def remove(self, model_id: str) -> None:
         """Evict ``model_id`` if resident and forget it; its weights stay on the host copy."""
-        if self._entries[model_id].resident:
+        if self._entries[model_id].pinned is not None:
+            self.probe.on_evicted(model_id)
+        elif self._entries[model_id].resident:
             self.evict(model_id)
         unwatch(self._entries.pop(model_id).watched)
 
@@ -147,7 +168,7 @@ class ResidencyLedger:
         """Take ``model_id`` off the device. Returns device-to-host bytes: 0 unless weights changed on the
         device without ``refresh`` (then they are copied back so nothing is lost)."""
         entry = self._entries[model_id]
-        if not entry.resident or self.probe.always_resident:
+        if not entry.resident or self.probe.always_resident or entry.pinned is not None:
             return 0
         copied = self._drop(entry) if self.probe.moves_weights else 0
         self._set_resident(model_id, entry, False)
@@ -175,6 +196,14 @@ class ResidencyLedger:
         entry = self._entries[model_id]
         generation = registrations()
         copied = 0
+        if entry.pinned is not None:  # no host copy: measured where it is
+            entry.nbytes, entry.pinned = (
+                module_nbytes(entry.module),
+                pinned_device_bytes(self.probe, entry.module),
+            )
+            self.probe.on_resident(model_id, entry.pinned)
+            self._measured(entry, generation)
+            return 0
         if self.probe.moves_weights:
             copied = self._sync_host(entry) if entry.resident else self._to_host(entry.module)
         nbytes = module_nbytes(entry.module)

@@ -10,6 +10,7 @@ from offload.units import format_bytes, format_bytes_distinct
 __all__ = [
     "busy_timeout",
     "device_name",
+    "forward_oom",
     "needs_own_running",
     "too_large",
     "unfit",
@@ -127,4 +128,14 @@ def busy_timeout(what: str, timeout: float, busy: Sequence[str]) -> str:
     return (
         f"{what} waited {timeout:g} s for the calls of {list(busy)!r} in other threads to finish; nothing was "
         "detached. Let those calls finish first, or raise wait_timeout."
+    )
+
+
+def forward_oom(model_id: str, nbytes: int, device: str, free: int, margin: int) -> str:
+    """A forward ran out of memory twice: once, then again after every other model was evicted."""
+    return (
+        f"model {model_id!r} ({format_bytes(nbytes)}) ran out of memory on {device} in its forward, and again "
+        f"after every other model was evicted ({format_bytes(free)} free after memory_reserve_margin "
+        f"{format_bytes(margin)}). Use smaller inputs (batch, resolution), a larger memory_reserve_margin, or a "
+        "larger device."
     )

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Collection, Sequence
 
+import attrs
 import torch
 
 from offload import messages
@@ -73,7 +74,7 @@ class Placer:
         self._changed = changed
         self._log = log
         self.margin = margin
-        self.strategy = strategy
+        self.strategy = strategy  # through the setter: a strategy with a device_limit is checked here
         self.wait_timeout = wait_timeout
         self.plan = ExecutionPlan()
         self._recent_plans: deque[tuple[str, ...]] = deque(maxlen=32)
@@ -97,11 +98,28 @@ class Placer:
         self._last_used.pop(model_id, None)
         self.beyond.forget(model_id)
 
+    @property
+    def strategy(self) -> SupportsSelectVictims:
+        """Picks victims. Setting one with ``device_limit(total)`` asks it first (its ValueError changes nothing)."""
+        return self._strategy
+
+    @strategy.setter
+    def strategy(self, strategy: SupportsSelectVictims) -> None:
+        device_limit = None if self._probe.always_resident else getattr(strategy, "device_limit", None)
+        total = self._total()
+        # Bytes kept free besides the margin so that use stays within the strategy's limit (offload.watermark).
+        self._held_free = 0 if device_limit is None else total - device_limit(total)
+        self._strategy = strategy
+
     # -- room ----------------------------------------------------------------------------------
+    def _total(self) -> int:
+        total = self._probe.total_bytes()
+        return self._probe.free_bytes() + self._ledger.resident_bytes() if total is None else total
+
     def free_after_margin(self) -> tuple[int, int]:
-        """The device's free bytes, and those bytes less the margin."""
+        """The device's free bytes, and those bytes less the margin (or what the strategy keeps free, if more)."""
         free = self._probe.free_bytes()
-        return free, free - self.margin
+        return free, free - max(self.margin, self._held_free)
 
     def capacity_alone(self) -> int:
         """Bytes one model can have with every model of this engine evicted (after the margin)."""
@@ -129,6 +147,7 @@ class Placer:
         if not self._ledger.changed(model_id):
             return
         resident = self._ledger.is_resident(model_id) and not self._probe.always_resident
+        resident = resident and not self._ledger.is_pinned(model_id)  # a pinned one is measured where it is
         mine = self._calls.in_call()[model_id]
         if resident and (self._calls.running[model_id] > mine or mine > 1):
             return  # running in another call: measured again once it is between calls
@@ -201,6 +220,22 @@ class Placer:
             finally:
                 del self._calls.waiting[me]
 
+    def room_beside_pinned(self, model_id: str) -> tuple[list[str], int]:
+        """Evict what the strategy picks among the placed models not running until the margin holds beside
+        ``model_id``, a pinned model just added (``offload.pinned``). Returns the victims and the bytes copied
+        back. Left over-committed when running models hold the room: the next placement waits for them."""
+        _, free = self.free_after_margin()
+        residents = self._ledger.residents()
+        order = sorted(residents, key=lambda m: self._last_used.get(m, 0))
+        evictable = {m: residents[m] for m in order if not self._calls.running[m]}
+        if free >= 0 or sum(evictable.values()) < -free:
+            return [], 0
+        held = self._ledger.pinned()[model_id]
+        request = self.request(model_id, held, free + held, evictable)  # as if it asked to come in
+        victims = list(self.strategy.select_victims(request))
+        self._check_victims(request, victims)
+        return victims, sum(self._ledger.evict(v) for v in victims)
+
     def _cycle_message(self, model_id: str, nbytes: int, held: dict[str, int], mine: dict[str, int]) -> str:
         me = threading.get_ident()
         others = [
@@ -232,6 +267,8 @@ class Placer:
         self, model_id: str, nbytes: int, free: int, free_before: int, evictable: dict[str, int]
     ) -> None:
         request = self.request(model_id, nbytes, free, evictable)
+        used = self._total() - self._probe.free_bytes()
+        request = attrs.evolve(request, device_total=self._total(), device_used=used)
         victims = list(self.strategy.select_victims(request))
         self._check_victims(request, victims)
         reason = f"evict: {strategy_name(self.strategy)}"
@@ -241,9 +278,11 @@ class Placer:
         name = strategy_name(self.strategy)
         unknown = [v for v in victims if v not in request.residents]
         if unknown or len(set(victims)) != len(victims):
+            pinned = [v for v in unknown if self._ledger.is_pinned(v)]
+            why = f" {pinned!r} pinned: never moved, never a victim." if pinned else ""
             msg = (
                 f"strategy {name} returned victims {victims!r} for {request.model_id!r}; each must be one "
-                f"of the evictable residents {list(request.residents)} and appear once (bad: {unknown!r})."
+                f"of the evictable residents {list(request.residents)} and appear once (bad: {unknown!r}).{why}"
             )
             raise StrategyError(msg)
         freed = sum(request.residents[v] for v in victims)
@@ -265,8 +304,10 @@ class Placer:
             logger.info("%s: evicted %s to make room for %s", reason, ", ".join(victims), model_id)
 
     def evict(self, model_id: str) -> None:
-        """Take ``model_id`` off the device now (nothing is copied back)."""
+        """Take ``model_id`` off the device now (nothing is copied back); a pinned model stays."""
         if self._ledger.is_resident(model_id) and not self._probe.always_resident:
+            if self._ledger.is_pinned(model_id):
+                return
             free_before = self._probe.free_bytes()
             to_host = self._ledger.evict(model_id)
             self.record(model_id, (model_id,), 0, to_host, free_before, "evict")

@@ -23,6 +23,8 @@ class Residency:
         disk_nbytes: While on disk, the bytes of its weights (the placeholders in its slots hold none).
         resident_share: While partly resident (its tail streamed per call: ``offload.partial``), the share of
             its bytes kept on the device, e.g. ``0.62``; None otherwise.
+        pinned: Where a pinned model stays (``offload.pinned``): the simulated device's name, else the device
+            of its tensors, e.g. ``"cuda:0"``; None when it is not pinned.
     """
 
     attached: bool
@@ -32,3 +34,4 @@ class Residency:
     on_disk: bool = False
     disk_nbytes: int = 0
     resident_share: float | None = None
+    pinned: str | None = None

@@ -30,20 +30,25 @@ def plain_tensors(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
         yield from plain_tensors(getattr(tensor, name))
 
 
-def module_nbytes(module: torch.nn.Module, count_meta: bool = True) -> int:
+def module_nbytes(
+    module: torch.nn.Module, count_meta: bool = True, device: torch.device | None = None
+) -> int:
     """Return the bytes of the unique untyped storages behind ``module``'s parameters and buffers.
 
     Tied weights and views of one storage count once; a storage counts whole even if only a slice is
     used, because moving it moves all of it. A quantized weight counts its packed storage, not its
     logical shape. Meta tensors (data pointer 0) count by storage object, or not at all with
-    ``count_meta=False`` (they hold no memory; the simulated benchmarks size models with them).
+    ``count_meta=False`` (they hold no memory; the simulated benchmarks size models with them). Given
+    ``device``, only the storages on it count.
     """
     total = 0
     seen: set[object] = set()
     alive = []  # keep storage objects alive so that id() stays unique while counting
     for _, outer in module_tensors(module):
         for tensor in plain_tensors(outer):
-            if tensor.device.type == "meta" and not count_meta:
+            if (tensor.device.type == "meta" and not count_meta) or (
+                device is not None and tensor.device != device
+            ):
                 continue
             storage = tensor.untyped_storage()
             alive.append(storage)

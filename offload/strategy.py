@@ -6,6 +6,11 @@ callable taking the hooks, the model id, the model and the execution device) run
 ``offload/peer_strategy.py``. The engine calls it only when the requested model does not
 fit in the free bytes (after the margin), and checks the answer: every victim must be one of
 ``request.residents``, and together they must free at least ``request.shortfall`` bytes.
+
+A strategy may also have ``device_limit(total) -> int``: the most bytes of a device of ``total`` bytes it lets
+be in use before it is asked (``offload/watermark.py``). The engine calls it when the strategy is set (a
+ValueError there refuses the device, nothing changed) and keeps free the larger of its margin and
+``total - device_limit(total)``, so a model that would take use past the limit is a request too.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class OffloadRequest:
         recent_plans: The plans of recent pipeline calls, oldest first; the running one is last.
             What was run recently is the best guess of what runs next.
         last_used: Logical time of each resident's last use (higher is more recent).
+        device_total: The device's total bytes, when the request is for room on a device (None otherwise).
+        device_used: Bytes in use on that device now, every allocation counted (None when not known).
     """
 
     model_id: str
@@ -49,6 +56,8 @@ class OffloadRequest:
     upcoming: tuple[str, ...] = ()
     recent_plans: tuple[tuple[str, ...], ...] = ()
     last_used: Mapping[str, int] = attrs.field(factory=dict)
+    device_total: int | None = None
+    device_used: int | None = None
 
     @property
     def shortfall(self) -> int:

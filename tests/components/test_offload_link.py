@@ -32,10 +32,10 @@ class RecordingEngine:
         self.execution_device = torch.device("cuda:0")
         RecordingEngine.instances.append(self)
 
-    def check_fit(self, modules, after="", weight_files=None):
+    def check_fit(self, modules, after="", weight_files=None, pinned=()):
         self.checked = list(modules)
 
-    def attach(self, model_id, module, weight_files=()):
+    def attach(self, model_id, module, weight_files=(), pinned=False):
         self.calls.append(("attach", model_id))
 
     def detach(self, model_id):
