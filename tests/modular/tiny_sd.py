@@ -11,3 +11,11 @@ def tiny_sd_pipeline(repo, cm: ComponentsManager) -> ModularPipeline:
     pipe.load_components(torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def tiny_sd_images(pipe: ModularPipeline, steps: int = 2) -> torch.Tensor:
+    """The images of one seeded call ("a cat", seed 0, ``steps`` steps) as a tensor."""
+    generator = torch.Generator().manual_seed(0)
+    return pipe(
+        prompt="a cat", num_inference_steps=steps, generator=generator, output_type="pt", output="images"
+    )

@@ -53,3 +53,19 @@ class MetaProbe(MemoryProbe):
 
     def on_evicted(self, model_id: str) -> None:
         self.used.pop(model_id, None)
+
+
+class Tower(torch.nn.Module):
+    """An input layer and ``depth`` blocks in a ModuleList, as a transformer holds its blocks."""
+
+    def __init__(self, depth: int = 8, seed: int = 0, width: int = 32):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.inp = torch.nn.Linear(width, width)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return x

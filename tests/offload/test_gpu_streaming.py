@@ -5,24 +5,12 @@ import torch
 
 from offload import OffloadEngine
 
+from .helpers import Tower
+
 pytestmark = pytest.mark.gpu
 
 WIDTH = 1024
 BLOCK = (WIDTH * WIDTH + WIDTH) * 4
-
-
-class Tower(torch.nn.Module):
-    def __init__(self, depth: int, seed: int):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.inp = torch.nn.Linear(WIDTH, WIDTH)
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(depth))
-
-    def forward(self, x):
-        x = self.inp(x)
-        for block in self.blocks:
-            x = torch.relu(block(x))
-        return x
 
 
 def _expected(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +28,7 @@ def _engine(budget: int, prefetch: bool) -> OffloadEngine:
 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_a_model_four_times_the_budget_streams_on_cuda_with_equal_output(prefetch):
-    tower = Tower(depth=7, seed=0)
+    tower = Tower(depth=7, seed=0, width=WIDTH)
     x = torch.randn(4, WIDTH)
     expected = _expected(tower, x)
     engine = _engine(2 * BLOCK + BLOCK // 2, prefetch)  # 8 groups: a quarter fits
@@ -59,7 +47,7 @@ def test_a_model_four_times_the_budget_streams_on_cuda_with_equal_output(prefetc
 
 def test_prefetch_of_the_next_whole_model_gives_equal_outputs():
     """b is copied on a side stream while a computes; b's forward waits on the copy's event."""
-    a, b = Tower(depth=2, seed=1), Tower(depth=2, seed=2)
+    a, b = Tower(depth=2, seed=1, width=WIDTH), Tower(depth=2, seed=2, width=WIDTH)
     x = torch.randn(4, WIDTH)
     expected_a = _expected(a, x)
     expected_b = _expected(b, expected_a.cpu())
@@ -77,7 +65,7 @@ def test_prefetch_of_the_next_whole_model_gives_equal_outputs():
 
 
 def test_a_streamed_model_and_a_control_model_in_a_loop_equal_no_offload():
-    control, denoiser = Tower(depth=1, seed=3), Tower(depth=8, seed=4)
+    control, denoiser = Tower(depth=1, seed=3, width=WIDTH), Tower(depth=8, seed=4, width=WIDTH)
     x = torch.randn(4, WIDTH)
     expected = []
     for model in (control, denoiser):

@@ -8,7 +8,7 @@ from blocks.stable_diffusion import make_tiny_repo
 from components import ComponentsManager
 from offload import OffloadEngine, PeerStrategy, SimulatedDevice, StrategyError, module_nbytes
 
-from ..modular.tiny_sd import tiny_sd_pipeline
+from ..modular.tiny_sd import tiny_sd_images, tiny_sd_pipeline
 from .helpers import call, sized
 
 
@@ -137,10 +137,7 @@ def test_the_manager_takes_a_peer_strategy_and_outputs_stay_equal(tmp_path):
     pipe = tiny_sd_pipeline(make_tiny_repo(tmp_path / "repo"), cm)
 
     def run():
-        generator = torch.Generator().manual_seed(0)
-        return pipe(
-            prompt="a cat", num_inference_steps=2, generator=generator, output_type="pt", output="images"
-        )
+        return tiny_sd_images(pipe)
 
     expected = run()
     budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 1024

@@ -6,26 +6,10 @@ import torch
 from offload import ModelTooLargeError, OffloadEngine, SimulatedDevice
 from offload.groups import BASE, split_groups
 
-from .helpers import MetaProbe
+from .helpers import MetaProbe, Tower
 
 WIDTH = 32
 GROUP = (WIDTH * WIDTH + WIDTH) * 4  # bytes of one Linear(WIDTH, WIDTH) with its bias
-
-
-class Tower(torch.nn.Module):
-    """An input layer and ``depth`` blocks in a ModuleList, as a transformer holds its blocks."""
-
-    def __init__(self, depth: int = 8, seed: int = 0):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.inp = torch.nn.Linear(WIDTH, WIDTH)
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(depth))
-
-    def forward(self, x):
-        x = self.inp(x)
-        for block in self.blocks:
-            x = torch.relu(block(x))
-        return x
 
 
 X = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(1))

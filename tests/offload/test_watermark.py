@@ -7,7 +7,7 @@ from blocks.stable_diffusion import make_tiny_repo
 from components import ComponentsManager
 from offload import OffloadEngine, OffloadRequest, SimulatedDevice, WatermarkStrategy, module_nbytes
 
-from ..modular.tiny_sd import tiny_sd_pipeline
+from ..modular.tiny_sd import tiny_sd_images, tiny_sd_pipeline
 from .helpers import call, sized
 
 
@@ -103,10 +103,7 @@ def test_a_tiny_sd_pipeline_keeps_its_outputs_and_stays_between_the_watermarks(t
     pipe = tiny_sd_pipeline(make_tiny_repo(tmp_path / "repo"), cm)
 
     def run():
-        generator = torch.Generator().manual_seed(0)
-        return pipe(
-            prompt="a cat", num_inference_steps=2, generator=generator, output_type="pt", output="images"
-        )
+        return tiny_sd_images(pipe)
 
     expected = run()
     sizes = {name: module_nbytes(getattr(pipe, name)) for name in ("text_encoder", "unet", "vae")}
