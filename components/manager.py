@@ -301,12 +301,19 @@ class ComponentsManager:
 
     @property
     def offload_engine(self) -> OffloadEngine | None:
-        """The ``offload.OffloadEngine`` placing this manager's models, or ``None`` when offload is off."""
+        """The ``offload.OffloadEngine`` placing this manager's models, or ``None`` when offload is off.
+        With several devices it raises ``RuntimeError``: read ``offload_engines``."""
         return self._offload.engine
 
     @property
+    def offload_engines(self) -> list[OffloadEngine]:
+        """One ``offload.OffloadEngine`` per device, in the order given; empty when offload is off."""
+        return self._offload.engines
+
+    @property
     def offload_log(self) -> OffloadLog | None:
-        """The engine's ``offload.OffloadLog`` of decisions, or ``None`` when auto offload is off."""
+        """The engine's ``offload.OffloadLog`` of decisions, or ``None`` when auto offload is off. With several
+        devices it raises ``RuntimeError``: each engine of ``offload_engines`` keeps its own ``log``."""
         return self._offload.log
 
     def is_auto_offloaded(self, component: Any) -> bool:
@@ -332,7 +339,8 @@ class ComponentsManager:
 
         Args:
             device: Execution device: ``None`` (the default accelerator), ``"cuda:0"``, a ``torch.device`` or
-                an ``offload.SimulatedDevice``.
+                an ``offload.SimulatedDevice``; or a list of them (``["cuda:0", "cuda:1"]``): one engine per
+                device, each model placed by the one ``offload.device_choice`` picks (see docs/offload.md).
             memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
             offload_strategy: An ``offload.OffloadStrategy`` or one written for diffusers' manager (``offload.
                 PeerStrategy``); ``None`` for the engine's default.
@@ -346,6 +354,8 @@ class ComponentsManager:
                 minus margin); auto offload is left as it was.
             offload.HostBudgetError: the spill folder is not writable, or a model larger than host_budget has no
                 file to read it back from; auto offload is left as it was.
+            ValueError: a device list that is empty, names a device twice or one the machine lacks, or mixes
+                simulated and real devices; auto offload is left as it was.
         """
         with self._locked() as registry:
             components = registry.by_ids(registry.entries)

@@ -1,4 +1,4 @@
-"""The manager's link to auto offload: the ``offload.OffloadEngine`` placing its models, or none."""
+"""The manager's link to auto offload: the ``offload.OffloadEngine`` placing its models (one per device), or none."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import torch
 
 import offload
 from offload import OffloadEngine, OffloadLog, Residency
+from offload.device_choice import DenoiserFirst, DeviceChoice, DeviceRoom, check_choice, device_choice_of
+from offload.device_list import is_device_list, resolve_devices
+from offload.storage import module_nbytes
 
 from .model_info import is_bitsandbytes
 from .weight_sources import weight_files
@@ -26,6 +29,9 @@ def cannot_move(module: torch.nn.Module) -> bool:
 class OffloadLink:
     """Holds the engine that places a manager's models while auto offload is on, and ``None`` while it is off.
 
+    Given several devices, it holds one engine per device and each model is placed by one of them, chosen
+    when it is attached (``offload.device_choice``); plans go to each engine restricted to its models.
+
     The manager owns one link and tells it what happens to its registry: models are attached as they are
     added and detached as they go, plans of pipeline calls are passed on. Objects that are not a
     ``torch.nn.Module`` are ignored. Not thread safe on its own: the manager calls it with its lock held
@@ -33,25 +39,59 @@ class OffloadLink:
     """
 
     def __init__(self) -> None:
-        self._engine: OffloadEngine | None = None
+        self._engines: list[OffloadEngine] = []  # one per device; empty while off
+        self._owner: dict[str, OffloadEngine] = {}  # with several devices: the engine placing each model
+        self._choice: DeviceChoice = DenoiserFirst()
 
     def __repr__(self) -> str:
+        if len(self._engines) > 1:
+            return f"OffloadLink(engines={self._engines!r})"
         return f"OffloadLink(engine={self._engine!r})"
 
     @property
+    def _engine(self) -> OffloadEngine | None:
+        # The one engine of a single device, else None (off, or several devices: route by model).
+        return self._engines[0] if len(self._engines) == 1 else None
+
+    @property
     def engine(self) -> OffloadEngine | None:
-        """The engine placing the models, or ``None`` when auto offload is off."""
+        """The engine placing the models, or ``None`` when auto offload is off.
+
+        Raises:
+            RuntimeError: auto offload runs on several devices, one engine each (read ``engines``).
+        """
+        if len(self._engines) > 1:
+            names = [engine.probe.name for engine in self._engines]
+            msg = (
+                f"auto offload runs on {len(names)} devices {names}, one engine and one log each: read "
+                "offload_engines (each engine's .log; engine.has_hook(component_id) finds a model's)."
+            )
+            raise RuntimeError(msg)
         return self._engine
+
+    @property
+    def engines(self) -> list[OffloadEngine]:
+        """One engine per device, in the order the devices were given; empty when auto offload is off."""
+        return list(self._engines)
+
+    def engine_of(self, component_id: str) -> OffloadEngine | None:
+        """The engine placing ``component_id`` (with one device, that device's engine); ``None`` if none."""
+        return self._engine if self._engine is not None else self._owner.get(component_id)
 
     @property
     def enabled(self) -> bool:
         """Whether auto offload is on."""
-        return self._engine is not None
+        return bool(self._engines)
 
     @property
     def log(self) -> OffloadLog | None:
-        """The engine's log of decisions, or ``None`` when auto offload is off."""
-        return None if self._engine is None else self._engine.log
+        """The engine's log of decisions, or ``None`` when auto offload is off.
+
+        Raises:
+            RuntimeError: auto offload runs on several devices (each engine keeps its own log).
+        """
+        engine = self.engine
+        return None if engine is None else engine.log
 
     def enable(
         self,
@@ -70,12 +110,21 @@ class OffloadLink:
         Each model's source files (``weight_files``) go with it, so that under a host budget the engine reads
         its unchanged weights back from them. Models that cannot move (``cannot_move``) are attached pinned.
 
+        ``device`` may be a list of devices (``offload.device_list``): one engine each, every model attached
+        to the one the device-choice rule picks (``offload.device_choice``).
+
         Raises:
             offload.ModelTooLargeError: a model cannot fit on the device even alone, or the pinned models leave
                 no room; nothing changed.
             offload.HostBudgetError: the spill folder is not writable, or a model larger than the host budget
                 has no file to read it back from; nothing changed.
+            ValueError: a device list that is empty, names a device twice or one the machine lacks, mixes
+                simulated and real devices, or comes with host_budget or spill_folder; nothing changed.
         """
+        if is_device_list(device):
+            options = (memory_reserve_margin, strategy, wait_timeout)
+            self._enable_several(components, device, *options, host_budget, spill_folder)
+            return
         # Looked up on the package when called, so a test can stand in for the engine (test_offload_link.py).
         engine = offload.OffloadEngine(
             device=device,
@@ -88,7 +137,7 @@ class OffloadLink:
         models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
         files = {key: weight_files(module) for key, module in models.items()}
         pinned = [key for key, module in models.items() if cannot_move(module)]
-        state = "on with the previous settings" if self._engine is not None else "off"
+        state = "on with the previous settings" if self._engines else "off"
         engine.check_fit(models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned)
         self.disable()
         try:
@@ -97,30 +146,93 @@ class OffloadLink:
         except BaseException:
             engine.close()
             raise
-        self._engine = engine
+        self._engines, self._owner, self._choice = [engine], {}, DenoiserFirst()
+
+    def _enable_several(
+        self,
+        components: Mapping[str, Any],
+        devices: Sequence[Any],
+        memory_reserve_margin: str | int,
+        strategy: Any,
+        wait_timeout: float,
+        host_budget: str | int | None,
+        spill_folder: Any,
+    ) -> None:
+        """``enable`` for a list of devices: every engine built and every fit checked before the old ones go."""
+        if host_budget is not None or spill_folder is not None:
+            # Each engine keeps its own host tier; one budget split between them is not written yet.
+            msg = (
+                "host_budget and spill_folder work with one device only for now; pass a single device, "
+                "or leave them out with a device list."
+            )
+            raise ValueError(msg)
+        probes = resolve_devices(devices)
+        options = {"memory_reserve_margin": memory_reserve_margin, "strategy": strategy}
+        engines = [offload.OffloadEngine(device=p, wait_timeout=wait_timeout, **options) for p in probes]
+        choice = device_choice_of(strategy)
+        models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
+        owner = {key: engines[i] for key, i in _choose(choice, engines, models, {}).items()}
+        state = "on with the previous settings" if self._engines else "off"
+        for engine in engines:
+            mine = {key: module for key, module in models.items() if owner[key] is engine}
+            files = {key: weight_files(module) for key, module in mine.items()}
+            pinned = [key for key, module in mine.items() if cannot_move(module)]
+            engine.check_fit(
+                mine, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
+            )
+        self.disable()
+        try:
+            for component_id, module in models.items():
+                attach_to(owner[component_id], component_id, module)
+        except BaseException:
+            for engine in engines:
+                engine.close()
+            raise
+        self._engines, self._owner, self._choice = engines, owner, choice
 
     def disable(self) -> None:
-        """Closes the engine (hooks removed, weights on their host copies); a no-op when off."""
-        if self._engine is not None:
-            engine, self._engine = self._engine, None  # off even if close raises DiskCopyError (all detached)
-            engine.close()
+        """Closes the engines (hooks removed, weights on their host copies); a no-op when off."""
+        engines, self._engines, self._owner = self._engines, [], {}  # off even if close raises DiskCopyError
+        errors = []
+        for engine in engines:
+            try:
+                engine.close()
+            except Exception as error:  # every engine closed; the first error said once all are
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
     def attach(self, component_id: str, component: Any) -> None:
-        """Hands a newly registered model to the engine; a no-op when off or for other objects."""
-        if self._engine is not None and isinstance(component, torch.nn.Module):
-            self._engine.attach(
-                component_id, component, weight_files(component), pinned=cannot_move(component)
-            )
+        """Hands a newly registered model to the engine (with several devices, the one the device-choice rule
+        picks); a no-op when off or for other objects."""
+        if not self._engines or not isinstance(component, torch.nn.Module):
+            return
+        if self._engine is not None:
+            attach_to(self._engine, component_id, component)
+            return
+        index = _choose(self._choice, self._engines, {component_id: component}, self._owner)[component_id]
+        attach_to(self._engines[index], component_id, component)
+        self._owner[component_id] = self._engines[index]
 
     def detach(self, component_id: str, component: Any) -> None:
-        """Takes a model that leaves the registry from the engine; a no-op when off or for other objects."""
-        if self._engine is not None and isinstance(component, torch.nn.Module):
-            self._engine.detach(component_id)
+        """Takes a model that leaves the registry from its engine; a no-op when off or for other objects."""
+        engine = self.engine_of(component_id)
+        if engine is not None and isinstance(component, torch.nn.Module):
+            engine.detach(component_id)
+            self._owner.pop(component_id, None)
 
     def set_plan(self, component_ids: Sequence[str]) -> None:
-        """Passes the ids of the models one pipeline call will run, in order, to the engine; a no-op when off."""
+        """Passes the ids of the models one pipeline call will run, in order, to the engine; a no-op when off.
+
+        With several devices, each engine whose models the call runs gets the plan restricted to them.
+        """
         if self._engine is not None:
             self._engine.set_plan(component_ids)
+            return
+        for engine in self._engines:
+            mine = [component_id for component_id in component_ids if self._owner.get(component_id) is engine]
+            if mine:
+                engine.set_plan(mine)
 
     def set_strategy(self, strategy: Any, what: str) -> None:
         """Replaces the engine's strategy.
@@ -128,21 +240,56 @@ class OffloadLink:
         Raises:
             ValueError: auto offload is off (``what`` names the caller in the message).
         """
-        if self._engine is None:
+        if not self._engines:
             msg = f"{what} needs auto offload, which is off. Call enable_auto_cpu_offload(...) first."
             raise ValueError(msg)
-        self._engine.set_strategy(strategy)
+        for engine in self._engines:
+            engine.set_strategy(strategy)
+        if len(self._engines) > 1:  # models added from now on are placed by its rule, if it has one
+            self._choice = device_choice_of(strategy)
 
     def refresh(self, component_id: str, component: Any) -> None:
         """Brings a model's host copy up to date after its weights changed; a no-op when off or for others."""
-        if self._engine is not None and isinstance(component, torch.nn.Module):
-            self._engine.refresh_host_copy(component_id)
+        engine = self.engine_of(component_id)
+        if engine is not None and isinstance(component, torch.nn.Module):
+            engine.refresh_host_copy(component_id)
 
     def residency(self, component_id: str) -> Residency | None:
-        """What the engine reports about a component (attached, on the device), or ``None`` when off."""
-        return None if self._engine is None else self._engine.residency(component_id)
+        """What the engine reports about a component (attached, on the device), or ``None`` when off (or,
+        with several devices, when no engine places it)."""
+        engine = self.engine_of(component_id)
+        return None if engine is None else engine.residency(component_id)
 
     def places(self, component_id: str) -> bool:
         """Whether the engine places this component now (it carries the engine's hook)."""
         residency = self.residency(component_id)
         return residency is not None and residency.attached
+
+
+def attach_to(engine: OffloadEngine, component_id: str, module: torch.nn.Module) -> None:
+    """Attaches ``module`` to ``engine`` with its source files, pinned when it cannot move."""
+    engine.attach(component_id, module, weight_files(module), pinned=cannot_move(module))
+
+
+def _choose(
+    choice: DeviceChoice,
+    engines: Sequence[OffloadEngine],
+    models: Mapping[str, torch.nn.Module],
+    owner: Mapping[str, OffloadEngine],
+) -> dict[str, int]:
+    """The index of the engine for each of ``models``, by ``choice``, given the models ``owner`` places."""
+    rooms = []
+    for index, engine in enumerate(engines):
+        total = engine.probe.total_bytes()
+        capacity = (engine.probe.free_bytes() if total is None else total) - engine.memory_reserve_margin
+        assigned = sum(engine.nbytes(key) for key, placer in owner.items() if placer is engine)
+        rooms.append(DeviceRoom(index, engine.probe.name, capacity, assigned))
+    chosen = check_choice(choice, {key: module_nbytes(module) for key, module in models.items()}, rooms)
+    for key, module in models.items():
+        if cannot_move(module) or offload.is_marked_pinned(module):  # stays where it is: that device's engine
+            where = next((tensor.device for tensor in module.parameters()), None)
+            there = [
+                i for i, e in enumerate(engines) if e.probe.moves_weights and e.execution_device == where
+            ]
+            chosen[key] = there[0] if there else chosen[key]
+    return chosen

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from offload.storage import module_nbytes
+
 if TYPE_CHECKING:
     from components import ComponentsManager
 
@@ -54,13 +56,19 @@ class DeviceMethods:
 
     @property
     def _execution_device(self) -> torch.device:
-        """Where models run: the offload hook's execution device when there is one, else their device."""
+        """Where models run: the offload hook's execution device when there is one, else their device.
+
+        When hooks run models on several devices (auto offload over a device list), the denoiser's (the
+        largest model's): latents and timesteps are made where it runs, and other models' hooks move inputs.
+        """
+        hooked = {}
         for module in self._modules():
-            hook = getattr(module, "_hf_hook", None)
-            device = getattr(hook, "execution_device", None)
+            device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
             if device is not None:
-                return torch.device(device)
-        return self.device
+                hooked[module] = torch.device(device)
+        if len(set(hooked.values())) > 1:
+            return hooked[max(hooked, key=module_nbytes)]
+        return next(iter(hooked.values()), self.device)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -329,7 +329,9 @@ def _change_denoiser(pipe: ModularPipeline, denoiser: Any, change: Any) -> None:
     """Run ``change`` on the denoiser's weights; undo it if it raises; keep offload's host copy true."""
     cm = pipe._components_manager
     denoiser_id = cm.get_id(denoiser) if cm is not None else None
-    engine = cm.offload_engine if cm is not None else None
+    # One engine per device: the denoiser's is the one whose hook it carries.
+    engines = cm.offload_engines if cm is not None else []
+    engine = next((e for e in engines if denoiser_id is not None and e.has_hook(denoiser_id)), None)
     if engine is not None and denoiser_id is not None and engine.is_resident(denoiser_id):
         # On the host while it changes: new layers then join the host copy, none is left on the device alone.
         engine.evict(denoiser_id)

@@ -119,6 +119,11 @@ def _through_engine(hook: OffloadHook, bound: Callable[..., Any]) -> Callable[..
 
     @functools.wraps(bound)
     def method(*args, **kwargs):
+        # The hook's pre_forward gets no inputs this way: send them here, as they may come from another device.
+        args, kwargs = (
+            send_to_device(args, hook.execution_device),
+            send_to_device(kwargs, hook.execution_device),
+        )
         return hook.engine.run_forward(hook.model_id, bound, args, kwargs)
 
     return method

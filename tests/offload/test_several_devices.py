@@ -1,0 +1,281 @@
+"""Auto offload over several devices: one engine per device, each model placed by the one a rule picks."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from blocks.stable_diffusion import make_tiny_repo
+from components import ComponentsManager
+from offload import NextUseStrategy, SimulatedDevice, StrategyError, module_nbytes
+from offload.device_choice import DenoiserFirst, DeviceRoom
+
+from ..modular.tiny_sd import tiny_sd_images, tiny_sd_pipeline
+from .helpers import call, sized
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("repos")
+    return make_tiny_repo(folder / "a"), make_tiny_repo(folder / "b")
+
+
+def two_devices(budget, first="sim0", second="sim1"):
+    return [SimulatedDevice(budget, name=first), SimulatedDevice(budget, name=second)]
+
+
+def engine_placing(cm, module):
+    """The engine whose hook is on ``module``."""
+    component_id = cm.get_id(module)
+    (engine,) = [engine for engine in cm.offload_engines if engine.has_hook(component_id)]
+    return engine
+
+
+def device_cells(cm):
+    """``{model id: device cell}`` read from ``print(cm)``'s model rows."""
+    rows = [[cell.strip() for cell in line.split("|")] for line in str(cm).splitlines() if " | " in line]
+    return {row[0]: row[2] for row in rows if row[0] in cm}
+
+
+def test_pipeline_too_big_for_one_device_runs_across_two_with_equal_outputs(repos):
+    """Models that do not fit one device run across two: bit-equal images, both devices in table and logs."""
+    cm = ComponentsManager()
+    pipe = tiny_sd_pipeline(repos[0], cm)
+    expected = tiny_sd_images(pipe)
+    unet, text_encoder, vae = pipe.unet, pipe.text_encoder, pipe.vae
+    budget = module_nbytes(unet) + module_nbytes(text_encoder)  # the three do not fit one device
+    assert budget < module_nbytes(unet) + module_nbytes(text_encoder) + module_nbytes(vae)
+    cm.enable_auto_cpu_offload(device=two_devices(budget), memory_reserve_margin=0)
+    sim0, sim1 = cm.offload_engines
+    for _ in range(2):
+        assert torch.equal(tiny_sd_images(pipe), expected)
+    # The denoiser and the text encoder that fits beside it on sim0, the VAE on the next device.
+    assert engine_placing(cm, unet) is sim0 and engine_placing(cm, text_encoder) is sim0
+    assert engine_placing(cm, vae) is sim1
+    assert {decision.model_id for decision in sim0.log} == {cm.get_id(unet), cm.get_id(text_encoder)}
+    assert [decision.model_id for decision in sim1.log] == [cm.get_id(vae)]
+    assert all(
+        not engine.log.total_evictions and not engine.log.total_bytes_to_host for engine in (sim0, sim1)
+    )
+    cells = device_cells(cm)
+    assert cells[cm.get_id(unet)] == cells[cm.get_id(text_encoder)] == "sim0(sim0)"
+    assert cells[cm.get_id(vae)] == "sim1(sim1)"
+    assert cm.get_model_info(cm.get_id(vae), "execution_device") == {"execution_device": torch.device("cpu")}
+    cm.disable_auto_cpu_offload()
+    assert cm.offload_engines == [] and all(not hasattr(m, "_hf_hook") for m in (unet, text_encoder, vae))
+
+
+def test_two_pipelines_run_on_different_devices_in_two_threads(repos):
+    """Two pipelines whose models land on different devices run at once in two threads, each bit-equal."""
+    cm = ComponentsManager()
+    pipes = [tiny_sd_pipeline(repo, cm) for repo in repos]
+    expected = [tiny_sd_images(pipe) for pipe in pipes]
+    budget = sum(module_nbytes(m) for m in (pipes[0].unet, pipes[0].text_encoder, pipes[0].vae))
+    cm.enable_auto_cpu_offload(device=two_devices(budget), memory_reserve_margin=0)
+    for pipe, engine in zip(pipes, cm.offload_engines):
+        assert {engine_placing(cm, m) for m in (pipe.unet, pipe.text_encoder, pipe.vae)} == {engine}
+    results, errors = {}, []
+
+    def work(index):
+        try:
+            results[index] = [tiny_sd_images(pipes[index]) for _ in range(2)]
+        except Exception as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for index in range(2):
+        assert all(torch.equal(images, expected[index]) for images in results[index])
+    assert all(engine.log.total_evictions == 0 for engine in cm.offload_engines)
+    cm.disable_auto_cpu_offload()
+
+
+def test_each_engine_gets_the_plan_restricted_to_its_models():
+    """set_execution_plan passes each engine only its own models, in order; an engine with none gets nothing."""
+    cm = ComponentsManager()
+    big, small, other = sized(4000), sized(1000), sized(2000)
+    ids = [cm.add(name, m) for name, m in [("big", big), ("small", small), ("other", other)]]
+    cm.enable_auto_cpu_offload(device=two_devices(5000), memory_reserve_margin=0)
+    seen = {engine.probe.name: [] for engine in cm.offload_engines}
+    for engine in cm.offload_engines:
+        engine.watchers.append(lambda kind, value, name=engine.probe.name: seen[name].append((kind, value)))
+    cm.set_execution_plan([small, big, other])
+    cm.set_execution_plan([other])
+    # big (4000) on sim0, small beside it (1000 left), other (2000) on sim1.
+    assert seen["sim0"] == [("plan", (ids[1], ids[0]))]
+    assert seen["sim1"] == [("plan", (ids[2],)), ("plan", (ids[2],))]
+
+
+def test_a_model_added_later_goes_where_there_is_most_room():
+    """With offload on over two devices, a new model goes to the device with the most room left."""
+    cm = ComponentsManager()
+    first = sized(3000)
+    cm.add("first", first)
+    cm.enable_auto_cpu_offload(device=two_devices(5000), memory_reserve_margin=0)
+    late = sized(2000)
+    late_id = cm.add("late", late)
+    assert engine_placing(cm, first) is cm.offload_engines[0]
+    assert engine_placing(cm, late) is cm.offload_engines[1]
+    call(late)
+    assert cm.offload_engines[1].resident_ids() == [late_id]
+    cm.remove(late_id)
+    assert not hasattr(late, "_hf_hook") and not cm.offload_engines[1].attached_ids()
+
+
+def test_the_default_rule_puts_the_largest_where_there_is_most_room_and_the_rest_beside_or_next():
+    """DenoiserFirst: the largest to the roomiest device, each next one beside it, else onward, else roomiest."""
+    rooms = [DeviceRoom(0, "a", 10, assigned=6), DeviceRoom(1, "b", 10), DeviceRoom(2, "c", 10)]
+    models = {"te": 3, "unet": 8, "vae": 2, "huge": 20}
+    # huge -> b (most room: 10); unet -> not beside b (-10), c; vae -> c (2 left), te -> a (4 left).
+    assert DenoiserFirst().choose_devices(models, rooms) == {"huge": 1, "unet": 2, "vae": 2, "te": 0}
+
+
+class OnTheLast(NextUseStrategy):
+    """A strategy that also chooses devices: every model on the last device."""
+
+    def choose_devices(self, models, devices):
+        return {model_id: devices[-1].index for model_id in models}
+
+
+def test_a_strategy_with_choose_devices_supplies_the_rule():
+    """A strategy that has choose_devices decides where each model goes, at enable and for later models."""
+    cm = ComponentsManager()
+    first = sized(1000)
+    cm.add("first", first)
+    cm.enable_auto_cpu_offload(
+        device=two_devices(5000), memory_reserve_margin=0, offload_strategy=OnTheLast()
+    )
+    later = sized(1000)
+    cm.add("later", later)
+    assert (
+        engine_placing(cm, first) is cm.offload_engines[1]
+        and engine_placing(cm, later) is cm.offload_engines[1]
+    )
+    assert all(isinstance(engine.strategy, OnTheLast) for engine in cm.offload_engines)
+
+
+class Nowhere(NextUseStrategy):
+    """A device rule that answers a device that is not in the list."""
+
+    def choose_devices(self, models, devices):
+        return {model_id: 7 for model_id in models}
+
+
+def test_the_manager_says_which_engine_to_read_with_several_devices():
+    """offload_engine and offload_log name offload_engines with several devices; one device keeps them."""
+    cm = ComponentsManager()
+    cm.add("model", sized(1000))
+    cm.enable_auto_cpu_offload(device=two_devices(5000), memory_reserve_margin=0)
+    with pytest.raises(RuntimeError, match=r"runs on 2 devices \['sim0', 'sim1'\].*read offload_engines"):
+        _ = cm.offload_engine
+    with pytest.raises(RuntimeError, match="read offload_engines"):
+        _ = cm.offload_log
+    cm.enable_auto_cpu_offload(device=[SimulatedDevice(5000, name="only")], memory_reserve_margin=0)
+    assert cm.offload_engines == [cm.offload_engine] and cm.offload_log is cm.offload_engine.log
+
+
+def test_the_pipeline_makes_its_latents_where_the_denoiser_runs(repos):
+    """With models on several devices, a pipeline's execution device is its denoiser's (the largest model)."""
+    pipe = tiny_sd_pipeline(repos[0], ComponentsManager())
+    pipe.text_encoder._hf_hook = SimpleNamespace(execution_device=torch.device("meta"))
+    assert pipe._execution_device == torch.device("meta")  # one device: the only hook's
+    pipe.unet._hf_hook = SimpleNamespace(execution_device=torch.device("cpu"))
+    pipe.vae._hf_hook = SimpleNamespace(execution_device=torch.device("meta"))
+    assert pipe._execution_device == torch.device("cpu")
+
+
+# ---- bad input: a clear error, nothing changed ---------------------------------------------------------
+
+
+def cuda_missing():
+    return not torch.cuda.is_available()
+
+
+BAD_LISTS = [
+    pytest.param([], ValueError, r"device=\[\] names no device", id="empty"),
+    pytest.param(
+        [SimulatedDevice(5000), SimulatedDevice(5000)],
+        ValueError,
+        r"names \['sim'\] more than once.*give each SimulatedDevice its own name",
+        id="duplicate-names",
+    ),
+    pytest.param(
+        [SimulatedDevice(5000, name="a"), "cpu"], ValueError, r"entry 1 \('cpu'\) is the host", id="cpu"
+    ),
+    pytest.param(
+        [SimulatedDevice(5000, name="a"), 3.5],
+        TypeError,
+        r"entry 1 \(3.5\): device must be",
+        id="not-a-device",
+    ),
+    pytest.param(
+        ["cuda:0", "cuda:1"],
+        ValueError,
+        r"entry 0 \('cuda:0'\): device 'cuda:0': torch.cuda.is_available\(\) is False",
+        id="no-cuda",
+        marks=pytest.mark.skipif(not cuda_missing(), reason="needs a machine without CUDA"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("devices", "error", "message"), BAD_LISTS)
+def test_a_bad_device_list_is_refused_and_offload_left_as_it_was(devices, error, message):
+    """A bad device list raises a clear error; the engine in place and its hooks stay."""
+    cm = ComponentsManager()
+    module = sized(1000)
+    cm.add("model", module)
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(5000), memory_reserve_margin=0)
+    before = cm.offload_engine
+    with pytest.raises(error, match=message):
+        cm.enable_auto_cpu_offload(device=devices, memory_reserve_margin=0)
+    assert cm.offload_engines == [before] and module._hf_hook.engine is before
+
+
+@pytest.mark.skipif(cuda_missing(), reason="needs CUDA")
+def test_a_cuda_device_the_machine_lacks_or_a_mixed_list_is_refused():
+    """A CUDA index past the device count, the same card twice, or simulated beside real devices: refused."""
+    cm = ComponentsManager()
+    cm.add("model", sized(1000))
+    count = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"this machine has {count} cuda device"):
+        cm.enable_auto_cpu_offload(device=["cuda:0", f"cuda:{count}"])
+    with pytest.raises(ValueError, match=r"names \['cuda:0'\] more than once"):
+        cm.enable_auto_cpu_offload(device=["cuda", "cuda:0"])
+    with pytest.raises(ValueError, match="mixes SimulatedDevice and real devices"):
+        cm.enable_auto_cpu_offload(device=[SimulatedDevice(5000), "cuda:0"])
+    assert not cm.auto_offload_enabled
+
+
+def test_host_budget_with_a_device_list_is_refused_before_anything_changes():
+    """host_budget or spill_folder with a device list: ValueError, offload left off."""
+    cm = ComponentsManager()
+    module = sized(1000)
+    cm.add("model", module)
+    with pytest.raises(ValueError, match="host_budget and spill_folder work with one device only"):
+        cm.enable_auto_cpu_offload(device=two_devices(5000), host_budget="1MB")
+    assert not cm.auto_offload_enabled and not hasattr(module, "_hf_hook")
+
+
+def test_a_device_rule_that_answers_a_missing_device_is_refused():
+    """A rule naming a device index not in the list raises StrategyError before any model is attached."""
+    cm = ComponentsManager()
+    module = sized(1000)
+    model_id = cm.add("model", module)
+    with pytest.raises(StrategyError, match=rf"bad indexes \{{'{model_id}': 7\}}"):
+        cm.enable_auto_cpu_offload(device=two_devices(5000), offload_strategy=Nowhere())
+    assert not cm.auto_offload_enabled and not hasattr(module, "_hf_hook")
+
+
+def test_a_model_too_large_for_its_device_leaves_offload_as_it_was():
+    """A model that cannot fit the device it is given raises ModelTooLargeError; nothing is attached."""
+    cm = ComponentsManager()
+    module = sized(8000)
+    cm.add("model", module)
+    with pytest.raises(ValueError, match="cannot fit"):
+        cm.enable_auto_cpu_offload(device=two_devices(5000), memory_reserve_margin=0)
+    assert not cm.auto_offload_enabled and not hasattr(module, "_hf_hook")
