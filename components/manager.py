@@ -8,16 +8,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import attrs
 import torch
 
 from offload import OffloadEngine, OffloadLog
 
-from .load_kwargs import split_load_kwargs
 from .model_info import INFO_FIELDS, component_info
 from .offload_link import OffloadLink
 from .registry import Registry
-from .reuse import LoadOptions
+from .shared_loads import SharedLoads
 from .spec import ComponentSpec
 from .table import manager_table
 
@@ -41,7 +39,9 @@ class ComponentsManager:
         self._lock = threading.RLock()
         self._offload = OffloadLink()  # the engine placing the models while auto offload is on
         self._registry = Registry(on_add=self._offload.attach, on_remove=self._offload.detach)
-        self._loading: dict[tuple[str, LoadOptions], threading.Lock] = {}
+        self._loads = SharedLoads(
+            self._lock, self._locked, self._registry
+        )  # get_or_load: reuse, or load once
 
     @contextmanager
     def _locked(self) -> Iterator[Registry]:
@@ -139,32 +139,7 @@ class ComponentsManager:
             component = spec.create()
             self.add(spec.name, component, collection)
             return component
-        fields, options = split_load_kwargs(load_options, f"ComponentSpec.load() for {spec.name!r}")
-        spec = attrs.evolve(spec, **fields) if fields else spec
-        # Keyed on the component's own quantization config, so a pipeline-wide one reuses per component.
-        options = {**options, "quantization_config": spec.resolve_quantization(**options)}
-        reuse = LoadOptions.from_request(options)
-        key = (spec.load_id, reuse)
-        with self._locked():
-            key_lock = self._loading.setdefault(key, threading.Lock())
-        with key_lock:
-            with self._lock:
-                found = self._registry.find_reusable(spec.load_id, reuse)
-                if found is not None:
-                    entry = self._registry.entries[found]
-                    if collection is not None:
-                        self._registry.put_in_collection(found, entry.name, collection)
-                    logger.info("Reusing %s for %s", found, spec.load_id)
-                    return entry.component
-            try:
-                # Outside the registry lock: other work goes on meanwhile.
-                component = spec.load(**options)
-                with self._locked() as registry:
-                    registry.add(spec.name, component, collection, reuse, None)
-            finally:
-                with self._lock:
-                    self._loading.pop(key, None)
-            return component
+        return self._loads.get_or_load(spec, collection, load_options)
 
     # ---- look-ups -------------------------------------------------------------------------------------------
 

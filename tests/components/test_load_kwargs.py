@@ -88,7 +88,7 @@ def test_get_or_load_checks_keywords_before_loading():
     spec = ComponentSpec("vae", AutoencoderKL, repo="org/not-there", subfolder="vae")
     with pytest.raises(TypeError, match=r"'torch_dtpye' \(did you mean 'torch_dtype'\?\)"):
         cm.get_or_load(spec, torch_dtpye=torch.float32)
-    assert len(cm) == 0 and cm._loading == {}
+    assert len(cm) == 0 and cm._loads._loading == {}
 
 
 def test_get_or_load_reuses_by_the_overridden_load_id(tiny_repo):

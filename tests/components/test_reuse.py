@@ -122,7 +122,7 @@ def test_failed_load_registers_nothing(tiny_repo):
         cm.get_or_load(ComponentSpec("unet", repo=str(tiny_repo), subfolder="transformer"), collection="sd")
     assert list(cm.components) == [vae_id]
     assert cm.collections == {"sd": [vae_id]}
-    assert cm._loading == {}
+    assert cm._loads._loading == {}
 
 
 def test_two_threads_load_the_same_component_once(tiny_repo, count_loads):
