@@ -328,6 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ours["h2d"] > peer["h2d"]:
             failures.append(f"{trace.name}: more host-to-device bytes than the peer")
     print()
+    from offload_streaming import partial_table  # imports this module: imported here, not at the top
+
+    failures += partial_table()  # partial residency: streamed groups and shrunk victims, against the bound
+    print()
     ours_ms = decision_time(NextUseStrategy())
     print(f"decision time, 20 resident components, NextUse (ours): {ours_ms:.3f} ms per eviction decision")
     for n in (12, 16):

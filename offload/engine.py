@@ -154,6 +154,17 @@ class OffloadEngine:
             self._placer.beyond.prefetch = bool(value)
 
     @property
+    def shrink_victims(self) -> bool:
+        """Let a victim keep a resident prefix instead of leaving whole when that moves fewer bytes and the
+        strategy allows it (``offload.shrink``); off by default."""
+        return self._placer.shrink
+
+    @shrink_victims.setter
+    def shrink_victims(self, value: bool) -> None:
+        with self._lock:
+            self._placer.shrink = bool(value)
+
+    @property
     def simulated_clock(self) -> SimulatedClock | None:
         """The simulated clock of a ``SimulatedDevice`` given ``h2d_bandwidth`` (``offload.clock``), else None."""
         return self._placer.beyond.clock

@@ -156,6 +156,13 @@ class ResidencyLedger:
         bytes, and the footprint the model then holds (those bytes plus room for its streamed groups).
         """
         entry = self._entries[model_id]
+        if (
+            entry.resident
+            and part is None
+            and entry.footprint is not None
+            and entry.footprint == entry.prefix
+        ):
+            return self._complete(model_id, entry)  # shrunk to a prefix (drop_tail): its tail comes back
         if entry.resident:
             return 0
         if self.probe.moves_weights:
@@ -163,6 +170,27 @@ class ResidencyLedger:
         entry.prefix, entry.footprint = (None, None) if part is None else part[1:]
         self._set_resident(model_id, entry, True)
         return entry.nbytes if part is None else part[1]
+
+    def drop_tail(self, model_id: str, tail: Sequence[torch.nn.Module], prefix: int) -> int:
+        """Take the own tensors of ``tail`` (modules of a resident whole model) off the device and keep the
+        rest, ``prefix`` bytes, resident (``offload.shrink``); ``make_resident`` brings the tail back. Returns
+        device-to-host bytes: 0 unless tail weights changed on the device without ``refresh``."""
+        entry = self._entries[model_id]
+        copied = self._drop_owners(entry, tail) if self.probe.moves_weights else 0
+        self._resident_bytes -= _held(entry) - prefix
+        entry.prefix = entry.footprint = prefix
+        self.probe.on_resident(model_id, prefix)
+        return copied
+
+    def _complete(self, model_id: str, entry: _Entry) -> int:
+        prefix = entry.prefix or 0
+        if self.probe.moves_weights:
+            self._upload(entry)  # only the tensors not on the device move
+        self._resident_bytes += entry.nbytes - prefix
+        entry.prefix = entry.footprint = None
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
+        self.probe.on_resident(model_id, entry.nbytes)
+        return entry.nbytes - prefix
 
     def evict(self, model_id: str) -> int:
         """Take ``model_id`` off the device. Returns device-to-host bytes: 0 unless weights changed on the
@@ -318,6 +346,36 @@ class ResidencyLedger:
             owner._buffers[name] = host
         entry.host.clear()
         entry.swapped.clear()
+        return copied
+
+    def _drop_owners(self, entry: _Entry, owners: Sequence[torch.nn.Module]) -> int:
+        """Point ``owners``' own tensors back at their host copies (a tail dropped; the rest stays)."""
+        mine = {id(owner) for owner in owners}
+        kept = []
+        for owner, name, original in entry.swapped:
+            if id(owner) in mine:
+                owner._parameters[name] = original
+            else:
+                kept.append((owner, name, original))
+        entry.swapped = kept
+        copied = 0
+        for owner in owners:
+            for param in owner._parameters.values():
+                host = None if param is None else entry.host.pop(id(param), None)
+                if param is None or (host is None and param.device.type in ("cpu", "meta")):
+                    continue
+                if host is None:  # replaced on the device behind our back: keep its value
+                    host = self._host_tensor(param.data)
+                    copied += param.nbytes
+                param.data = host
+            for name, buffer in owner._buffers.items():
+                host = None if buffer is None else entry.host.pop((id(owner), name), None)
+                if buffer is None or (host is None and buffer.device.type in ("cpu", "meta")):
+                    continue
+                if host is None:
+                    host = self._host_tensor(buffer)
+                    copied += buffer.nbytes
+                owner._buffers[name] = host
         return copied
 
     def _sync_host(self, entry: _Entry) -> int:

@@ -22,7 +22,13 @@ class NextUseStrategy(OffloadStrategy):
     (the ones after it already free enough) is kept, most valuable first. So a text encoder used once
     per image is evicted before the denoiser, and no model is evicted alongside a big one for nothing.
     Without a plan this is size-aware recency.
+
+    Its victims may be shrunk to a resident prefix instead (``offload.shrink``): it ranks by bytes to
+    bring back, and a kept prefix only lowers them. Strategies that want their victims off the device
+    whole (headroom kept, the peer's rule) leave ``shrink_victims`` unset.
     """
+
+    shrink_victims = True
 
     def select_victims(self, request: OffloadRequest) -> list[str]:
         next_use: dict[str, int] = {}

@@ -27,6 +27,7 @@ from offload.log import OffloadDecision, OffloadLog
 from offload.partial import Beyond
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe
+from offload.shrink import shrink_victims, shrunk_prefix
 from offload.strategy import OffloadRequest, SupportsSelectVictims, strategy_name
 from offload.units import format_bytes, format_bytes_distinct
 
@@ -82,6 +83,9 @@ class Placer:
         self._last_used: dict[str, int] = {}
         # Streaming models partly resident, prefetch and the simulated clock (offload.partial).
         self.beyond = Beyond(self)
+        self.shrink = (
+            False  # victims of a strategy that allows it may keep a resident prefix (offload.shrink)
+        )
 
     # -- plan and use history ------------------------------------------------------------------
     def set_plan(self, model_ids: tuple[str, ...]) -> None:
@@ -135,7 +139,7 @@ class Placer:
             msg = f"model id {model_id!r} is not attached; attached: {sorted(self._attached)}."
             raise KeyError(msg)
         self.remeasure_if_changed(model_id)
-        if not self._ledger.is_resident(model_id):
+        if not self._ledger.is_resident(model_id) or shrunk_prefix(self._ledger, model_id) is not None:
             self.place(model_id)
         self.plan.observe(model_id)
         self._last_used[model_id] = next(self._clock)
@@ -169,18 +173,29 @@ class Placer:
             if model_id not in self._attached:
                 msg = f"model id {model_id!r} was detached while it waited for room on {self._probe.name}."
                 raise KeyError(msg)
-            if self._ledger.is_resident(model_id):
+            prefix = shrunk_prefix(self._ledger, model_id)  # shrunk (offload.shrink): only its tail moves in
+            if self._ledger.is_resident(model_id) and prefix is None:
                 return  # placed by another thread's call while this one waited
-            nbytes = self._ledger.nbytes(model_id)
+            nbytes = self._ledger.nbytes(model_id) - (prefix or 0)
             free_before, free = self.free_after_margin()
             if nbytes <= free:
                 self._move_in(model_id, [], free_before, "fits")
                 return
             residents = self._ledger.residents()
             order = sorted(residents, key=lambda m: self._last_used.get(m, 0))
-            evictable = {m: residents[m] for m in order if not self._calls.running[m]}
+            evictable = {m: residents[m] for m in order if not self._calls.running[m] and m != model_id}
             room = free + sum(evictable.values())
-            streamed = self.beyond.try_stream(model_id, nbytes, free, free_before, residents, evictable)
+            if prefix is not None and nbytes <= room:
+                self._evict_for(model_id, nbytes, free, free_before, evictable)
+                return
+            if prefix is not None and nbytes > free + sum(residents.values()) - prefix:
+                self.record(model_id, (model_id,), 0, self._ledger.evict(model_id), free_before, "evict")
+                continue  # its tail can never come back beside the others: placed as any model (or streamed)
+            streamed = (
+                None
+                if prefix is not None
+                else self.beyond.try_stream(model_id, nbytes, free, free_before, residents, evictable)
+            )
             if streamed == 0:
                 return
             if streamed is not None:
@@ -193,7 +208,7 @@ class Placer:
                 raise ModelTooLargeError(
                     messages.too_large(model_id, nbytes, capacity, self._device(), self.margin)
                 )
-            held = {m: size for m, size in residents.items() if m not in evictable}
+            held = {m: size for m, size in residents.items() if m not in evictable and m != model_id}
             mine = {m: size for m, size in held.items() if self._calls.in_call(me)[m]}
             if nbytes > room + sum(size for m, size in held.items() if m not in mine):
                 reachable = room + sum(size for m, size in held.items() if m not in mine)
@@ -271,6 +286,9 @@ class Placer:
         request = attrs.evolve(request, device_total=self._total(), device_used=used)
         victims = list(self.strategy.select_victims(request))
         self._check_victims(request, victims)
+        if self.shrink and getattr(self.strategy, "shrink_victims", False):  # offload.shrink
+            surplus = free + sum(request.residents[v] for v in victims) - nbytes
+            victims = shrink_victims(self, model_id, victims, surplus)
         reason = f"evict: {strategy_name(self.strategy)}"
         self._move_in(model_id, victims, free_before, reason)
 

@@ -1,0 +1,89 @@
+"""Shrinking a victim to a resident prefix instead of evicting it whole.
+
+When a model needs room and the victims the strategy picked free more than it needs, the surplus would
+sit empty. A victim needed again (later in this call, or by a plan run recently) keeps instead the longest
+prefix of its groups (``offload.groups``: the base group, then its blocks in order) that fits the
+surplus; only its tail leaves the device (the host copy is kept: zero bytes copied back). At its next use
+only the tail moves in when room allows; otherwise the prefix leaves too and the model is placed as any
+other. Decided by bytes moved: keeping ``p`` bytes saves ``p`` bytes at the victim's next use and moves
+none now (the prefix holds room nobody asked for, and a later placement evicts it for free), so a victim
+no plan needs again, or whose smallest prefix does not fit the surplus, is evicted whole. A victim needed
+again before the model placed for it runs again is evicted whole too: the two alternate, and streaming
+(``offload.partial``) is what moves fewer bytes there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from offload.groups import split_groups
+from offload.ledger import ResidencyLedger
+from offload.units import format_bytes
+
+if TYPE_CHECKING:
+    from offload.placement import Placer
+
+__all__ = ["shrink_victims", "shrunk_prefix"]
+
+# The engine's logger name, which users filter on; shrinking is part of placement.
+logger = logging.getLogger("offload.engine")
+
+
+def shrunk_prefix(ledger: ResidencyLedger, model_id: str) -> int | None:
+    """Bytes of ``model_id``'s resident prefix if it was shrunk (its tail off the device, no room held for
+    streaming it), else None. A streaming model (``offload.streaming``) also holds room for its groups."""
+    part = ledger.partial(model_id)
+    return part[0] if part is not None and part[0] == part[1] else None
+
+
+def _needed_again(placer: Placer, model_id: str, victim: str) -> tuple[int, int] | None:
+    """How soon ``victim`` is needed (lower is sooner): by its place in the running plan, else by how many
+    recent plans used it; None when no plan needs it again (keeping a prefix would save nothing)."""
+    upcoming = list(placer.plan.upcoming(model_id)) if placer.plan else []
+    if victim in upcoming:
+        own_next = upcoming.index(model_id) if model_id in upcoming else len(upcoming)
+        again = placer.beyond.remaining_uses(model_id, upcoming, now=1) > 1
+        if upcoming.index(victim) < own_next and again:
+            # Back before this model's next use in this call: they alternate (a loop), and its tail would
+            # evict this model in turn at every step; streaming (offload.partial) moves fewer bytes there.
+            return None
+        return 0, upcoming.index(victim)
+    recent = sum(victim in plan for plan in placer._recent_plans)
+    return (1, -recent) if recent else None
+
+
+def shrink_victims(placer: Placer, model_id: str, victims: Sequence[str], surplus: int) -> list[str]:
+    """Shrink the victims of ``model_id``'s placement that are worth keeping a prefix of, within ``surplus``
+    (the bytes the victims free beyond what ``model_id`` needs); log each (reason ``shrink``). Returns the
+    victims left to evict whole."""
+    ledger = placer._ledger
+    ranked = []
+    for victim in victims:
+        soon = _needed_again(placer, model_id, victim)
+        if soon is not None and ledger.partial(victim) is None and not placer._probe.always_resident:
+            ranked.append((soon, victim))
+    whole = list(victims)
+    for _, victim in sorted(ranked):
+        groups = split_groups(ledger.module(victim))
+        if len(groups) < 2 or sum(g.nbytes for g in groups) != ledger.nbytes(victim):
+            continue  # nothing to split, or groups that do not account for every byte: evicted whole
+        keep, prefix = 0, 0
+        while keep < len(groups) - 1 and prefix + groups[keep].nbytes <= surplus:
+            prefix += groups[keep].nbytes
+            keep += 1
+        if keep == 0 or prefix == 0:
+            continue  # its base group alone exceeds the surplus, or nothing worth keeping fits
+        free_before = placer._probe.free_bytes()
+        tail = [owner for group in groups[keep:] for owner in group.owners]
+        streamer = placer.beyond._streamers.get(victim)
+        if streamer is not None:
+            streamer.layout = None  # its stream hooks stay idle while it is shrunk
+        to_host = ledger.drop_tail(victim, tail, prefix)
+        placer.record(victim, (), 0, to_host, free_before, "shrink")
+        kept, of = format_bytes(prefix), format_bytes(ledger.nbytes(victim))
+        logger.info("shrink: kept %s of %s (%s) resident to make room for %s", kept, victim, of, model_id)
+        surplus -= prefix
+        whole.remove(victim)
+    return whole

@@ -1,0 +1,169 @@
+"""A victim shrunk to a resident prefix instead of evicted whole, when that moves fewer bytes."""
+
+import pytest
+import torch
+
+from offload import LRUStrategy, ModelTooLargeError, OffloadEngine, SimulatedDevice
+
+from .helpers import MetaProbe, Tower
+
+WIDTH = 32
+GROUP = (WIDTH * WIDTH + WIDTH) * 4  # bytes of one Linear(WIDTH, WIDTH) with its bias: one group of a Tower
+X = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(1))
+
+
+def _engine(device, strategy=None, shrink=True):
+    """An encoder and two denoisers of 6 groups each (base + 5 blocks) on ``device``."""
+    engine = OffloadEngine(device, memory_reserve_margin=0)
+    engine.shrink_victims = shrink
+    if strategy is not None:
+        engine.set_strategy(strategy)
+    models = {"encoder": _encoder(), "a": Tower(depth=5, seed=2), "b": Tower(depth=5, seed=3)}
+    for model_id, model in models.items():
+        engine.attach(model_id, model)
+    return engine, models
+
+
+def _encoder():
+    return Tower(depth=5, seed=1)
+
+
+def _three_calls(engine, models):
+    """Two workflows sharing the encoder, as the seed's Flux workflows share T5: a, b, a."""
+    outputs = []
+    for denoiser in ("a", "b", "a"):
+        engine.set_plan(["encoder", denoiser])
+        outputs.append(models["encoder"](X))
+        for _ in range(3):
+            outputs.append(models[denoiser](X))
+    return outputs
+
+
+def test_a_victim_needed_again_keeps_a_prefix_and_only_its_tail_comes_back():
+    """9 groups of room: a denoiser needs 6 with 3 free, so the encoder keeps 3 groups instead of leaving
+    whole, and at the next call only its 3-group tail moves in. Outputs equal the run without offload;
+    bytes are exact (30 groups, against 36 with whole victims); nothing is copied back."""
+    plain = {"encoder": _encoder(), "a": Tower(depth=5, seed=2), "b": Tower(depth=5, seed=3)}
+    expected = [
+        plain[m](X) for m in ("encoder", "a", "a", "a", "encoder", "b", "b", "b", "encoder", "a", "a", "a")
+    ]
+    engine, models = _engine(SimulatedDevice(9 * GROUP))
+    outputs = _three_calls(engine, models)
+    assert all(torch.equal(out, want) for out, want in zip(outputs, expected, strict=True))
+    moves = [(d.model_id, d.reason, d.evicted, d.bytes_to_device // GROUP) for d in engine.log]
+    assert moves == [
+        ("encoder", "fits", (), 6),
+        ("encoder", "shrink", (), 0),  # kept: its base and 2 blocks
+        ("a", "evict: NextUseStrategy", (), 6),
+        ("a", "shrink", (), 0),  # a runs again in the third call
+        ("encoder", "evict: NextUseStrategy", (), 3),  # only its tail
+        ("b", "evict: NextUseStrategy", ("encoder",), 6),
+        ("encoder", "evict: NextUseStrategy", ("b",), 6),
+        ("encoder", "shrink", (), 0),
+        ("a", "evict: NextUseStrategy", (), 3),  # only its tail
+    ]
+    assert engine.log.total_bytes_to_device == 30 * GROUP
+    assert engine.log.total_bytes_to_host == 0
+    assert engine.residency("encoder").resident_share == 0.5
+    assert engine.residency("a").resident_share is None  # whole again
+    assert engine.probe.used_bytes() == 9 * GROUP
+
+
+def test_off_by_default_victims_leave_whole():
+    """Without ``shrink_victims`` (the default) the same calls evict whole models: 36 groups."""
+    assert OffloadEngine(SimulatedDevice(GROUP)).shrink_victims is False
+    engine, models = _engine(SimulatedDevice(9 * GROUP), shrink=False)
+    _three_calls(engine, models)
+    assert "shrink" not in [d.reason for d in engine.log]
+    assert engine.log.total_bytes_to_device == 36 * GROUP
+
+
+def test_a_strategy_that_keeps_victims_whole_evicts_them_whole():
+    """Only strategies that allow it shrink victims (LRU does not): the same calls move whole models."""
+    engine, models = _engine(SimulatedDevice(9 * GROUP), LRUStrategy())
+    _three_calls(engine, models)
+    assert "shrink" not in [d.reason for d in engine.log]
+    assert all(d.evicted for d in engine.log if d.reason.startswith("evict"))
+
+
+def test_no_shrink_when_no_plan_needs_the_victim_again():
+    """Without a plan nothing says the encoder comes back: keeping a prefix would save nothing; evicted whole."""
+    engine, models = _engine(SimulatedDevice(9 * GROUP))
+    models["encoder"](X)
+    models["a"](X)
+    assert [(d.reason, d.evicted) for d in engine.log][-1] == ("evict: NextUseStrategy", ("encoder",))
+    assert not engine.is_resident("encoder")
+
+
+def test_no_shrink_when_the_surplus_cannot_hold_the_base_group():
+    """With exactly the room the denoiser needs once the encoder leaves, no prefix fits: evicted whole."""
+    engine, models = _engine(SimulatedDevice(6 * GROUP))
+    _three_calls(engine, models)
+    assert "shrink" not in [d.reason for d in engine.log]
+    assert engine.log.total_bytes_to_device == 36 * GROUP
+
+
+def test_victims_that_alternate_with_the_model_placed_are_not_shrunk_once_the_loop_is_known():
+    """A control model and a denoiser used in turn every step: shrinking one would make its tail evict the
+    other at every step. Once the loop is learned (after the first step) nothing is shrunk: the denoiser
+    streams, and two calls move exactly the bytes they move with whole victims."""
+    totals = []
+    for shrink in (True, False):
+        engine = OffloadEngine(SimulatedDevice(9 * GROUP), memory_reserve_margin=0)
+        engine.shrink_victims = shrink
+        encoder, control, denoiser = Tower(depth=0, seed=1), Tower(depth=1, seed=3), Tower(depth=8, seed=2)
+        for model_id, model in {"encoder": encoder, "control": control, "denoiser": denoiser}.items():
+            engine.attach(model_id, model)
+        for _ in range(2):
+            engine.set_plan(["encoder", "control", "denoiser"])
+            encoder(X)
+            for _ in range(6):
+                control(X)
+                denoiser(X)
+        reasons = [d.reason for d in engine.log]
+        assert "stream" in reasons
+        shrunk = [d.model_id for d in engine.log if d.reason == "shrink"]
+        # The denoiser at the first step, before the loop is known; control at the next call's encoder
+        # (it runs again only after the encoder is done). Never one of the pair while the loop runs.
+        assert shrunk == (["denoiser", "control"] if shrink else [])
+        totals.append(engine.log.total_bytes_to_device)
+    assert totals[0] == totals[1]
+
+
+def test_the_tail_really_leaves_and_comes_back_and_the_host_copies_are_kept():
+    """With real moves (a meta device): after the shrink the encoder's base and first 2 blocks stay on the
+    device and its last 3 blocks are back on their own host tensors; its next use brings them back; evicting
+    it puts every weight on the same host memory as before (nothing copied back)."""
+    engine, models = _engine(MetaProbe(9 * GROUP))
+    encoder = models["encoder"]
+    hosts = [(p, p.data_ptr()) for p in encoder.parameters()]
+    engine.set_plan(["encoder", "a"])
+    engine.ensure_resident("encoder")
+    engine.ensure_resident("a")
+    assert [b.weight.device.type for b in encoder.blocks] == ["meta", "meta", "cpu", "cpu", "cpu"]
+    assert encoder.inp.weight.device.type == "meta"
+    assert engine.residency("encoder").resident_share == 0.5
+    engine.set_plan(["encoder", "b"])
+    engine.ensure_resident("encoder")  # its tail comes back beside a (now shrunk in turn)
+    assert all(p.device.type == "meta" for p in encoder.parameters())
+    engine.evict("encoder")
+    assert all(p is q and p.data_ptr() == ptr for p, (q, ptr) in zip(encoder.parameters(), hosts))
+    assert engine.log.total_bytes_to_host == 0
+
+
+def test_a_shrunk_model_whose_tail_finds_no_room_beside_its_own_running_model_fails_and_moves_nothing():
+    """The encoder, shrunk, is called from inside a's forward: a is running and holds the room, so the tail
+    cannot come back. The error names the models and the fix, and nothing moved: the prefix is still there."""
+    engine, models = _engine(SimulatedDevice(9 * GROUP))
+    engine.set_plan(["encoder", "a"])
+    models["encoder"](X)
+    models["a"](X)
+    before = (len(engine.log), engine.probe.used_bytes(), engine.residency("encoder").resident_share)
+    inside = models["a"].blocks[0]  # a block's hook runs inside a's forward, a placed and running
+    handle = inside.register_forward_pre_hook(lambda module, args: models["encoder"](X))
+    try:
+        with pytest.raises(ModelTooLargeError, match=r"'encoder'.*'a'"):
+            models["a"](X)
+    finally:
+        handle.remove()
+    assert (len(engine.log), engine.probe.used_bytes(), engine.residency("encoder").resident_share) == before
