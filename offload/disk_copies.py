@@ -11,12 +11,15 @@ is written once to a spill file.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 
 import attrs
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from offload.errors import HostBudgetError
 
 __all__ = [
     "DiskCopy",
@@ -26,6 +29,7 @@ __all__ = [
     "file_sources",
     "read_back",
     "tensor_slots",
+    "writable_folder",
     "write_spill",
 ]
 
@@ -254,3 +258,22 @@ def read_back(slots: Sequence[TensorSlot], copy: DiskCopy, pin: bool) -> int:
                 _assign(slot, tensor.pin_memory() if pin else tensor)
                 read += slot.nbytes
     return read
+
+
+def writable_folder(folder: str) -> str:
+    """``folder``, made if missing, once a file could be written in it.
+
+    Raises:
+        HostBudgetError: it cannot be made or written to.
+    """
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        msg = (
+            f"spill_folder {folder!r} is not a writable folder ({error}). Pass a folder you can write to, or "
+            "leave spill_folder unset for a temporary one. Nothing was dropped."
+        )
+        raise HostBudgetError(msg) from error
+    return folder

@@ -33,6 +33,7 @@ from offload.disk_copies import (
     file_sources,
     read_back,
     tensor_slots,
+    writable_folder,
     write_spill,
 )
 from offload.errors import DiskCopyError, HostBudgetError
@@ -126,7 +127,7 @@ class HostTier:
         self._placing: set[str] = set()  # read back and about to be placed: not dropped meanwhile
         self._own_folder = spill_folder is None
         existed = spill_folder is not None and os.path.isdir(spill_folder)
-        self._folder = None if spill_folder is None else _writable_folder(os.fspath(spill_folder))
+        self._folder = None if spill_folder is None else writable_folder(os.fspath(spill_folder))
         self._made_folder = self._folder is not None and not existed  # removed at close if left empty
         self._spill_files: dict[str, str] = {}
 
@@ -382,22 +383,3 @@ def _stored(index: dict, name: str, tensor: torch.Tensor) -> bool:
 def _first(items: list[str]) -> str:
     shown = ", ".join(items[:3])
     return shown if len(items) <= 3 else f"{shown} and {len(items) - 3} more"
-
-
-def _writable_folder(folder: str) -> str:
-    """``folder``, made if missing, once a file could be written in it.
-
-    Raises:
-        HostBudgetError: it cannot be made or written to.
-    """
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        msg = (
-            f"spill_folder {folder!r} is not a writable folder ({error}). Pass a folder you can write to, or "
-            "leave spill_folder unset for a temporary one. Nothing was dropped."
-        )
-        raise HostBudgetError(msg) from error
-    return folder

@@ -325,31 +325,17 @@ class ResidencyLedger:
                 owner._buffers[name] = done_buffers[id(buffer)]
 
     def _drop(self, entry: _Entry) -> int:
-        for owner, name, original in reversed(entry.swapped):
-            owner._parameters[name] = original
-        copied = 0
-        for param in entry.module.parameters():
-            if param.device.type == "cpu":
-                continue
-            host = entry.host.get(id(param))
-            if host is None:  # a weight replaced on the device behind our back: keep its value
-                host = self._host_tensor(param.data)
-                copied += param.nbytes
-            param.data = host
-        for owner, name, buffer in _buffer_slots(entry.module):
-            if buffer.device.type == "cpu":
-                continue
-            host = entry.host.get((id(owner), name))
-            if host is None:
-                host = self._host_tensor(buffer)
-                copied += buffer.nbytes
-            owner._buffers[name] = host
+        """Point every tensor of the model back at its host copy (the whole model evicted)."""
+        copied = self._drop_owners(entry, list(entry.module.modules()))
         entry.host.clear()
         entry.swapped.clear()
         return copied
 
     def _drop_owners(self, entry: _Entry, owners: Sequence[torch.nn.Module]) -> int:
-        """Point ``owners``' own tensors back at their host copies (a tail dropped; the rest stays)."""
+        """Point ``owners``' own tensors back at their host copies (a tail dropped, or the whole model).
+
+        A tensor found on the device without a host copy (replaced there behind our back) is copied to the
+        host, so its value is kept; the bytes copied are returned."""
         mine = {id(owner) for owner in owners}
         kept = []
         for owner, name, original in entry.swapped:
