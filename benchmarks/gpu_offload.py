@@ -1,18 +1,42 @@
-"""Three Flux-shaped workflows on one CUDA device under a memory cap: ours vs the peer's two offloads.
+"""Three Flux-shaped workflows on one CUDA device under a memory cap: our offload vs the peer's three.
 
-Models are plain module chains (stacks of bf16 Linear layers with random weights) sized like the
-seed's Flux components scaled down by ``--scale`` (default 1/8: CLIP 0.03, T5 1.11, three
-transformers 2.77 each, VAE 0.02 GB); building real Flux pipelines would take far longer than the
-moves we measure. ``torch.cuda.set_per_process_memory_fraction`` caps the device at ``--budget-gb``
-so that the transformers cannot all stay resident. Each method runs text2img, canny, depth, twice:
+Models are stand-ins (``gpu_methods.Chain``: a ``proj_in`` and a ``blocks`` list of bf16 square Linears
+with seeded random weights) sized like the seed's Flux components scaled by ``--scale`` (default 1/8:
+CLIP 0.03, T5 1.11, three transformers 2.77 each, VAE 0.02 GB); real Flux pipelines would take far longer
+to build than the moves we measure. Each input has ``--tokens`` rows (4096: Flux's 1024x1024 latents), so
+each byte of weight meets a 1024x1024 step's matmul work; Flux's attention adds compute that these
+models lack, so copies weigh more here than in Flux. Each method runs text2img, canny, depth, twice
+(``--repeats``), denoising loops capped at ``--steps``; each model's output feeds the next.
 
-- ours: ``offload.OffloadEngine`` (next use, pinned host copies, nothing copied back), plan per run;
-- diffusers' ``ComponentsManager.enable_auto_cpu_offload`` (smallest sufficient set, ``.to()`` both ways);
-- diffusers' ``enable_model_cpu_offload``, approximated the way it is built: accelerate's
-  ``cpu_offload_with_hook`` chained over each workflow's models, everything offloaded after each run.
+Rows (``cap`` is set with ``torch.cuda.set_per_process_memory_fraction``; ``--margin-gb`` is kept free
+for activations by both managers):
 
-Prints wall time, peak allocated memory and (ours) bytes moved each way. Needs CUDA; about a minute.
-Run: ``python benchmarks/gpu_offload.py``.
+- ours: ``offload.OffloadEngine`` (next use, pinned host copies, nothing copied back), a plan per
+  workflow, at ``--budget-gb`` (the transformers cannot all stay resident); then with ``prefetch``
+  (the plan's next model copied on a side stream while the current one computes); then with prefetch and
+  ``shrink_victims`` (a victim may keep a resident prefix);
+- ours streaming: at ``--stream-budget-gb``, below one transformer, so each denoiser keeps a resident
+  prefix of its blocks and streams the rest every step; without and with prefetch (the next block
+  copied on a side stream);
+- diffusers ``ComponentsManager.enable_auto_cpu_offload`` (smallest sufficient set, ``.to()`` both ways);
+- ``enable_model_cpu_offload`` (approx.): accelerate's ``cpu_offload_with_hook`` chained over each
+  workflow's models, every model offloaded after each call, as diffusers builds it;
+- diffusers group offloading: ``apply_group_offloading`` block level, one block per group,
+  ``use_stream=True``, on every model, at the streaming cap (it moves every block in for every call at
+  any cap).
+
+Columns: wall seconds (the workflows only: attaching, pinning and hooking happen before); wall time over
+our first row; peak allocated GB (``max_memory_allocated``; on the CPU our engine's resident weights);
+host-to-device and device-to-host GB (ours from its log, the peer's managers counted at their
+``.to()``; ``-`` where unknown); ``equal``: every workflow's final output ``torch.equal`` to a reference
+computed once on the same device without offload (each model moved in by hand for its use, then out).
+Exit status 1 when a row fails or one of ours is not equal.
+
+Run: ``python benchmarks/gpu_offload.py`` (needs CUDA and about 40 GB of host memory; estimated at two
+minutes on an H200, most of it copying and pinning weights between rows; scripts/gpu_check.sh runs it).
+``--device cpu --smoke``: tiny models, our rows on a
+``SimulatedDevice`` of each cap, the peer rows that need CUDA skipped with the reason; seconds, run by
+tests/test_benchmarks.py so that everything but the CUDA calls is tested before the GPU run.
 """
 
 from __future__ import annotations
@@ -20,168 +44,216 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+import torch._dynamo  # noqa: F401  (imported by the peer's hooks at their first call: not inside a timing)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from offload import OffloadEngine, module_nbytes  # noqa: E402
+from gpu_methods import (  # noqa: E402
+    SIZES_GB,
+    Bench,
+    Method,
+    Result,
+    Target,
+    build,
+    chain_nbytes,
+    ours,
+    peer_group_offload,
+    peer_manager,
+    peer_model_offload,
+    reference,
+    run_method,
+    workflow_inputs,
+)
+
+import components.quiet_imports  # noqa: E402, F401  (the peer rows import diffusers: no torchao noise)
 from offload.units import GB  # noqa: E402  (1024**3, as the manager table and the seed print sizes)
 
-SIZES_GB = {"clip": 0.23, "t5": 8.87, "transformer": 22.17, "canny": 22.17, "depth": 22.17, "vae": 0.16}
-WORKFLOWS = {
-    "text2img": ["clip", "t5", ("transformer", 28), "vae"],
-    "canny": ["clip", "t5", "vae", ("canny", 50), "vae"],
-    "depth": ["clip", "t5", "vae", ("depth", 30), "vae"],
-}
-WIDTH = 2048
+SMOKE = {"width": 64, "tokens": 4, "steps": 3, "repeats": 1}
+SMOKE_TRANSFORMER_BLOCKS = 12
+SMOKE_CAPS = (1.8, 0.6)  # --budget-gb and --stream-budget-gb, in transformers
 
 
-class Chain(torch.nn.Sequential):
-    """A stack of bf16 Linear layers of about ``nbytes``; has the footprint method the peer asks for."""
-
-    def __init__(self, nbytes: int):
-        layers = max(1, round(nbytes / (WIDTH * WIDTH * 2)))
-        super().__init__(
-            *(torch.nn.Linear(WIDTH, WIDTH, bias=False, dtype=torch.bfloat16) for _ in range(layers))
-        )
-        for layer in self:
-            torch.nn.init.normal_(layer.weight, std=WIDTH**-0.5)
-
-    def get_memory_footprint(self) -> int:
-        return module_nbytes(self)
-
-    @property
-    def device(self) -> torch.device:  # the peer's hook compares it with its execution device
-        return next(self.parameters()).device
-
-
-def build(scale: float) -> dict[str, Chain]:
-    torch.manual_seed(0)
-    return {name: Chain(int(gb * GB * scale)) for name, gb in SIZES_GB.items()}
-
-
-def plan_of(workflow: str) -> list[str]:
-    return [u if isinstance(u, str) else u[0] for u in WORKFLOWS[workflow]]
-
-
-def run_workflow(models: dict[str, Chain], workflow: str, steps_cap: int) -> None:
-    x = torch.randn(1, 64, WIDTH, dtype=torch.bfloat16)
-    for use in WORKFLOWS[workflow]:
-        name, steps = (use, 1) if isinstance(use, str) else (use[0], min(use[1], steps_cap))
-        for _ in range(steps):
-            out = models[name](x.to("cuda"))
-    out.float().sum().item()  # wait for the device
-
-
-def measure(label: str, models, before_run, after_run, order, steps_cap) -> dict:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for workflow in order:
-        before_run(workflow)
-        run_workflow(models, workflow, steps_cap)
-        after_run(workflow)
-    torch.cuda.synchronize()
-    return {
-        "method": label,
-        "wall_s": time.perf_counter() - start,
-        "peak_gb": torch.cuda.max_memory_allocated() / GB,
-    }
-
-
-def ours(models, budget_margin, order, steps_cap) -> dict:
-    engine = OffloadEngine("cuda", memory_reserve_margin=budget_margin)
-    for name, model in models.items():
-        engine.attach(name, model)
-    result = measure(
-        "ours (OffloadEngine, NextUse)",
-        models,
-        lambda w: engine.set_plan(plan_of(w)),
-        lambda w: None,
-        order,
-        steps_cap,
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a SimulatedDevice")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny models (seconds); caps set from their sizes"
     )
-    result.update(h2d_gb=engine.log.total_bytes_to_device / GB, d2h_gb=engine.log.total_bytes_to_host / GB)
-    engine.close()
-    return result
-
-
-def peer_manager(models, budget_margin, order, steps_cap) -> dict:
-    from diffusers.modular_pipelines import ComponentsManager
-
-    cm = ComponentsManager()
-    for name, model in models.items():
-        cm.add(name, model)
-    cm.enable_auto_cpu_offload(device="cuda", memory_reserve_margin=budget_margin)
-    result = measure("diffusers ComponentsManager", models, lambda w: None, lambda w: None, order, steps_cap)
-    cm.disable_auto_cpu_offload()
-    for model in models.values():
-        model.to("cpu")
-    return result
-
-
-def peer_model_offload(models, order, steps_cap) -> dict:
-    from accelerate import cpu_offload_with_hook
-
-    hooks: list = []
-
-    def before(workflow):
-        hook = None
-        for name in dict.fromkeys(plan_of(workflow)):
-            _, hook = cpu_offload_with_hook(models[name], "cuda", prev_module_hook=hook)
-            hooks.append(hook)
-
-    def after(workflow):  # like maybe_free_model_hooks: everything back to the CPU after each call
-        for hook in hooks:
-            hook.offload()
-            hook.remove()
-        hooks.clear()
-
-    return measure("enable_model_cpu_offload (approx.)", models, before, after, order, steps_cap)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1 / 8, help="component sizes relative to Flux bf16")
-    parser.add_argument(
-        "--budget-gb", type=float, default=5.0, help="device cap via set_per_process_memory_fraction"
-    )
-    parser.add_argument(
-        "--margin-gb", type=float, default=0.5, help="memory_reserve_margin for both managers"
-    )
+    parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
+    parser.add_argument("--tokens", type=int, default=4096, help="rows of each input")
+    parser.add_argument("--budget-gb", type=float, default=5.0, help="the device cap")
+    parser.add_argument("--stream-budget-gb", type=float, default=2.0, help="a cap below one transformer")
+    parser.add_argument("--margin-gb", type=float, default=0.5, help="kept free for activations")
     parser.add_argument("--steps", type=int, default=8, help="loop steps per denoiser (capped)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs CUDA; for the decisions without a GPU run benchmarks/offload_traces.py")
-        return 1
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(args.budget_gb * GB / total, 0)
-    order = ["text2img", "canny", "depth"] * 2
-    warm = torch.randn(WIDTH, WIDTH, device="cuda", dtype=torch.bfloat16)
-    (warm @ warm).sum().item()  # cuBLAS and the allocator start before the first timed method
-    del warm
-    models = build(args.scale)
-    sizes = ", ".join(f"{n} {module_nbytes(m) / GB:.2f}" for n, m in models.items())
-    print(f"components (GB): {sizes}; cap {args.budget_gb} GB, margin {args.margin_gb} GB")
-    # The cap limits what PyTorch may allocate, while mem_get_info reports the whole card: give both
-    # managers a margin that turns the card's free memory into the cap.
-    free_card = torch.cuda.mem_get_info(0)[0]
-    margin = int(free_card - args.budget_gb * GB + args.margin_gb * GB)
-    results = [
-        ours(models, margin, order, args.steps),
-        peer_manager(models, margin, order, args.steps),
-        peer_model_offload(models, order, args.steps),
-    ]
-    base = results[0]["wall_s"]
-    print(f"{'method':<36} {'wall s':>8} {'x ours':>7} {'peak GB':>8} {'h2d GB':>7} {'d2h GB':>7}")
-    for r in results:
-        print(
-            f"{r['method']:<36} {r['wall_s']:8.2f} {r['wall_s'] / base:7.2f} {r['peak_gb']:8.2f} "
-            f"{r.get('h2d_gb', float('nan')):7.2f} {r.get('d2h_gb', float('nan')):7.2f}"
+    parser.add_argument("--repeats", type=int, default=2, help="times the three workflows run")
+    args = parser.parse_args(argv)
+    if args.smoke and args.device == "cuda":
+        parser.error(
+            "--smoke sizes caps in kilobytes, below what the CUDA allocator can work in: add --device cpu"
         )
-    return 0
+    if args.smoke:
+        vars(args).update(SMOKE, margin_gb=0.0)
+        args.scale = SMOKE_TRANSFORMER_BLOCKS * args.width**2 * 2 / (SIZES_GB["transformer"] * GB)
+    return args
+
+
+def check_caps(sizes: dict[str, int], budget: int, stream_budget: int, margin: int) -> str | None:
+    """Why the caps cannot show what the rows are for, or None."""
+    largest = max(sizes.values())
+    if budget - margin < largest:
+        return (
+            f"--budget-gb ({budget / GB:.2f}) less --margin-gb ({margin / GB:.2f}) must hold the largest model "
+            f"({largest / GB:.2f} GB), or the peer's whole-model offloads cannot run. Raise --budget-gb."
+        )
+    if stream_budget - margin >= sizes["transformer"]:
+        return (
+            f"--stream-budget-gb ({stream_budget / GB:.2f}) less --margin-gb ({margin / GB:.2f}) must be below "
+            f"one transformer ({sizes['transformer'] / GB:.2f} GB), or nothing streams. Lower --stream-budget-gb."
+        )
+    return None
+
+
+class Row(NamedTuple):
+    """A row to run: its method, or why it is skipped on this device."""
+
+    label: str
+    cap: int
+    method: Method | None
+    skip: str = ""
+
+
+def rows(budget: int, stream_budget: int, cuda: bool) -> list[Row]:
+    """The rows in table order."""
+
+    def row(label: str, cap: int, method: Callable[..., Result], **options: bool) -> Row:
+        return Row(label, cap, partial(method, label=label, **options))
+
+    group = "diffusers group offload (stream)" if cuda else "diffusers group offload (cpu: no stream)"
+    manager = "diffusers ComponentsManager"
+    return [
+        row("ours (NextUse)", budget, ours, prefetch=False),
+        row("ours + prefetch", budget, ours, prefetch=True),
+        row("ours + prefetch + shrink_victims", budget, ours, prefetch=True, shrink=True),
+        row("ours streaming", stream_budget, ours, prefetch=False),
+        row("ours streaming + prefetch", stream_budget, ours, prefetch=True),
+        row(manager, budget, peer_manager)
+        if cuda
+        else Row(
+            manager, budget, None, "needs CUDA: its AutoOffloadStrategy reads the device's mem_get_info"
+        ),
+        row("enable_model_cpu_offload (approx.)", budget, peer_model_offload),
+        row(group, stream_budget, peer_group_offload),
+    ]
+
+
+def run_rows(bench: Bench, pristine: dict, planned: list[Row]) -> tuple[list[Result], list[str], bool]:
+    """Run each row on fresh copies of ``pristine``; returns the results, the notes on rows skipped or
+    failed, and whether the run failed (a row raised, or one of ours is not equal)."""
+    results: list[Result] = []
+    notes: list[str] = []
+    failed = False
+    for label, cap, method, skip in planned:
+        if method is None:
+            notes.append(f"{label}: skipped ({skip})")
+            continue
+        started = time.perf_counter()
+        try:
+            result = run_method(bench, pristine, cap, method)
+        except Exception as error:  # one broken row must not lose the others on a one-shot GPU run
+            traceback.print_exc()
+            notes.append(f"{label}: FAILED ({type(error).__name__}: {error})")
+            failed = True
+            continue
+        results.append(result)
+        decisions = ", ".join(f"{reason} {n}" for reason, n in sorted(result.reasons.items()))
+        overall = time.perf_counter() - started
+        print(
+            f"  {label}: {result.wall_s:.3f} s timed ({overall:.1f} s with copying, pinning, hooking), equal "
+            f"{result.equal}{'; ' if decisions else ''}{decisions}",
+            flush=True,
+        )
+        failed |= result.ours and not result.equal
+    return results, notes, failed
+
+
+def table(results: list[Result], unit: tuple[str, int] = ("GB", GB)) -> str:
+    """The results as a fixed-width table, sizes in ``unit``; ``x ours`` is relative to our first row."""
+    name, size = unit
+
+    def cell(nbytes: int | None) -> str:
+        return "-" if nbytes is None else f"{nbytes / size:.2f}"
+
+    base = next((r.wall_s for r in results if r.ours), float("nan"))
+    heads = [f"cap {name}", "wall s", "x ours", f"peak {name}", f"h2d {name}", f"d2h {name}"]
+    lines = [f"{'method':<40} " + " ".join(f"{h:>8}" for h in heads) + " equal"]
+    for r in results:
+        cells = [
+            cell(r.cap),
+            f"{r.wall_s:.3f}",
+            f"{r.wall_s / base:.2f}",
+            cell(r.peak),
+            cell(r.h2d),
+            cell(r.d2h),
+        ]
+        lines.append(
+            f"{r.method:<40} " + " ".join(f"{c:>8}" for c in cells) + f" {'yes' if r.equal else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every row and print the table; returns the exit status (2: caps that cannot show streaming)."""
+    args = parse_args(argv)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("needs CUDA; without a GPU run with --device cpu --smoke, or benchmarks/offload_streaming.py")
+        return 1
+    width = args.width
+    sizes = {name: chain_nbytes(int(gb * GB * args.scale), width) for name, gb in SIZES_GB.items()}
+    budget, stream_budget, margin = (
+        int(v * GB) for v in (args.budget_gb, args.stream_budget_gb, args.margin_gb)
+    )
+    if args.smoke:
+        budget, stream_budget = (int(share * sizes["transformer"]) for share in SMOKE_CAPS)
+    problem = check_caps(sizes, budget, stream_budget, margin)
+    if problem is not None:
+        print(problem)
+        return 2
+    unit = ("GB", GB) if sizes["transformer"] >= GB // 100 else ("KB", 1024)  # the smoke run's are KB
+    listed = ", ".join(f"{n} {s / unit[1]:.2f}" for n, s in sizes.items())
+    print(
+        f"device {'cuda:0' if cuda else 'cpu (our rows on a SimulatedDevice of each cap)'}; components "
+        f"({unit[0]}): {listed}; caps {budget / unit[1]:.2f} and {stream_budget / unit[1]:.2f} {unit[0]}, "
+        f"margin {margin / unit[1]:.2f} {unit[0]}; width {width}, tokens {args.tokens}, steps <= {args.steps}, "
+        f"repeats {args.repeats}",
+        flush=True,
+    )
+    target = Target(cuda, margin)
+    if cuda:
+        warm = torch.randn(width, width, device="cuda", dtype=torch.bfloat16)
+        (warm @ warm).sum().item()  # cuBLAS and the allocator start before the first timed method
+        del warm
+    pristine = build(sizes, width, target.device)
+    order = ["text2img", "canny", "depth"] * args.repeats
+    inputs = workflow_inputs(order, args.tokens, width)
+    target.set_cap(budget)
+    references = {w: reference(pristine, w, x, args.steps, target.device) for w, x in inputs.items()}
+    bench = Bench(target, inputs, references, order, args.steps)
+    results, notes, failed = run_rows(bench, pristine, rows(budget, stream_budget, cuda))
+    print(table(results, unit))
+    for note in notes:
+        print(note)
+    if not cuda:
+        print(f"peak {unit[0]} on the CPU: our engine's peak resident weights on the SimulatedDevice.")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

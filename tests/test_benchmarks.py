@@ -1,0 +1,219 @@
+"""benchmarks/gpu_offload.py on the CPU: the GPU run's code with our rows on a SimulatedDevice."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from offload.groups import BASE, split_groups
+
+BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+OURS = [
+    "ours (NextUse)",
+    "ours + prefetch",
+    "ours + prefetch + shrink_victims",
+    "ours streaming",
+    "ours streaming + prefetch",
+]
+PEERS_ON_CPU = ["enable_model_cpu_offload (approx.)", "diffusers group offload (cpu: no stream)"]
+
+
+@pytest.fixture(scope="module")
+def modules():
+    """The benchmark script and its methods, imported as the script imports them (from benchmarks/)."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        yield importlib.import_module("gpu_offload"), importlib.import_module("gpu_methods")
+    finally:
+        sys.path.remove(BENCHMARKS)
+
+
+@pytest.fixture(scope="module")
+def smoke(modules):
+    """One ``--device cpu --smoke`` run: its exit status, its output and the results behind the table."""
+    script, _ = modules
+    captured = {}
+    run_rows = script.run_rows
+
+    def spy(*args):
+        captured["results"], captured["notes"], failed = run_rows(*args)
+        return captured["results"], captured["notes"], failed
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setattr(script, "run_rows", spy)
+        status = script.main(["--device", "cpu", "--smoke"])
+    return status, out.getvalue(), {r.method: r for r in captured["results"]}
+
+
+def test_the_smoke_run_prints_the_table_and_exits_zero(smoke):
+    """Every row that runs on the CPU is a table line; the CUDA-only peer is skipped with its reason."""
+    status, out, results = smoke
+    assert status == 0
+    table = out[out.index("method ") :].splitlines()
+    assert table[0].split() == "method cap KB wall s x ours peak KB h2d KB d2h KB equal".split()
+    assert [line[:40].strip() for line in table[1 : 1 + len(OURS + PEERS_ON_CPU)]] == OURS + PEERS_ON_CPU
+    assert "diffusers ComponentsManager: skipped (needs CUDA: its AutoOffloadStrategy reads" in out
+
+
+def test_every_row_run_on_the_cpu_equals_no_offload(smoke):
+    """Our rows and the peer rows that run on the CPU give outputs torch.equal to the reference."""
+    _, out, results = smoke
+    assert sorted(results) == sorted(OURS + PEERS_ON_CPU)
+    assert all(result.equal for result in results.values())
+    assert all(line.endswith(" yes") for line in out.splitlines() if line[:40].strip() in results)
+
+
+def test_our_rows_do_what_their_labels_say(smoke):
+    """The caps make offload matter, streaming rows stream, prefetch rows prefetch, nothing is copied back."""
+    _, _, results = smoke
+    transformer = 12 * 64 * 64 * 2  # the smoke run's transformer: twelve 64x64 bf16 layers
+    for label in OURS:
+        result = results[label]
+        assert result.d2h == 0 and result.peak <= result.cap
+        assert any(reason.startswith("evict") for reason in result.reasons)
+        assert ("prefetch" in result.reasons) == ("prefetch" in label)
+        streaming = "streaming" in label
+        assert (result.cap < transformer) == streaming
+        if streaming:
+            assert result.reasons["stream"] > 0 and result.reasons["stream tail"] > 0
+
+
+def test_a_wrong_output_is_shown_and_fails_the_run(modules, monkeypatch):
+    """A reference that differs in one element makes every row NO and the exit status 1."""
+    script, _ = modules
+    reference = script.reference
+
+    def off_by_one(*args):
+        out = reference(*args)
+        out.view(-1)[0] += 1
+        return out
+
+    monkeypatch.setattr(script, "reference", off_by_one)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = script.main(["--device", "cpu", "--smoke"])
+    assert status == 1
+    rows = [line for line in out.getvalue().splitlines() if line[:40].strip() in OURS + PEERS_ON_CPU]
+    assert len(rows) == len(OURS + PEERS_ON_CPU) and all(line.endswith(" NO") for line in rows)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--stream-budget-gb", "9"],
+            "--stream-budget-gb (9.00) less --margin-gb (0.50) must be below one transformer (2.77 GB), or "
+            "nothing streams. Lower --stream-budget-gb.",
+        ),
+        (
+            ["--budget-gb", "2"],
+            "--budget-gb (2.00) less --margin-gb (0.50) must hold the largest model (2.77 GB), or the peer's "
+            "whole-model offloads cannot run. Raise --budget-gb.",
+        ),
+    ],
+)
+def test_caps_that_cannot_show_the_rows_are_refused_before_anything_is_built(
+    modules, monkeypatch, argv, message
+):
+    """Exit status 2 with the cap at fault and the fix; no model is built."""
+    script, _ = modules
+    monkeypatch.setattr(script, "build", lambda *args: pytest.fail("built models"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = script.main(["--device", "cpu", *argv])
+    assert status == 2
+    assert out.getvalue().strip() == message
+
+
+def test_both_splitters_see_each_block_of_a_chain(modules):
+    """Ours and diffusers' block level split a Chain into proj_in plus one group per block."""
+    from diffusers.hooks import apply_group_offloading
+
+    _, methods = modules
+    chain = methods.Chain(4 * 16 * 16 * 2, 16, torch.device("cpu"))
+    assert [group.name for group in split_groups(chain)] == [BASE, "blocks.0", "blocks.1", "blocks.2"]
+    apply_group_offloading(chain, torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
+    for block in chain.blocks:
+        assert block._diffusers_hook.get_hook("group_offloading").group.modules == [block]
+    assert chain._diffusers_hook.get_hook("group_offloading").group.modules == [chain.proj_in]
+
+
+def test_a_bare_sequential_gives_diffusers_no_blocks():
+    """Why Chain keeps its blocks in a ModuleList child: block level moves a Sequential of layers as one group."""
+    from diffusers.hooks import apply_group_offloading
+
+    sequential = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    apply_group_offloading(
+        sequential, torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1
+    )
+    assert not any(hasattr(layer, "_diffusers_hook") for layer in sequential)
+    assert sequential._diffusers_hook.get_hook("group_offloading").group.modules == list(sequential)
+
+
+def test_a_chain_counts_the_bytes_to_moves(modules):
+    """Moving a Chain off the host with .to() counts its bytes host-to-device; .to() where it is counts none."""
+    _, methods = modules
+    chain = methods.Chain(2 * 8 * 8 * 2, 8, torch.device("cpu"))
+    chain.to("cpu")
+    assert (chain.h2d_bytes, chain.d2h_bytes) == (0, 0)
+    chain.to("meta")
+    assert (chain.h2d_bytes, chain.d2h_bytes) == (2 * 8 * 8 * 2, 0)
+
+
+def test_the_manager_row_runs_the_peer_manager_with_equal_outputs(modules, monkeypatch):
+    """The ComponentsManager row (CUDA only in the script) runs on the CPU once its free-memory query is answered."""
+    from diffusers.utils.torch_utils import TorchDeviceBackend
+
+    _, methods = modules
+    monkeypatch.setattr(TorchDeviceBackend, "mem_get_info", lambda self: (10**6, 10**6))
+    monkeypatch.setattr(methods.Target, "peer_margin", lambda self: 0)
+    pristine = methods.build(
+        {"clip": 2048, "t5": 2048, "transformer": 4096, "canny": 4096, "depth": 4096, "vae": 2048},
+        16,
+        torch.device("cpu"),
+    )
+    order = ["text2img", "canny", "depth"]
+    inputs = methods.workflow_inputs(order, 2, 16)
+    references = {w: methods.reference(pristine, w, x, 2, torch.device("cpu")) for w, x in inputs.items()}
+    bench = methods.Bench(methods.Target(False, 0), inputs, references, order, 2)
+    result = methods.run_method(bench, pristine, 10**6, partial(methods.peer_manager, label="manager"))
+    assert result.equal and result.method == "manager"
+
+
+def test_the_workflows_run_without_autograd(modules):
+    """Weights require grad, as loaded models' do; a workflow's output has no graph that would hold every
+    activation on the device."""
+    _, methods = modules
+    models = methods.build({name: 2048 for name in methods.SIZES_GB}, 16, torch.device("cpu"))
+    assert all(p.requires_grad for p in models["t5"].parameters())
+    x = methods.workflow_inputs(["canny"], 2, 16)["canny"]
+    for run in (methods.run_workflow, methods.reference):
+        out = run(models, "canny", x, 2, torch.device("cpu"))
+        assert out.grad_fn is None and not out.requires_grad
+
+
+def test_a_row_that_raises_is_reported_and_the_others_still_run(modules, monkeypatch):
+    """The failing row is named with its error, every other row is in the table, the exit status is 1."""
+    script, _ = modules
+
+    def broken(bench, models, label):
+        msg = "no such hook"
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr(script, "peer_model_offload", broken)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        status = script.main(["--device", "cpu", "--smoke"])
+    assert status == 1
+    lines = out.getvalue().splitlines()
+    assert "enable_model_cpu_offload (approx.): FAILED (RuntimeError: no such hook)" in lines
+    ran = [line[:40].strip() for line in lines if line.endswith(" yes")]
+    assert ran == OURS + ["diffusers group offload (cpu: no stream)"]
