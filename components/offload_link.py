@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 import offload
-from offload import OffloadEngine, OffloadLog, Residency
+from offload import OffloadEngine, OffloadLog, Residency, parse_bytes
 from offload.device_choice import DenoiserFirst, DeviceChoice, DeviceRoom, check_choice, device_choice_of
 from offload.device_list import is_device_list, resolve_devices
+from offload.host_budget import SharedHostBudget, default_host_budget, spill_subfolders
 from offload.storage import module_nbytes
 
 from .model_info import is_bitsandbytes
@@ -30,7 +32,9 @@ class OffloadLink:
     """Holds the engine that places a manager's models while auto offload is on, and ``None`` while it is off.
 
     Given several devices, it holds one engine per device and each model is placed by one of them, chosen
-    when it is attached (``offload.device_choice``); plans go to each engine restricted to its models.
+    when it is attached (``offload.device_choice``); plans go to each engine restricted to its models. The
+    host budget is one budget split between the engines (``offload.host_budget``), shares recomputed as
+    models are attached and detached; the spill folder holds one subfolder per device.
 
     The manager owns one link and tells it what happens to its registry: models are attached as they are
     added and detached as they go, plans of pipeline calls are passed on. Objects that are not a
@@ -42,6 +46,10 @@ class OffloadLink:
         self._engines: list[OffloadEngine] = []  # one per device; empty while off
         self._owner: dict[str, OffloadEngine] = {}  # with several devices: the engine placing each model
         self._choice: DeviceChoice = DenoiserFirst()
+        self._host_budget: SharedHostBudget | None = None  # with several devices: the split host budget
+        self._spill_made: list[
+            str
+        ] = []  # with several devices: the spill folders offload made, innermost first
 
     def __repr__(self) -> str:
         if len(self._engines) > 1:
@@ -111,15 +119,17 @@ class OffloadLink:
         its unchanged weights back from them. Models that cannot move (``cannot_move``) are attached pinned.
 
         ``device`` may be a list of devices (``offload.device_list``): one engine each, every model attached
-        to the one the device-choice rule picks (``offload.device_choice``).
+        to the one the device-choice rule picks (``offload.device_choice``), ``host_budget`` split between
+        them (``offload.host_budget``; a model is then checked against its device's share), and one
+        subfolder of ``spill_folder`` per device.
 
         Raises:
             offload.ModelTooLargeError: a model cannot fit on the device even alone, or the pinned models leave
                 no room; nothing changed.
             offload.HostBudgetError: the spill folder is not writable, or a model larger than the host budget
-                has no file to read it back from; nothing changed.
-            ValueError: a device list that is empty, names a device twice or one the machine lacks, mixes
-                simulated and real devices, or comes with host_budget or spill_folder; nothing changed.
+                (with several devices, its device's share) has no file to read it back from; nothing changed.
+            ValueError: a device list that is empty, names a device twice or one the machine lacks, or mixes
+                simulated and real devices; nothing changed.
         """
         if is_device_list(device):
             options = (memory_reserve_margin, strategy, wait_timeout)
@@ -138,7 +148,13 @@ class OffloadLink:
         files = {key: weight_files(module) for key, module in models.items()}
         pinned = [key for key, module in models.items() if cannot_move(module)]
         state = "on with the previous settings" if self._engines else "off"
-        engine.check_fit(models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned)
+        try:
+            engine.check_fit(
+                models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
+            )
+        except BaseException:
+            engine.close()  # removes the spill folder it made
+            raise
         self.disable()
         try:
             for component_id, module in models.items():
@@ -159,48 +175,66 @@ class OffloadLink:
         spill_folder: Any,
     ) -> None:
         """``enable`` for a list of devices: every engine built and every fit checked before the old ones go."""
-        if host_budget is not None or spill_folder is not None:
-            # Each engine keeps its own host tier; one budget split between them is not written yet.
-            msg = (
-                "host_budget and spill_folder work with one device only for now; pass a single device, "
-                "or leave them out with a device list."
-            )
-            raise ValueError(msg)
+        whole = (
+            default_host_budget(0) if host_budget is None else parse_bytes(host_budget, name="host_budget")
+        )
         probes = resolve_devices(devices)
-        options = {"memory_reserve_margin": memory_reserve_margin, "strategy": strategy}
-        engines = [offload.OffloadEngine(device=p, wait_timeout=wait_timeout, **options) for p in probes]
-        choice = device_choice_of(strategy)
-        models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
-        owner = {key: engines[i] for key, i in _choose(choice, engines, models, {}).items()}
-        state = "on with the previous settings" if self._engines else "off"
-        for engine in engines:
-            mine = {key: module for key, module in models.items() if owner[key] is engine}
-            files = {key: weight_files(module) for key, module in mine.items()}
-            pinned = [key for key, module in mine.items() if cannot_move(module)]
-            engine.check_fit(
-                mine, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
-            )
+        names = [probe.name for probe in probes]
+        root = None if spill_folder is None else os.path.abspath(os.fspath(spill_folder))
+        subfolders = spill_subfolders(root, names)
+        # Ours to remove once empty: the device subfolders, and the folder itself when offload made it (now,
+        # or for the engines this call replaces, whose close would otherwise leave it to nobody).
+        made_root = root is not None and (not os.path.isdir(root) or root in self._spill_made)
+        made = [folder for folder in subfolders if folder is not None] + (
+            [root] if root and made_root else []
+        )
+        engines: list[OffloadEngine] = []
+        try:
+            for probe, folder in zip(probes, subfolders):
+                engine = offload.OffloadEngine(
+                    device=probe,
+                    memory_reserve_margin=memory_reserve_margin,
+                    strategy=strategy,
+                    wait_timeout=wait_timeout,
+                    host_budget=whole,  # a share of it each once the models are placed
+                    spill_folder=folder,
+                )
+                engines.append(engine)
+            choice = device_choice_of(strategy)
+            models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
+            owner = {key: engines[i] for key, i in _choose(choice, engines, models, {}).items()}
+            budget = SharedHostBudget(whole, [engine.host_tier for engine in engines], names)
+            placed = [
+                sum(_host_bytes(module) for key, module in models.items() if owner[key] is engine)
+                for engine in engines
+            ]
+            budget.start(budget.shares(dict(enumerate(placed))))
+            state = "on with the previous settings" if self._engines else "off"
+            for engine in engines:
+                mine = {key: module for key, module in models.items() if owner[key] is engine}
+                files = {key: weight_files(module) for key, module in mine.items()}
+                pinned = [key for key, module in mine.items() if cannot_move(module)]
+                engine.check_fit(
+                    mine, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
+                )
+        except BaseException:
+            _close_all(engines, made)
+            raise
         self.disable()
         try:
             for component_id, module in models.items():
                 attach_to(owner[component_id], component_id, module)
         except BaseException:
-            for engine in engines:
-                engine.close()
+            _close_all(engines, made)
             raise
         self._engines, self._owner, self._choice = engines, owner, choice
+        self._host_budget, self._spill_made = budget, made
 
     def disable(self) -> None:
         """Closes the engines (hooks removed, weights on their host copies); a no-op when off."""
         engines, self._engines, self._owner = self._engines, [], {}  # off even if close raises DiskCopyError
-        errors = []
-        for engine in engines:
-            try:
-                engine.close()
-            except Exception as error:  # every engine closed; the first error said once all are
-                errors.append(error)
-        if errors:
-            raise errors[0]
+        made, self._host_budget, self._spill_made = self._spill_made, None, []
+        _close_all(engines, made)
 
     def attach(self, component_id: str, component: Any) -> None:
         """Hands a newly registered model to the engine (with several devices, the one the device-choice rule
@@ -211,15 +245,26 @@ class OffloadLink:
             attach_to(self._engine, component_id, component)
             return
         index = _choose(self._choice, self._engines, {component_id: component}, self._owner)[component_id]
-        attach_to(self._engines[index], component_id, component)
+        assert self._host_budget is not None  # set with the engines of several devices
+        placed = _host_bytes(component)  # 0 for a model that stays where it is: nothing to check
+        modules = {component_id: component} if placed else {}
+        files = {component_id: weight_files(component)} if placed else {}
+        with self._host_budget.attaching(index, placed, modules, files):
+            attach_to(self._engines[index], component_id, component)
         self._owner[component_id] = self._engines[index]
 
     def detach(self, component_id: str, component: Any) -> None:
         """Takes a model that leaves the registry from its engine; a no-op when off or for other objects."""
         engine = self.engine_of(component_id)
-        if engine is not None and isinstance(component, torch.nn.Module):
+        if engine is None or not isinstance(component, torch.nn.Module):
+            return
+        try:
             engine.detach(component_id)
-            self._owner.pop(component_id, None)
+        finally:
+            if not engine.has_hook(component_id):  # detached, even when its file was gone (DiskCopyError)
+                self._owner.pop(component_id, None)
+                if self._host_budget is not None:
+                    self._host_budget.rebalance()
 
     def set_plan(self, component_ids: Sequence[str]) -> None:
         """Passes the ids of the models one pipeline call will run, in order, to the engine; a no-op when off.
@@ -269,6 +314,29 @@ class OffloadLink:
 def attach_to(engine: OffloadEngine, component_id: str, module: torch.nn.Module) -> None:
     """Attaches ``module`` to ``engine`` with its source files, pinned when it cannot move."""
     engine.attach(component_id, module, weight_files(module), pinned=cannot_move(module))
+
+
+def _host_bytes(module: torch.nn.Module) -> int:
+    """Bytes of ``module``'s host copy under the host budget: none for a model that stays where it is."""
+    if cannot_move(module) or offload.is_marked_pinned(module):
+        return 0
+    return module_nbytes(module, count_meta=False)
+
+
+def _close_all(engines: Sequence[OffloadEngine], made_folders: Sequence[str]) -> None:
+    """Close every engine, then remove each of ``made_folders`` (spill folders offload made, innermost
+    first) that is left empty; the first error of a close is raised once all are closed."""
+    errors = []
+    for engine in engines:
+        try:
+            engine.close()
+        except Exception as error:  # every engine closed; the first error said once all are
+            errors.append(error)
+    for folder in made_folders:
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+    if errors:
+        raise errors[0]
 
 
 def _choose(

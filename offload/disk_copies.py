@@ -27,6 +27,7 @@ __all__ = [
     "drop_tensors",
     "file_index",
     "file_sources",
+    "missing_from_files",
     "read_back",
     "tensor_slots",
     "writable_folder",
@@ -178,6 +179,36 @@ def file_index(paths: Iterable[str]) -> dict[str, tuple[str, tuple[int, ...], to
     return index
 
 
+def missing_from_files(module: torch.nn.Module, files: Sequence[str]) -> tuple[str, str] | None:
+    """What of ``module`` its safetensors ``files`` lack, from their headers (names, shapes, dtypes); ``None``
+    when they store every tensor of it (non-persistent buffers aside).
+
+    Returns:
+        ``(which files, the tensors they lack)`` for a message: ``"no safetensors file it was loaded from"``
+        or ``"files that lack some"``, and the first names missing (or why it cannot be stored at all).
+    """
+    slots = tensor_slots(module)
+    index = file_index(files)
+    if isinstance(slots, str):
+        missing = [slots]
+    else:
+        missing = [
+            slot.key
+            for slot in slots
+            if not slot.non_persistent and not any(_stored(index, n, slot.tensor) for n in slot.names)
+        ]
+    if not missing:
+        return None
+    where = "no safetensors file it was loaded from" if not index else "files that lack some"
+    shown = ", ".join(missing[:3])
+    return where, shown if len(missing) <= 3 else f"{shown} and {len(missing) - 3} more"
+
+
+def _stored(index: dict, name: str, tensor: torch.Tensor) -> bool:
+    found = index.get(name)
+    return found is not None and found[1] == tuple(tensor.shape) and found[2] == tensor.dtype
+
+
 def file_sources(
     slots: Sequence[TensorSlot], index: dict[str, tuple[str, tuple[int, ...], torch.dtype | None]]
 ) -> dict[str, tuple[str, str]]:
@@ -211,6 +242,8 @@ def write_spill(path: str, slots: Sequence[TensorSlot]) -> int:
     tensors = {slot.key: slot.tensor.contiguous() for slot in slots}
     partial = f"{path}.partial"
     try:
+        # Made again if gone: an engine replaced by one on the same folder removes it when left empty.
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         save_file(tensors, partial)
         os.replace(partial, path)
     except BaseException:

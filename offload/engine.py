@@ -1,7 +1,8 @@
 """The offload engine: one device, its ledger, a strategy, the plan, the hooks and the log.
 
-The engine is the front door: settings, attach and detach, the plan, queries and one hooked call. Placing
-a model, and waiting for room under threads, is ``offload.placement.Placer``'s job.
+The engine is the front door: settings, the plan, queries, and the calls it hands on. Placing a model, and
+waiting for room under threads, is ``offload.placement.Placer``'s job; attaching and detaching models is
+``offload.attachments``'; one hooked call is ``offload.hooked_call``'s.
 """
 
 from __future__ import annotations
@@ -13,18 +14,17 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
-from offload import messages
+from offload import attachments, hooked_call
 from offload.calls import CallTracker, check_wait_timeout
 from offload.clock import SimulatedClock
-from offload.errors import DiskCopyError, OffloadOutOfMemoryError
-from offload.fit import check_fit, check_pinned_attach, check_plan_fit
-from offload.hook import OffloadHook, check_no_foreign_hook, install_hook, remove_hook
+from offload.fit import check_fit, check_plan_fit, set_strategy_if_fit
+from offload.hook import OffloadHook
 from offload.host_tier import HostTier
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadLog
 from offload.next_use import NextUseStrategy
 from offload.peer_strategy import as_strategy
-from offload.pinned import is_marked_pinned, pinned_input_device, pinned_location
+from offload.pinned import pinned_location
 from offload.placement import Placer
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe, resolve_probe
@@ -100,7 +100,9 @@ class OffloadEngine:
         # Host copies within a budget, disk behind them (with device="cpu", no budget: nothing is dropped).
         budget = sys.maxsize if self._probe.always_resident else host_budget
         calls, request = self._calls.running.__getitem__, self._placer.request
-        self._host = HostTier(self._probe, self._ledger, self.log, budget, spill_folder, calls, request)
+        self._host = HostTier(
+            self._probe, self._ledger, self.log, budget, spill_folder, calls, request, lock=self._lock
+        )
         self._placer.beyond.on_disk = self._host.on_disk  # prefetch leaves models on disk alone
 
     def __repr__(self) -> str:
@@ -156,7 +158,7 @@ class OffloadEngine:
     @property
     def shrink_victims(self) -> bool:
         """Let a victim keep a resident prefix instead of leaving whole when that moves fewer bytes and the
-        strategy allows it (``offload.shrink``); off by default."""
+        strategy allows it (``offload.shrink``); on by default."""
         return self._placer.shrink
 
     @shrink_victims.setter
@@ -181,10 +183,15 @@ class OffloadEngine:
 
     def set_strategy(self, strategy: object) -> None:
         """Use ``strategy`` from now on (any object with ``select_victims(request)``); a placement in
-        progress finishes with the one it started with."""
+        progress finishes with the one it started with.
+
+        Raises:
+            ValueError: its ``device_limit`` refuses the device. ModelTooLargeError: an attached model could not
+                fit (nor stream) under that limit. Either way the strategy in use stays.
+        """
         checked = as_strategy(strategy, self._ledger.module, self._probe.execution_device)
         with self._lock:
-            self._placer.strategy = checked
+            set_strategy_if_fit(self._placer, checked)
 
     def set_plan(self, model_ids: Sequence[str]) -> None:
         """Set the upcoming uses of one pipeline call, in order, loop bodies once.
@@ -228,41 +235,7 @@ class OffloadEngine:
             HostBudgetError: it is larger than the host budget and ``weight_files`` do not hold it all.
             ModelTooLargeError: it is pinned and leaves itself no room on the device, the margin kept.
         """
-        if not isinstance(module, torch.nn.Module):
-            msg = f"attach({model_id!r}, ...) needs a torch.nn.Module (got {type(module)})."
-            raise TypeError(msg)
-        with self._lock:
-            if model_id in self._hooks:
-                if self._ledger.module(model_id) is module:
-                    return
-                msg = f"model id {model_id!r} is already attached to another module; detach({model_id!r}) first."
-                raise ValueError(msg)
-            other = next((m for m in self._hooks if self._ledger.module(m) is module), None)
-            if other is not None:
-                msg = f"this module is already attached as {other!r}; one module can be attached under one id only."
-                raise ValueError(msg)
-            check_no_foreign_hook(module, model_id)  # before anything moves
-            pinned = pinned or is_marked_pinned(module)
-            if pinned:
-                check_pinned_attach(self._placer, model_id, module)
-            else:
-                self._host.check_fit({model_id: module}, {model_id: weight_files})
-            free_before = self._probe.free_bytes()
-            hook = OffloadHook(self, model_id, pinned_input_device(self._probe, module) if pinned else None)
-            moved_back = self._ledger.add(model_id, module, pinned)
-            try:
-                victims, to_host = self._placer.room_beside_pinned(model_id) if pinned else ([], 0)
-                install_hook(module, hook)
-            except Exception:
-                self._ledger.remove(model_id)
-                raise
-            self._hooks[model_id] = hook
-            if pinned:  # no host copy to keep under the host budget
-                self._placer.record(model_id, victims, 0, to_host, free_before, "pinned")
-                return
-            self._host.attach(model_id, module, weight_files)
-            if moved_back:
-                self._placer.record(model_id, (), 0, moved_back, free_before, "attach")
+        attachments.attach(self, model_id, module, weight_files, pinned)
 
     def check_fit(
         self,
@@ -295,24 +268,7 @@ class OffloadEngine:
             RuntimeError: called from inside a call of ``model_id`` in this thread.
             OffloadTimeoutError: its calls did not return within ``wait_timeout`` (nothing changed).
         """
-        with self._changed:
-            if model_id not in self._hooks:
-                msg = f"model id {model_id!r} is not attached; attached: {sorted(self._hooks)}."
-                raise KeyError(msg)
-            self._calls.await_no_calls([model_id], f"detach({model_id!r})", self._placer.wait_timeout)
-            self._detach_now(model_id)
-            self._changed.notify_all()
-
-    def _detach_now(self, model_id: str) -> None:
-        module = self._ledger.module(model_id)
-        was_resident = self._ledger.is_resident(model_id) and not self._ledger.is_pinned(model_id)
-        self._ledger.remove(model_id)
-        remove_hook(module)
-        del self._hooks[model_id]
-        self._placer.forget(model_id)
-        if was_resident and not self._probe.always_resident:
-            self._placer.record(model_id, (model_id,), 0, 0, self._probe.free_bytes(), "detach")
-        self._host.detach(model_id)  # last: a file gone since the drop raises DiskCopyError, detached
+        attachments.detach(self, model_id)
 
     def close(self) -> None:
         """Detach every model: no hooks, every weight on the host. Waits for the calls in progress in other
@@ -323,20 +279,7 @@ class OffloadEngine:
             RuntimeError: called from inside a hooked call in this thread.
             OffloadTimeoutError: calls did not return within ``wait_timeout`` (nothing changed).
         """
-        with self._changed:
-            model_ids = list(self._hooks)
-            self._calls.await_no_calls(model_ids, "close()", self._placer.wait_timeout)
-            unreadable: list[DiskCopyError] = []
-            for model_id in model_ids:
-                if model_id in self._hooks:  # another thread may have detached it while we waited
-                    try:
-                        self._detach_now(model_id)
-                    except DiskCopyError as error:  # detached all the same; said once all are
-                        unreadable.append(error)
-            self._host.close()
-            self._changed.notify_all()
-            if unreadable:
-                raise unreadable[0]
+        attachments.close(self)
 
     # -- queries -------------------------------------------------------------------------------
     def is_resident(self, model_id: str) -> bool:
@@ -444,39 +387,11 @@ class OffloadEngine:
         kwargs: dict,
         pre_forward: Callable[..., tuple[tuple, dict]] | None = None,
     ):
-        """Run one hooked call of ``model_id``: ``pre_forward`` (the hook's: place, move inputs), then
-        ``forward``; on out-of-memory evict every other model and run it once more.
+        """Run one hooked call of ``model_id`` (``offload.hooked_call``): ``pre_forward`` (the hook's: place,
+        move inputs), then ``forward``; on out-of-memory evict every other model and run it once more.
 
         From start to end the model counts as running in this thread: no other thread evicts it, and
         ``detach``/``close`` wait for it. A call that starts while the model is being detached waits, then
         runs ``forward`` without offload.
         """
-        with self._lock:
-            attached = self._calls.enter(model_id, self.has_hook)
-        if not attached:
-            return forward(*args, **kwargs)
-        try:
-            # Without pre_forward, ``forward`` calls the hook's pre_forward itself (encode/decode).
-            if pre_forward is not None:
-                args, kwargs = pre_forward(*args, **kwargs)
-                with self._lock:
-                    if not self._ledger.is_resident(model_id):
-                        # Evicted by hand (engine.evict) after the hook placed it.
-                        with self._host.placing(model_id):
-                            self._placer.place(model_id)
-            try:
-                return forward(*args, **kwargs)
-            except torch.OutOfMemoryError:
-                pass  # leave the except block so the failed attempt's tensors can be freed
-            with self._lock:
-                self._placer.evict_all_but(model_id)
-            try:
-                return forward(*args, **kwargs)
-            except torch.OutOfMemoryError as error:
-                nbytes, (_, free) = self._ledger.nbytes(model_id), self._placer.free_after_margin()
-                msg = messages.forward_oom(model_id, nbytes, self._probe.name, free, self._placer.margin)
-                raise OffloadOutOfMemoryError(msg) from error
-        finally:
-            with self._lock:
-                self._calls.exit(model_id)
-                self._placer.beyond.end_call(model_id)  # drop and log the groups it streamed
+        return hooked_call.run_forward(self, model_id, forward, args, kwargs, pre_forward)

@@ -7,7 +7,8 @@ tensor is read back from the safetensors file the model was loaded from when tha
 values; the others (a fused LoRA, an edited or new weight, a model built in memory) are written once to a
 spill folder. Models on the device or running are never dropped. Every step is in the engine's log.
 
-The engine calls a ``HostTier`` with its lock held.
+The engine calls a ``HostTier`` with its lock held. With several devices, each engine's tier holds a share
+of one host budget (``offload.host_budget``); the manager sets it with ``set_share``, which takes that lock.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,12 +33,14 @@ from offload.disk_copies import (
     drop_tensors,
     file_index,
     file_sources,
+    missing_from_files,
     read_back,
     tensor_slots,
     writable_folder,
     write_spill,
 )
 from offload.errors import DiskCopyError, HostBudgetError
+from offload.host_budget import HostShare, default_host_budget
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadDecision, OffloadLog
 from offload.next_use import NextUseStrategy
@@ -45,33 +49,9 @@ from offload.storage import module_fingerprint, module_nbytes
 from offload.strategy import OffloadRequest
 from offload.units import format_bytes, format_bytes_distinct, parse_bytes
 
-__all__ = ["HostTier", "default_host_budget", "host_memory"]
+__all__ = ["HostTier"]
 
 logger = logging.getLogger("offload.engine")
-
-#: Share of the host's total memory the default budget leaves to everything else.
-HOST_MARGIN_SHARE = 0.1
-
-
-def host_memory() -> tuple[int, int]:
-    """The host's available and total memory in bytes (``MemAvailable`` where Linux reports it)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = os.sysconf("SC_PHYS_PAGES") * page
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, total
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * page, total
-
-
-def default_host_budget(held: int) -> int:
-    """What the host can give host copies: what it has available, plus the ``held`` bytes of host copies
-    already in memory, minus ``HOST_MARGIN_SHARE`` of its total memory."""
-    available, total = host_memory()
-    return max(available + held - int(total * HOST_MARGIN_SHARE), 0)
 
 
 @attrs.define
@@ -100,6 +80,7 @@ class HostTier:
             needed and removed at ``close``. A folder given is made if missing and checked writable now.
         calls: How many calls of a model are in progress (a model in a call is never dropped).
         request: Builds the request a strategy ranks (``Placer.request``: the plan and the use history).
+        lock: The engine's lock, taken by the calls made from outside the engine (``set_share``).
 
     Raises:
         HostBudgetError: the spill folder cannot be written.
@@ -115,8 +96,11 @@ class HostTier:
         spill_folder: str | os.PathLike | None,
         calls: Callable[[str], int],
         request: Callable[[str, int, int, dict[str, int]], OffloadRequest],
+        lock: threading.RLock | None = None,
     ):
         self.budget = default_host_budget(0) if budget is None else parse_bytes(budget, name="host_budget")
+        self.share: HostShare | None = None  # with several devices: this tier's share of the host budget
+        self._lock = threading.RLock() if lock is None else lock
         self._probe = probe
         self._ledger = ledger
         self._log = log
@@ -154,39 +138,65 @@ class HostTier:
         """The spill file written for each model, by model id."""
         return dict(self._spill_files)
 
+    def placed_bytes(self) -> int:
+        """Bytes of the host copies of every model it keeps, held or on disk."""
+        with self._lock:
+            return sum(model.size for model in self._models.values())
+
+    # -- a share of a host budget split between devices ----------------------------------------
+    def set_share(self, share: HostShare, drop: bool = True) -> None:
+        """Hold ``share`` of a host budget split between devices from now on; with ``drop`` and a share
+        smaller than the budget held so far, drop the least-needed copies now to fit it."""
+        with self._lock:
+            shrinks = share.nbytes < self.budget
+            self.share, self.budget = share, share.nbytes
+            if drop and shrinks:
+                self._make_room("", 0)  # no model is being placed: rank them all by the plan's next uses
+
+    def check_share(
+        self, share: HostShare, modules: Mapping[str, torch.nn.Module], files: Mapping[str, Sequence[str]]
+    ) -> None:
+        """``check_fit`` of its models and of ``modules`` (to be attached) against ``share``, before it
+        is set."""
+        with self._lock:
+            for model_id, model in self._models.items():  # a model on disk: its size when it was held
+                self._check(model_id, model.module, model.files, model.size, share)
+            for model_id, module in modules.items():
+                size = module_nbytes(module, count_meta=False)
+                self._check(model_id, module, files.get(model_id, ()), size, share)
+
     # -- attach / detach -----------------------------------------------------------------------
     def check_fit(self, modules: Mapping[str, torch.nn.Module], files: Mapping[str, Sequence[str]]) -> None:
         """Raise HostBudgetError if a model larger than the budget has no file to read all of it back from.
 
         Such a model is never held on the host for long; it can be read back only from a file written before
         it was dropped (its source file, unchanged), since a spill is written from a host copy the budget
-        cannot hold. Checked from the files' headers (names, shapes, dtypes).
+        cannot hold. Checked from the files' headers (names, shapes, dtypes). With several devices, the
+        tier's share is its budget, and the message says how it was split.
         """
         for model_id, module in modules.items():
             size = module_nbytes(module, count_meta=False)
-            if size <= self.budget:
-                continue
-            slots = tensor_slots(module)
-            index = file_index(files.get(model_id, ()))
-            missing = (
-                [slots]
-                if isinstance(slots, str)
-                else [
-                    slot.key
-                    for slot in slots
-                    if not slot.non_persistent and not any(_stored(index, n, slot.tensor) for n in slot.names)
-                ]
-            )
-            if missing:
-                need, budget = format_bytes_distinct(size, self.budget)
-                where = "no safetensors file it was loaded from" if not index else "files that lack some"
-                msg = (
-                    f"model {model_id!r} ({need}) is larger than host_budget {budget} and has {where} of its "
-                    f"weights to read back from ({_first(missing)}); it would have to be held in host memory "
-                    "beyond the budget. Raise host_budget above its size, or save the model with "
-                    "save_pretrained() and load it from there. Nothing was dropped."
-                )
-                raise HostBudgetError(msg)
+            self._check(model_id, module, files.get(model_id, ()), size, self.share)
+
+    def _check(
+        self, model_id: str, module: torch.nn.Module, files: Sequence[str], size: int, share: HostShare | None
+    ) -> None:
+        if size <= (self.budget if share is None else share.nbytes):
+            return
+        lacking = missing_from_files(module, files)
+        if lacking is None:
+            return
+        where, missing = lacking
+        if share is not None:
+            raise HostBudgetError(share.refusal(model_id, size, where, missing))
+        need, budget = format_bytes_distinct(size, self.budget)
+        msg = (
+            f"model {model_id!r} ({need}) is larger than host_budget {budget} and has {where} of its "
+            f"weights to read back from ({missing}); it would have to be held in host memory "
+            "beyond the budget. Raise host_budget above its size, or save the model with "
+            "save_pretrained() and load it from there. Nothing was dropped."
+        )
+        raise HostBudgetError(msg)
 
     def attach(self, model_id: str, module: torch.nn.Module, files: Sequence[str]) -> None:
         """Keep ``module``'s host copy under the budget from now on; ``files`` are those it was loaded from."""
@@ -373,13 +383,3 @@ class HostTier:
                 bytes_to_disk=to_disk,
             )
         )
-
-
-def _stored(index: dict, name: str, tensor: torch.Tensor) -> bool:
-    found = index.get(name)
-    return found is not None and found[1] == tuple(tensor.shape) and found[2] == tensor.dtype
-
-
-def _first(items: list[str]) -> str:
-    shown = ", ".join(items[:3])
-    return shown if len(items) <= 3 else f"{shown} and {len(items) - 3} more"

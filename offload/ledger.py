@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from offload.changes import install_registration_counter, registrations, unwatch, watch
 from offload.pinned import pinned_device_bytes
@@ -182,6 +183,17 @@ class ResidencyLedger:
         self.probe.on_resident(model_id, prefix)
         return copied
 
+    def upload_group(self, model_id: str, owners: Sequence[torch.nn.Module]) -> None:
+        """Put the own tensors of ``owners``, a streamed group of partly resident ``model_id``, on the device in
+        the room its footprint holds (``offload.streaming``); ``drop_group`` points them back at the host."""
+        if self.probe.moves_weights:
+            self._upload(self._entries[model_id], owners)
+
+    def drop_group(self, model_id: str, owners: Sequence[torch.nn.Module]) -> int:
+        """Point a streamed group's tensors back at their host copies. Returns device-to-host bytes: 0 unless
+        its weights were replaced on the device meanwhile."""
+        return self._drop_owners(self._entries[model_id], owners) if self.probe.moves_weights else 0
+
     def _complete(self, model_id: str, entry: _Entry) -> int:
         prefix = entry.prefix or 0
         if self.probe.moves_weights:
@@ -281,10 +293,20 @@ class ResidencyLedger:
     def _to_host(self, module: torch.nn.Module) -> int:
         """Point every weight at a host tensor (pinned on CUDA); returns bytes copied off a device."""
         copied = 0
-        for param in module.parameters():
-            if param.device.type != "cpu":
-                copied += param.nbytes
-            param.data = self._host_tensor(param.data)
+        replaced: dict[int, torch.nn.Parameter] = {}
+        for owner in module.modules():
+            for name, param in owner._parameters.items():
+                if param is None:
+                    continue
+                if param.device.type != "cpu" and id(param) not in replaced:
+                    copied += param.nbytes
+                if is_traceable_wrapper_subclass(param):  # no .data setter (quantized tensors): a new slot
+                    if id(param) not in replaced:
+                        host = self._host_tensor(param)
+                        replaced[id(param)] = torch.nn.Parameter(host, requires_grad=param.requires_grad)
+                    owner._parameters[name] = replaced[id(param)]
+                else:
+                    param.data = self._host_tensor(param.data)
         for owner, name, buffer in _buffer_slots(module):
             if buffer.device.type != "cpu":
                 copied += buffer.nbytes
@@ -305,13 +327,16 @@ class ResidencyLedger:
                     owner._parameters[name] = done[id(param)]
                     entry.swapped.append((owner, name, param))
                     continue
-                on_device = param.data.to(device, non_blocking=self._pin)
-                if torch._has_compatible_shallow_copy_type(param.data, on_device):
+                wrapper = is_traceable_wrapper_subclass(param)  # e.g. torchao's quantized tensors
+                on_device = (param if wrapper else param.data).to(device, non_blocking=self._pin)
+                if not wrapper and torch._has_compatible_shallow_copy_type(param.data, on_device):
                     # Keep the Parameter object (references to it stay valid); remember its host tensor.
                     entry.host[id(param)] = param.data
                     param.data = on_device
                     done[id(param)] = param
-                else:  # e.g. the meta device: a new Parameter in the slot, the original kept as the host copy
+                else:  # the meta device, or a tensor subclass whose .data cannot be set (torchao's quantized
+                    # tensors; diffusers' group offloading swaps those with torch.utils.swap_tensors instead):
+                    # a new Parameter in the slot, the original kept as the host copy
                     swapped = torch.nn.Parameter(on_device, requires_grad=param.requires_grad)
                     owner._parameters[name] = swapped
                     entry.swapped.append((owner, name, param))
@@ -346,13 +371,17 @@ class ResidencyLedger:
         entry.swapped = kept
         copied = 0
         for owner in owners:
-            for param in owner._parameters.values():
+            for name, param in owner._parameters.items():
                 host = None if param is None else entry.host.pop(id(param), None)
                 if param is None or (host is None and param.device.type in ("cpu", "meta")):
                     continue
                 if host is None:  # replaced on the device behind our back: keep its value
-                    host = self._host_tensor(param.data)
                     copied += param.nbytes
+                    if is_traceable_wrapper_subclass(param):  # no .data setter: a host Parameter in its slot
+                        host = self._host_tensor(param)
+                        owner._parameters[name] = torch.nn.Parameter(host, requires_grad=param.requires_grad)
+                        continue
+                    host = self._host_tensor(param.data)
                 param.data = host
             for name, buffer in owner._buffers.items():
                 host = None if buffer is None else entry.host.pop((id(owner), name), None)
@@ -368,13 +397,22 @@ class ResidencyLedger:
         """Copy device weights of a resident model into fresh host tensors (after an in-place change)."""
         copied = 0
         swapped_in = set()
+        refreshed = []
         for owner, name, original in entry.swapped:
             on_device = owner._parameters[name]
             assert on_device is not None  # _upload put a Parameter in every slot it recorded as swapped
             swapped_in.add(id(on_device))
             if on_device.device.type != "meta":  # meta holds no values to copy
-                original.data = self._host_tensor(on_device.data)
+                host = self._host_tensor(
+                    on_device if is_traceable_wrapper_subclass(on_device) else on_device.data
+                )
+                if is_traceable_wrapper_subclass(original):
+                    original = torch.nn.Parameter(host, requires_grad=original.requires_grad)
+                else:
+                    original.data = host
                 copied += on_device.nbytes
+            refreshed.append((owner, name, original))
+        entry.swapped = refreshed
         entry.host = {k: v for k, v in entry.host.items() if isinstance(k, tuple)}
         for param in entry.module.parameters():
             if param.device.type != "cpu" and id(param) not in swapped_in:

@@ -83,7 +83,6 @@ class Beyond:
         bandwidth = getattr(probe, "h2d_bandwidth", None)
         self.clock = SimulatedClock(bandwidth, getattr(probe, "compute_time", {})) if bandwidth else None
         device = probe.execution_device
-        self._device = device if probe.moves_weights else None
         self._copies = CopyStream(device) if probe.moves_weights and device.type == "cuda" else None
         self._streamers: dict[str, GroupStreamer] = {}
         self._events: dict[str, object] = {}  # CUDA events of whole-model prefetches not yet waited on
@@ -137,15 +136,7 @@ class Beyond:
         if streamer is None or streamer.measured != ledger.nbytes(model_id):
             if streamer is not None:
                 streamer.remove()
-            streamer = GroupStreamer(
-                model_id,
-                ledger.module(model_id),
-                lambda: ledger.partial(model_id) is not None,
-                self._device,
-                self._copies,
-                self.clock,
-            )
-            streamer.measured = ledger.nbytes(model_id)
+            streamer = GroupStreamer(model_id, ledger, self._copies, self.clock)
             self._streamers[model_id] = streamer
         return streamer
 
@@ -200,6 +191,7 @@ class Beyond:
         streamer.layout = layout
         owners = [owner for group in layout.groups[: layout.resident] for owner in group.owners]
         to_device = placer._ledger.make_resident(model_id, (owners, layout.prefix, layout.footprint))
+        streamer.tell_probe()  # the room for its streamed groups is held from now on, not only when in use
         placer.record(model_id, victims, to_device, to_host, free_before, "stream")
         return 0
 
@@ -233,10 +225,10 @@ class Beyond:
         if streamer is None:
             return
         streamer.end_call()
-        nbytes, span = streamer.take_call_bytes()
+        nbytes, to_host, span = streamer.take_call_bytes()
         if nbytes:
             free = self._placer._probe.free_bytes()
-            self._placer.record(model_id, (), nbytes, 0, free, "stream tail", span)
+            self._placer.record(model_id, (), nbytes, to_host, free, "stream tail", span)
 
     def forget(self, model_id: str) -> None:
         """``model_id`` was detached: remove its hooks."""

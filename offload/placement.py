@@ -27,7 +27,7 @@ from offload.log import OffloadDecision, OffloadLog
 from offload.partial import Beyond
 from offload.plan import ExecutionPlan
 from offload.probes import MemoryProbe
-from offload.shrink import shrink_victims, shrunk_prefix
+from offload.shrink import shrink_victims, shrunk_prefix, tail_or_stream
 from offload.strategy import OffloadRequest, SupportsSelectVictims, strategy_name
 from offload.units import format_bytes, format_bytes_distinct
 
@@ -83,9 +83,7 @@ class Placer:
         self._last_used: dict[str, int] = {}
         # Streaming models partly resident, prefetch and the simulated clock (offload.partial).
         self.beyond = Beyond(self)
-        self.shrink = (
-            False  # victims of a strategy that allows it may keep a resident prefix (offload.shrink)
-        )
+        self.shrink = True  # victims of a strategy that allows it may keep a resident prefix (offload.shrink)
 
     # -- plan and use history ------------------------------------------------------------------
     def set_plan(self, model_ids: tuple[str, ...]) -> None:
@@ -186,8 +184,11 @@ class Placer:
             evictable = {m: residents[m] for m in order if not self._calls.running[m] and m != model_id}
             room = free + sum(evictable.values())
             if prefix is not None and nbytes <= room:
-                self._evict_for(model_id, nbytes, free, free_before, evictable)
-                return
+                if not tail_or_stream(self, model_id, nbytes, free, evictable):
+                    self._evict_for(model_id, nbytes, free, free_before, evictable)
+                    return
+                self.record(model_id, (model_id,), 0, self._ledger.evict(model_id), free_before, "evict")
+                continue  # streaming it moves fewer bytes than evicting others for its tail (offload.shrink)
             if prefix is not None and nbytes > free + sum(residents.values()) - prefix:
                 self.record(model_id, (model_id,), 0, self._ledger.evict(model_id), free_before, "evict")
                 continue  # its tail can never come back beside the others: placed as any model (or streamed)

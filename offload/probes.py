@@ -57,6 +57,12 @@ class MemoryProbe:
     def on_evicted(self, model_id: str) -> None:
         """Called by the ledger after ``model_id`` left the device."""
 
+    def hold_room(self, model_id: str, nbytes: int) -> None:
+        """Called by a streaming model (``offload.streaming``) with the bytes of the room it holds for its
+        streamed groups that no tensor occupies now. Bookkeeping probes count that room already (they are
+        told the model's footprint); a real device must not report it free. Reset by ``on_resident`` and
+        ``on_evicted``."""
+
 
 class DeviceProbe(MemoryProbe):
     """A real accelerator whose torch backend has ``mem_get_info`` (CUDA, XPU, ...).
@@ -67,6 +73,9 @@ class DeviceProbe(MemoryProbe):
 
     def __init__(self, device: torch.device):
         self._device = device
+        # Room streaming models hold for their streamed groups and do not occupy between forwards: the
+        # driver reports it free, but giving it to another model would leave no room to stream into.
+        self._held: dict[str, int] = {}
         self._backend = torch.get_device_module(device.type)
         if getattr(self._backend, "mem_get_info", None) is None:
             msg = (
@@ -83,6 +92,10 @@ class DeviceProbe(MemoryProbe):
         return self._device.index if self._device.index is not None else self._backend.current_device()
 
     def free_bytes(self) -> int:
+        return self._driver_free() - sum(self._held.values())
+
+    def _driver_free(self) -> int:
+        """What the driver reports free, plus the allocator's cached blocks."""
         index = self._index()
         free, _ = self._backend.mem_get_info(index)
         reserved = getattr(self._backend, "memory_reserved", None)
@@ -90,6 +103,15 @@ class DeviceProbe(MemoryProbe):
         if reserved is not None and allocated is not None:
             free += reserved(index) - allocated(index)
         return int(free)
+
+    def on_resident(self, model_id: str, nbytes: int) -> None:
+        self._held.pop(model_id, None)
+
+    def on_evicted(self, model_id: str) -> None:
+        self._held.pop(model_id, None)
+
+    def hold_room(self, model_id: str, nbytes: int) -> None:
+        self._held[model_id] = nbytes
 
     def total_bytes(self) -> int | None:
         return int(self._backend.mem_get_info(self._index())[1])

@@ -4,7 +4,10 @@
 (what the forward hook asks for, resident already or not), with what was resident after each use.
 ``replay`` runs the same plans and uses through a fresh engine on a ``SimulatedDevice`` with another
 strategy, so two rules can be compared on exactly the same run. Models are stood in for by modules
-with one ``meta`` parameter of the model's byte size (``meta_module``): nothing is allocated.
+with one ``meta`` parameter of the model's byte size (``meta_module``): nothing is allocated. Such a
+model has one group, so a replay moves whole models only (no victim shrunk to a prefix, no streaming):
+it prices rules that move whole models, as the peer's does, and reproduces a run of ours only when that
+run moved whole models too (``engine.shrink_victims = False``, every model fitting alone).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class Use:
     Attributes:
         time: ``time.perf_counter()`` once the model was resident.
         model_id: The model used.
-        resident: Every model on the device right after, with its bytes.
+        resident: Every model on the device right after, with the bytes of its weights there (a partly
+            resident model's resident prefix, not its whole size).
     """
 
     time: float
@@ -65,6 +69,15 @@ class ReplayResult:
     bytes_to_host: int
     evictions: int
     peak_resident_bytes: int
+
+
+def _bytes_on_device(engine: OffloadEngine, model_id: str) -> int:
+    """Bytes of ``model_id``'s weights on the device: all of them, or only its resident prefix when it is
+    partly resident (shrunk to a prefix, or streaming its tail, whose groups come in only during its forward)."""
+    nbytes = engine.nbytes(model_id)
+    share = engine.residency(model_id).resident_share
+    # The share is prefix / nbytes: rounding its product with nbytes gives the prefix back exactly.
+    return nbytes if share is None else round(share * nbytes)
 
 
 class UseRecorder:
@@ -97,9 +110,8 @@ class UseRecorder:
         engine = self.engine
         self.sizes[value] = engine.nbytes(value)
         self.events.append(("use", value))
-        self.uses.append(
-            Use(time.perf_counter(), value, {m: engine.nbytes(m) for m in engine.resident_ids()})
-        )
+        resident = {m: _bytes_on_device(engine, m) for m in engine.resident_ids()}
+        self.uses.append(Use(time.perf_counter(), value, resident))
 
     def __exit__(
         self,

@@ -10,22 +10,30 @@ none now (the prefix holds room nobody asked for, and a later placement evicts i
 no plan needs again, or whose smallest prefix does not fit the surplus, is evicted whole. A victim needed
 again before the model placed for it runs again is evicted whole too: the two alternate, and streaming
 (``offload.partial``) is what moves fewer bytes there.
+
+Across calls two models may alternate the same way: a repeated workflow whose two models do not fit
+together shrinks each in turn to bring the other's tail back, moving both tails every call, where whole
+eviction would have streamed one of them (and kept the other whole). So when a shrunk model's tail
+needs evictions, ``tail_or_stream`` prices both over the plan's remaining uses; when streaming moves
+fewer bytes, its prefix leaves and it is placed as any other model, and streams
+(``tests/offload/test_shrink.py``, the ping-pong trace).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from offload.groups import split_groups
 from offload.ledger import ResidencyLedger
+from offload.streaming import best_layout
 from offload.units import format_bytes
 
 if TYPE_CHECKING:
     from offload.placement import Placer
 
-__all__ = ["shrink_victims", "shrunk_prefix"]
+__all__ = ["shrink_victims", "shrunk_prefix", "tail_or_stream"]
 
 # The engine's logger name, which users filter on; shrinking is part of placement.
 logger = logging.getLogger("offload.engine")
@@ -87,3 +95,33 @@ def shrink_victims(placer: Placer, model_id: str, victims: Sequence[str], surplu
         surplus -= prefix
         whole.remove(victim)
     return whole
+
+
+def tail_or_stream(placer: Placer, model_id: str, tail: int, free: int, evictable: Mapping[str, int]) -> bool:
+    """Whether shrunk ``model_id`` should drop its prefix and stream rather than evict others for its
+    ``tail`` bytes (``free``: bytes free after the margin; ``evictable``: the residents not running).
+
+    True only when placing it afresh would stream (the choice ``offload.partial`` makes, replayed here
+    without moving anything) and that moves fewer bytes over the plan: its streamed bytes at each
+    remaining use, against its tail plus each victim of the tail that this call needs again, times that
+    victim's remaining uses. The streamed layout's prefix is uploaded again once; it is left out, as
+    ``offload.partial`` leaves it out, because in a repeated workflow it is paid once while evicting for
+    the tail is paid every call (counting it kept the ping-pong of ``tests/offload/test_shrink.py``).
+    """
+    beyond, ledger = placer.beyond, placer._ledger
+    prefix = shrunk_prefix(ledger, model_id) or 0
+    nbytes, room = ledger.nbytes(model_id), free + prefix  # as if its prefix had left
+    if nbytes > room + sum(evictable.values()):
+        return False  # placed afresh it would wait for running models, not stream
+    upcoming = tuple(placer.plan.upcoming(model_id)) if placer.plan else ()
+    spare = sum(size for m, size in evictable.items() if m not in upcoming)
+    layout = best_layout(beyond.streamer(model_id).groups, room + spare, beyond.slots)
+    if layout is None or layout.whole:
+        return False
+    if not beyond._streaming_is_cheaper(model_id, nbytes, room, evictable, upcoming, layout):
+        return False
+    uses = beyond.remaining_uses(model_id, upcoming, now=1)
+    request = placer.request(model_id, tail, free, dict(evictable))
+    victims = set(placer.strategy.select_victims(request)) & set(upcoming)
+    evicting = tail + sum(evictable.get(v, 0) * beyond.remaining_uses(v, upcoming) for v in victims)
+    return layout.streamed_bytes * uses < evicting

@@ -10,6 +10,7 @@ bytes (and simulated time) are counted.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -18,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 
 from offload.clock import SimulatedClock
 from offload.groups import WeightGroup, split_groups
+from offload.ledger import ResidencyLedger
 from offload.prefetch import CopyStream
 
 __all__ = ["GroupStreamer", "Layout", "best_layout", "smallest_layout"]
@@ -72,44 +74,6 @@ def best_layout(groups: Sequence[WeightGroup], room: int, slots: int) -> Layout 
     return None
 
 
-def _load(
-    owners: Sequence[torch.nn.Module], device: torch.device, non_blocking: bool
-) -> dict[tuple, torch.Tensor]:
-    """Point ``owners``' own tensors at device copies; returns the host tensors to point back at."""
-    host: dict[tuple, torch.Tensor] = {}
-    for owner in owners:
-        for name, param in owner._parameters.items():
-            if param is None or param.device == device:  # a tied one already moved is skipped
-                continue
-            on_device = param.data.to(device, non_blocking=non_blocking)
-            if torch._has_compatible_shallow_copy_type(param.data, on_device):
-                host[(id(owner), name, "p")] = param.data
-                param.data = on_device
-            else:  # e.g. the meta device: a new Parameter in the slot, as the ledger does
-                host[(id(owner), name, "s")] = param
-                owner._parameters[name] = torch.nn.Parameter(on_device, requires_grad=param.requires_grad)
-        for name, buffer in owner._buffers.items():
-            if buffer is not None and buffer.device != device:
-                host[(id(owner), name, "b")] = buffer
-                owner._buffers[name] = buffer.to(device, non_blocking=non_blocking)
-    return host
-
-
-def _drop(owners: Sequence[torch.nn.Module], host: dict[tuple, torch.Tensor]) -> None:
-    for owner in owners:
-        for name, param in list(owner._parameters.items()):
-            kept = host.get((id(owner), name, "p"))
-            if param is not None and kept is not None:
-                param.data = kept
-            original = host.get((id(owner), name, "s"))
-            if isinstance(original, torch.nn.Parameter):
-                owner._parameters[name] = original
-        for name in list(owner._buffers):
-            kept = host.get((id(owner), name, "b"))
-            if kept is not None:
-                owner._buffers[name] = kept
-
-
 def _device_tensors(owners: Sequence[torch.nn.Module]) -> list[torch.Tensor]:
     return [t for o in owners for t in (*o._parameters.values(), *o._buffers.values()) if t is not None]
 
@@ -118,13 +82,19 @@ class GroupStreamer:
     """The streamed groups of one model: forward hooks that move each in before its forward and out after.
 
     The hooks stay installed while the model is attached and act only while ``layout`` streams (the
-    engine sets it when it places the model partly, and clears it when the model leaves the device).
+    engine sets it when it places the model partly, and clears it when the model leaves the device). The
+    ledger moves the groups' tensors (``ResidencyLedger.upload_group``/``drop_group``), as it moves whole
+    models: one path, the host copies kept.
+
+    The model's footprint holds room for ``layout.slots`` streamed groups, whoever calls it. Two threads
+    calling the model at once share that room: a group comes in only when it fits beside the groups other
+    forwards are running, else its forward waits for one of them to end. Waiting per group (not a lock over
+    the whole call) lets the callers overlap on the resident groups and never holds a lock across a call
+    that may raise or be entered without the engine (a block called directly).
 
     Args:
         model_id: The model's id.
-        module: The model.
-        is_partial: Whether the model is partly resident now (the ledger's answer).
-        device: Where streamed groups go, or None on a bookkeeping device (bytes are only counted).
+        ledger: The ledger the model is attached in (its module, its residency, and the moves).
         copies: The side stream prefetches use (CUDA), or None.
         clock: The simulated clock, or None.
     """
@@ -132,26 +102,25 @@ class GroupStreamer:
     def __init__(
         self,
         model_id: str,
-        module: torch.nn.Module,
-        is_partial: Callable[[], bool],
-        device: torch.device | None,
+        ledger: ResidencyLedger,
         copies: CopyStream | None,
         clock: SimulatedClock | None,
     ):
         self.model_id = model_id
-        self.groups = tuple(split_groups(module))
+        self._ledger = ledger
+        self.groups = tuple(split_groups(ledger.module(model_id)))
         self.nbytes = sum(group.nbytes for group in self.groups)
-        self.measured = self.nbytes  # the ledger's size of the model when it was split
-        self._is_partial = is_partial
+        self.measured = ledger.nbytes(model_id)  # the ledger's size of the model when it was split
         self.layout: Layout | None = None
-        self._device = device
         self._copies = copies
         self._clock = clock
-        self._lock = threading.Lock()
+        self._room = threading.Condition()  # notified when a streamed group leaves the device
         self._users: dict[int, int] = {}  # loaded group index -> forwards running it (0: prefetched)
-        self._host: dict[int, dict[tuple, torch.Tensor]] = {}
+        self._mine: dict[int, Counter[int]] = {}  # thread -> the groups whose forward it is in
+        self._over = False  # loaded groups outgrew the room reserved for them (told to the probe)
         self._events: dict[int, object] = {}  # CUDA events of prefetches not yet waited on
         self.call_bytes = 0  # streamed during the calls since the last ``take_call_bytes``
+        self.call_to_host = 0  # copied back (weights replaced on the device mid-forward) since then
         self.call_times: list[tuple[float, float]] = []
         self._handles: list[RemovableHandle] = []
         for index, group in enumerate(self.groups):
@@ -181,64 +150,96 @@ class GroupStreamer:
         return post_hook
 
     def _streamed(self, index: int) -> bool:
-        return self.layout is not None and index >= self.layout.resident and self._is_partial()
+        return (
+            self.layout is not None
+            and index >= self.layout.resident
+            and self._ledger.partial(self.model_id) is not None
+        )
+
+    def _fits(self, index: int) -> bool:
+        """True if group ``index`` fits beside the loaded groups in the room reserved for streamed groups."""
+        assert self.layout is not None  # only asked while streaming
+        loaded = sum(self.groups[i].nbytes for i in self._users)
+        return loaded + self.groups[index].nbytes <= self.layout.footprint - self.layout.prefix
 
     def enter(self, index: int) -> None:
-        """Before group ``index``'s forward: have it on the device (waiting for its prefetch if late)."""
-        with self._lock:
-            if not self._streamed(index):
-                return
-            assert self.layout is not None  # _streamed checked it
-            if index not in self._users:
+        """Before group ``index``'s forward: have it on the device (waiting for its prefetch if late, or for
+        room while other threads' forwards hold it)."""
+        me = threading.get_ident()
+        with self._room:
+            while True:
+                if not self._streamed(index):
+                    return
+                if index in self._users:
+                    self._wait(index)
+                    break
                 self._drop_unused()
-                self._load(index, early=False)
-            else:
-                self._wait(index)
+                # A thread already inside a group of this model (a block calling another) cannot wait for
+                # itself: its group comes in beyond the reserved room, as it would without threads.
+                if self._fits(index) or self._mine.get(me):
+                    self._load(index, early=False)
+                    break
+                self._room.wait()
+            assert self.layout is not None  # _streamed checked it
             self._users[index] += 1
+            self._mine.setdefault(me, Counter())[index] += 1
             if self._clock is not None:
                 share = self.groups[index].nbytes / max(self.nbytes, 1)
                 self._clock.compute((self.model_id, index), self._clock.seconds_for(self.model_id, share))
             following = index + 1
-            if self.layout.slots > 1 and following < len(self.groups) and following not in self._users:
+            if (
+                self.layout.slots > 1
+                and following < len(self.groups)
+                and following not in self._users
+                and self._fits(following)
+            ):
                 self._load(following, early=True)
 
     def exit(self, index: int) -> None:
         """After group ``index``'s forward (also when it raised): drop it unless another forward runs it."""
-        with self._lock:
-            if index not in self._users:
-                return
+        me = threading.get_ident()
+        with self._room:
+            mine = self._mine.get(me)
+            if not mine or not mine[index]:
+                return  # its enter streamed nothing
+            mine[index] -= 1
+            if not mine[index]:
+                del mine[index]
+            if not mine:
+                del self._mine[me]
             self._users[index] -= 1
             if self._users[index] <= 0:
                 self._unload(index)
 
     def end_call(self) -> None:
         """The model's call returned: drop what is still here (a prefetch its call did not use)."""
-        with self._lock:
+        with self._room:
             self._drop_unused()
 
-    def take_call_bytes(self) -> tuple[int, tuple[float, float] | None]:
-        """Bytes streamed since the last take, and the span of those copies on the simulated clock."""
-        with self._lock:
-            nbytes, times = self.call_bytes, self.call_times
-            self.call_bytes, self.call_times = 0, []
+    def take_call_bytes(self) -> tuple[int, int, tuple[float, float] | None]:
+        """Bytes streamed and bytes copied back since the last take, and the span of the copies on the
+        simulated clock."""
+        with self._room:
+            nbytes, to_host, times = self.call_bytes, self.call_to_host, self.call_times
+            self.call_bytes, self.call_to_host, self.call_times = 0, 0, []
         span = (times[0][0], times[-1][1]) if times else None
-        return nbytes, span
+        return nbytes, to_host, span
 
     # -- moves ---------------------------------------------------------------------------------
     def _load(self, index: int, early: bool) -> None:
         group = self.groups[index]
-        if self._device is not None:
-            if early and self._copies is not None:
-                self._host[index], self._events[index] = self._copies.run(
-                    lambda: _load(group.owners, self._device, True)  # type: ignore[arg-type]  # checked above
-                )
-            else:
-                # Pinned host copies: the copy is queued on the compute stream, in order with the forward.
-                self._host[index] = _load(group.owners, self._device, non_blocking=True)
+        if early and self._copies is not None:
+            _, self._events[index] = self._copies.run(
+                lambda: self._ledger.upload_group(self.model_id, group.owners)
+            )
+        else:
+            # Pinned host copies: the copy is queued on the compute stream, in order with the forward.
+            self._ledger.upload_group(self.model_id, group.owners)
         self._users[index] = 0
         self.call_bytes += group.nbytes
         if self._clock is not None:
             self.call_times.append(self._clock.copy((self.model_id, index), group.nbytes, early=early))
+        self.tell_probe()
 
     def _wait(self, index: int) -> None:
         event = self._events.pop(index, None)
@@ -247,11 +248,25 @@ class GroupStreamer:
 
     def _unload(self, index: int) -> None:
         self._events.pop(index, None)
-        host = self._host.pop(index, None)
-        if host is not None:
-            _drop(self.groups[index].owners, host)
+        self.call_to_host += self._ledger.drop_group(self.model_id, self.groups[index].owners)
         del self._users[index]
+        self.tell_probe()
+        self._room.notify_all()
 
     def _drop_unused(self) -> None:
         for index in [i for i, users in self._users.items() if users <= 0]:
             self._unload(index)
+
+    def tell_probe(self) -> None:
+        """Keep the probe's count true: the model holds its footprint, or more while its loaded groups
+        outgrow the room reserved for them (a nested group forward); a real device is told the part of that
+        room no group occupies now, which its driver would otherwise report free (``MemoryProbe.hold_room``)."""
+        layout = self.layout
+        if layout is None or self._ledger.partial(self.model_id) is None:  # off the device (evicted by hand)
+            self._over = False
+            return
+        held = layout.prefix + sum(self.groups[i].nbytes for i in self._users)
+        if held > layout.footprint or self._over:
+            self._over = held > layout.footprint
+            self._ledger.probe.on_resident(self.model_id, max(held, layout.footprint))
+        self._ledger.probe.hold_room(self.model_id, max(0, layout.footprint - held))

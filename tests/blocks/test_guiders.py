@@ -317,7 +317,8 @@ def test_pag_under_auto_offload_equals_pag_without(sd_repo):
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     try:
         assert run(pipe, output_type="np").tobytes() == expected.tobytes()
-        assert any(entry.evicted for entry in cm.offload_log)
+        # Models made room, whole or down to a resident prefix (offload.shrink, on by default).
+        assert any(entry.evicted or entry.reason == "shrink" for entry in cm.offload_log)
         assert _hooked(pipe.unet) == []
     finally:
         cm.disable_auto_cpu_offload()

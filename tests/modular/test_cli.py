@@ -185,15 +185,18 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
         in printed
     )
     summary = printed[printed.index("Offload over the run") :].splitlines()
+    # Victims keep a resident prefix by default (offload.shrink): T5's prefix stays while each transformer
+    # runs, so ours moves less than whole models (the peer's 92.93 MB), evicts 2 models whole, and peaks
+    # higher, within the 29 MB the margin leaves.
     assert summary[2].split() == [
         "ours",
         "(NextUseStrategy)",
-        "92.93",
+        "80.73",
         "MB",
         "0.00",
         "MB",
-        "5",
-        "22.40",
+        "2",
+        "28.99",
         "MB",
     ]
     assert summary[3].split()[:5] == ["the", "peer's", "rule", "(SmallestSufficientSet)", "92.93"]

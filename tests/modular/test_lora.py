@@ -413,14 +413,17 @@ def test_a_lora_on_a_quantized_unet_runs_as_in_the_classic_pipeline(repo, loras,
 # ----- under auto offload -----
 
 
-def test_under_auto_offload_outputs_equal_the_plain_run_after_every_lora_call(repo, loras):
-    """With a budget that forces evictions, each LoRA call refreshes the host copy of every model it changed
-    (re-measured at its new size), and outputs equal those of a pipeline without offload after each call."""
+@pytest.mark.parametrize("shrink", [True, False], ids=["victims_shrunk", "victims_whole"])
+def test_under_auto_offload_outputs_equal_the_plain_run_after_every_lora_call(repo, loras, shrink):
+    """With a budget that forces victims off the device (down to a resident prefix, the default, or whole),
+    each LoRA call refreshes the host copy of every model it changed (re-measured at its new size), and
+    outputs equal those of a pipeline without offload after each call."""
     plain = tiny_sd_pipeline(repo, ComponentsManager())
     cm = ComponentsManager()
     pipe = tiny_sd_pipeline(repo, cm)
     budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 64 * 1024
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
+    cm.offload_engine.shrink_victims = shrink
     refreshed = []
     refresh = cm.refresh_host_copy
     cm.refresh_host_copy = lambda component_id: (refreshed.append(component_id), refresh(component_id))[1]
@@ -443,7 +446,10 @@ def test_under_auto_offload_outputs_equal_the_plain_run_after_every_lora_call(re
         for model_id in models:
             assert cm.offload_engine.nbytes(model_id) == module_nbytes(cm.get_one(model_id))
         assert same(images(pipe), images(plain))
-    assert any(entry.evicted for entry in cm.offload_log)
+    if shrink:
+        assert "shrink" in [entry.reason for entry in cm.offload_log]
+    else:
+        assert any(entry.evicted for entry in cm.offload_log)
 
 
 @pytest.mark.gpu

@@ -86,3 +86,23 @@ def test_a_streamed_model_and_a_control_model_in_a_loop_equal_no_offload():
         assert torch.equal(h, expected[step])
     assert engine.log.total_bytes_to_host == 0
     engine.close()
+
+
+@pytest.mark.parametrize("budget_blocks", [None, 2.5])
+def test_a_torchao_quantized_model_moves_whole_and_streamed_on_cuda(budget_blocks):
+    """torchao's tensors cannot take ``.data =``: they move by slot; outputs equal the model on CUDA."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    tower = Tower(depth=7, seed=0, width=WIDTH).to(torch.bfloat16)
+    quantize_(tower, Int8WeightOnlyConfig())
+    x = torch.randn(4, WIDTH, dtype=torch.bfloat16)
+    expected = _expected(tower, x)
+    nbytes = sum(p.nbytes for p in tower.parameters())
+    engine = _engine(int(budget_blocks * nbytes / 8) if budget_blocks else 2 * nbytes, prefetch=False)
+    engine.attach("tower", tower)
+    for _ in range(2):
+        assert torch.equal(tower(x), expected)
+    assert engine.log[0].reason == ("stream" if budget_blocks else "fits")
+    assert engine.log.total_bytes_to_host == 0
+    engine.close()
+    assert all(p.device.type == "cpu" for p in tower.parameters())

@@ -8,7 +8,7 @@ from offload.budget import BudgetedDevice
 from offload.probes import DeviceProbe
 from offload.replay import UseRecorder, meta_module, replay
 
-from .helpers import call, sized
+from .helpers import Tower, call, sized
 
 SIZES = {"a": 400, "b": 800, "c": 1200}
 
@@ -39,6 +39,32 @@ def test_recorder_sees_every_use_and_plan_and_what_was_resident():
     assert all(sum(use.resident.values()) <= 2000 for use in recorder.uses)
     assert recorder.uses[1].resident == {"a": 400, "b": 800}
     assert recorder.sizes == SIZES
+
+
+GROUP = (32 * 32 + 32) * 4  # one Linear(32, 32) with its bias: one group of a Tower
+
+
+def test_recorder_counts_a_partly_resident_model_at_its_bytes_on_the_device():
+    """A victim shrunk to a prefix, and a model streaming its tail, are recorded at the bytes they keep on
+    the device, not their whole size, so the residents of every use fit the device."""
+    engine = OffloadEngine(SimulatedDevice(9 * GROUP), memory_reserve_margin=0)
+    models = {"encoder": Tower(depth=5, seed=1), "a": Tower(depth=5, seed=2), "big": Tower(depth=13, seed=3)}
+    for name, module in models.items():
+        engine.attach(name, module)
+    x = torch.ones(1, 32)
+    with UseRecorder(engine) as recorder:
+        engine.set_plan(["encoder", "a"])
+        models["encoder"](x)
+        models["a"](x)  # the encoder keeps 3 of its 6 groups (offload.shrink)
+        engine.set_plan(["big"])
+        models["big"](x)  # 14 groups on 9: it streams, its base and 7 blocks resident
+    assert [use.resident for use in recorder.uses] == [
+        {"encoder": 6 * GROUP},
+        {"encoder": 3 * GROUP, "a": 6 * GROUP},
+        {"big": 8 * GROUP},
+    ]
+    assert engine.residency("big").resident_share == 8 / 14
+    assert recorder.sizes == {"encoder": 6 * GROUP, "a": 6 * GROUP, "big": 14 * GROUP}
 
 
 def test_recorder_leaves_the_engine_as_it_found_it():

@@ -251,16 +251,6 @@ def test_a_cuda_device_the_machine_lacks_or_a_mixed_list_is_refused():
     assert not cm.auto_offload_enabled
 
 
-def test_host_budget_with_a_device_list_is_refused_before_anything_changes():
-    """host_budget or spill_folder with a device list: ValueError, offload left off."""
-    cm = ComponentsManager()
-    module = sized(1000)
-    cm.add("model", module)
-    with pytest.raises(ValueError, match="host_budget and spill_folder work with one device only"):
-        cm.enable_auto_cpu_offload(device=two_devices(5000), host_budget="1MB")
-    assert not cm.auto_offload_enabled and not hasattr(module, "_hf_hook")
-
-
 def test_a_device_rule_that_answers_a_missing_device_is_refused():
     """A rule naming a device index not in the list raises StrategyError before any model is attached."""
     cm = ComponentsManager()

@@ -69,9 +69,9 @@ def test_a_victim_needed_again_keeps_a_prefix_and_only_its_tail_comes_back():
     assert engine.probe.used_bytes() == 9 * GROUP
 
 
-def test_off_by_default_victims_leave_whole():
-    """Without ``shrink_victims`` (the default) the same calls evict whole models: 36 groups."""
-    assert OffloadEngine(SimulatedDevice(GROUP)).shrink_victims is False
+def test_on_by_default_and_turned_off_victims_leave_whole():
+    """``shrink_victims`` is on by default; turned off, the same calls evict whole models: 36 groups."""
+    assert OffloadEngine(SimulatedDevice(GROUP)).shrink_victims is True
     engine, models = _engine(SimulatedDevice(9 * GROUP), shrink=False)
     _three_calls(engine, models)
     assert "shrink" not in [d.reason for d in engine.log]
@@ -128,6 +128,61 @@ def test_victims_that_alternate_with_the_model_placed_are_not_shrunk_once_the_lo
         assert shrunk == (["denoiser", "control"] if shrink else [])
         totals.append(engine.log.total_bytes_to_device)
     assert totals[0] == totals[1]
+
+
+def _alternating_calls(shrink, depths, room, uses, calls=4):
+    """Two towers ``a`` and ``b`` used in turn, ``uses`` times each per call, by a workflow run ``calls``
+    times on ``room`` groups of device; returns the engine and every output."""
+    engine = OffloadEngine(SimulatedDevice(room * GROUP), memory_reserve_margin=0)
+    engine.shrink_victims = shrink
+    models = {"a": Tower(depth=depths[0], seed=1), "b": Tower(depth=depths[1], seed=2)}
+    for model_id, model in models.items():
+        engine.attach(model_id, model)
+    outputs = []
+    for _ in range(calls):
+        engine.set_plan(["a", "b"])
+        for model_id, count in zip("ab", uses):
+            outputs += [models[model_id](X) for _ in range(count)]
+    return engine, outputs
+
+
+def test_two_models_of_a_repeated_workflow_do_not_keep_shrinking_each_other():
+    """a and b (8 groups each) never fit together in 10 groups. Shrinking each to bring the other's tail
+    back would move 6 + 6 groups every call (52 in 4 calls); once a's tail is priced against streaming it,
+    a streams (7 groups a call) and b stays: 38 groups, exactly what whole victims move. Outputs equal the
+    run without offload."""
+    plain = {"a": Tower(depth=7, seed=1), "b": Tower(depth=7, seed=2)}
+    expected = [plain[m](X) for m in "ab" * 4]
+    engine, outputs = _alternating_calls(True, (7, 7), 10, (1, 1))
+    whole, _ = _alternating_calls(False, (7, 7), 10, (1, 1))
+    assert all(torch.equal(out, want) for out, want in zip(outputs, expected, strict=True))
+    moves = [(d.model_id, d.reason, d.evicted, d.bytes_to_device // GROUP) for d in engine.log]
+    assert moves[:5] == [
+        ("a", "fits", (), 8),
+        ("a", "shrink", (), 0),  # a's next call is priced only when it comes
+        ("b", "evict: NextUseStrategy", (), 8),
+        ("a", "evict", ("a",), 0),  # its prefix leaves: streaming beats evicting b for its tail
+        ("a", "stream", (), 1),
+    ]
+    assert [d.model_id for d in engine.log if d.reason == "shrink"] == ["a"]
+    assert engine.log.total_bytes_to_device == whole.log.total_bytes_to_device == 38 * GROUP
+    assert engine.log.total_bytes_to_host == 0
+
+
+@pytest.mark.parametrize(
+    ("depths", "room", "uses"),
+    [((7, 7), 10, (1, 1)), ((6, 7), 14, (2, 1)), ((2, 7), 10, (2, 3)), ((7, 6), 9, (1, 3))],
+)
+def test_alternating_models_move_no_more_bytes_with_shrinking_than_without(depths, room, uses):
+    """Two models that do not fit together, used in turn by a repeated workflow: with shrinking on, bytes
+    moved are not above whole victims' (each of these moved more before a shrunk tail was priced against
+    streaming), and nothing is copied back."""
+    shrunk, outputs = _alternating_calls(True, depths, room, uses)
+    whole, expected = _alternating_calls(False, depths, room, uses)
+    assert all(torch.equal(out, want) for out, want in zip(outputs, expected, strict=True))
+    assert "shrink" in [d.reason for d in shrunk.log]
+    assert shrunk.log.total_bytes_to_device <= whole.log.total_bytes_to_device
+    assert shrunk.log.total_bytes_to_host == 0
 
 
 def test_the_tail_really_leaves_and_comes_back_and_the_host_copies_are_kept():

@@ -1,14 +1,23 @@
 """WatermarkStrategy: device use grows to the high watermark untouched, and evictions bring it down to low."""
 
+import re
+
 import pytest
 import torch
 
 from blocks.stable_diffusion import make_tiny_repo
 from components import ComponentsManager
-from offload import OffloadEngine, OffloadRequest, SimulatedDevice, WatermarkStrategy, module_nbytes
+from offload import (
+    ModelTooLargeError,
+    OffloadEngine,
+    OffloadRequest,
+    SimulatedDevice,
+    WatermarkStrategy,
+    module_nbytes,
+)
 
 from ..modular.tiny_sd import tiny_sd_images, tiny_sd_pipeline
-from .helpers import call, sized
+from .helpers import Tower, call, sized
 
 
 def engine_with(budget, sizes, strategy, margin=0):
@@ -166,3 +175,71 @@ def test_set_strategy_refuses_watermarks_that_do_not_fit_and_keeps_the_old_one()
 def test_repr_shows_the_watermarks_as_given():
     """The repr (shown in the engine's repr and the log) keeps each watermark in the form it was given."""
     assert repr(WatermarkStrategy("2GB", 0.75)) == "WatermarkStrategy(low='2GB', high=0.75)"
+
+
+def test_a_model_over_high_is_refused_at_enable_naming_it_its_size_and_the_limit():
+    """900 bytes fit the 1000-byte device but not under high=800, and cannot stream: enable fails before
+    anything changes (the same model is accepted without the watermark)."""
+    cm = ComponentsManager()
+    big = sized(900)
+    cm.add("big", big)
+    with pytest.raises(ModelTooLargeError) as error:
+        cm.enable_auto_cpu_offload(SimulatedDevice(1000), 0, offload_strategy=WatermarkStrategy(100, 800))
+    text = str(error.value)
+    assert (
+        re.search(r"model 'big_\w+' \(900 B\) cannot fit", text) and "at most 800 B can be made free" in text
+    )
+    assert "WatermarkStrategy(low=100, high=800) lets use reach at most 800 B of the device's 1000 B" in text
+    assert cm.offload_engine is None and not hasattr(big, "_hf_hook")
+    cm.enable_auto_cpu_offload(SimulatedDevice(1000), 0)  # the device alone holds it
+
+
+def test_a_model_over_high_that_streams_passes_and_runs_under_high():
+    """A tower larger than high, whose groups stream within it, is accepted and runs equal, use at most high."""
+    tower = Tower(depth=8)
+    x = torch.randn(2, 32, generator=torch.Generator().manual_seed(0))
+    expected = tower(x)
+    group = module_nbytes(tower.inp)
+    high = 4 * group  # the device (9 groups) holds it whole; high does not
+    engine = OffloadEngine(SimulatedDevice(9 * group), memory_reserve_margin=0)
+    engine.set_strategy(WatermarkStrategy(group, high))
+    engine.check_fit({"tower": tower})
+    engine.attach("tower", tower)
+    engine.set_plan(["tower"])
+    assert torch.equal(tower(x), expected)
+    assert engine.log[0].reason == "stream" and engine.probe.used_bytes() <= high
+    # High below the base group and one block together: not even streaming fits; nothing attached.
+    narrow = OffloadEngine(
+        SimulatedDevice(9 * group), memory_reserve_margin=0, strategy=WatermarkStrategy(1, 3 * group // 2)
+    )
+    with pytest.raises(ModelTooLargeError) as error:
+        narrow.check_fit({"other": Tower(depth=8)})
+    text = str(error.value)
+    assert f"model 'other' cannot fit on sim (budget {9 * group} B) even streamed group by group" in text
+    assert f"lets use reach at most {3 * group // 2} B of the device's {9 * group} B" in text
+    assert narrow.attached_ids() == [] and len(narrow.log) == 0
+
+
+def test_set_plan_judges_a_planned_model_against_high_and_keeps_the_plan():
+    """A model attached under the watermark but larger than high: set_plan refuses, nothing moved."""
+    engine, modules = engine_with(1000, {"big": 900}, WatermarkStrategy(100, 800))
+    with pytest.raises(
+        ModelTooLargeError, match=r"set_plan: .*'big' \(900 B\).*at most 800 B of the device's"
+    ):
+        engine.set_plan(["big"])
+    assert engine._plan.model_ids == () and len(engine.log) == 0 and used(engine) == 0
+
+
+def test_set_strategy_refuses_a_limit_an_attached_model_cannot_fit_and_keeps_the_old_one():
+    """Setting high below an attached model's size fails naming the model and the limit; nothing changes."""
+    engine, modules = engine_with(1000, {"big": 900}, None)
+    with pytest.raises(ModelTooLargeError) as error:
+        engine.set_strategy(WatermarkStrategy(100, 800))
+    text = str(error.value)
+    assert text.startswith(
+        "set_strategy(WatermarkStrategy(low=100, high=800)): model 'big' (900 B) could not fit"
+    )
+    assert "at most 800 B" in text and text.endswith("The strategy was not changed.")
+    assert type(engine.strategy).__name__ == "NextUseStrategy"
+    call(modules["big"])
+    assert engine.resident_ids() == ["big"] and engine.log[-1].reason == "fits"

@@ -37,6 +37,17 @@ def offloaded(demo):
 
 
 @pytest.fixture(scope="module")
+def offloaded_whole(demo):
+    """The same under auto offload with victims evicted whole (``shrink_victims`` off), uses recorded."""
+    cm = ComponentsManager()
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(demo.budget), memory_reserve_margin=demo.margin)
+    cm.offload_engine.shrink_victims = False
+    with UseRecorder(cm.offload_engine) as recorder:
+        results = list(JobRunner(cm, progress=False).run(_quick(demo)))
+    return cm, results, recorder
+
+
+@pytest.fixture(scope="module")
 def plain(demo):
     """The same jobs on a manager without offload."""
     return list(JobRunner(ComponentsManager(), progress=False).run(_quick(demo)))
@@ -79,13 +90,35 @@ def test_each_table_shows_its_transformer_resident_and_no_other(offloaded, demo)
             assert _rows(result.table, f"{name}|transformer") == []
 
 
-def test_small_shared_models_stay_and_t5_makes_room(offloaded, demo):
-    """T5 and the previous transformer are evicted as the next workflow's models come; CLIP and the VAE stay."""
+def _names(model_ids):
+    return sorted(m.rsplit("_", 1)[0] for m in model_ids)
+
+
+def test_t5_keeps_a_prefix_while_each_transformer_runs_and_only_transformers_leave_whole(offloaded, demo):
+    """Each transformer's room comes from T5, which keeps a prefix (its tail comes back for the next
+    workflow, making a transformer shrink in turn); the next transformer evicts the previous one whole.
+    Behind T5's prefix the VAE finds its room by shrinking CLIP once. The VAE never leaves."""
     cm, _, _ = offloaded
-    evicted = [m.rsplit("_", 1)[0] for decision in cm.offload_log for m in decision.evicted]
-    assert sorted(evicted) == ["text_encoder_2"] * 3 + ["transformer"] * 2
-    resident = cm.offload_engine.resident_ids()
-    assert {m.rsplit("_", 1)[0] for m in resident} == {"text_encoder", "vae", "transformer"}
+    log = cm.offload_log
+    assert _names(m for decision in log for m in decision.evicted) == ["transformer"] * 2
+    shrunk = [decision.model_id for decision in log if decision.reason == "shrink"]
+    assert _names(shrunk) == ["text_encoder"] + ["text_encoder_2"] * 3 + ["transformer"] * 2
+    engine = cm.offload_engine
+    resident = engine.resident_ids()
+    assert _names(resident) == ["text_encoder", "text_encoder_2", "transformer", "vae"]
+    partly = {m.rsplit("_", 1)[0] for m in resident if engine.residency(m).resident_share is not None}
+    assert partly == {"text_encoder_2"}
+
+
+def test_with_victims_evicted_whole_t5_and_the_previous_transformer_leave_and_small_models_stay(
+    offloaded_whole,
+):
+    """With ``shrink_victims`` off, T5 and the previous transformer are evicted as the next workflow's models
+    come; CLIP and the VAE stay."""
+    cm, _, _ = offloaded_whole
+    evicted = [m for decision in cm.offload_log for m in decision.evicted]
+    assert _names(evicted) == ["text_encoder_2"] * 3 + ["transformer"] * 2
+    assert _names(cm.offload_engine.resident_ids()) == ["text_encoder", "transformer", "vae"]
 
 
 def test_device_bytes_never_exceed_the_budget(offloaded, demo):
@@ -96,26 +129,41 @@ def test_device_bytes_never_exceed_the_budget(offloaded, demo):
     assert cm.offload_engine.peak_resident_bytes <= usable
 
 
-def test_nothing_is_copied_back(offloaded):
-    """Evictions happen, and not one byte moves device-to-host."""
-    cm, _, _ = offloaded
-    assert cm.offload_log.total_evictions == 5
-    assert cm.offload_log.total_bytes_to_host == 0
+def test_nothing_is_copied_back(offloaded, offloaded_whole):
+    """Victims leave (2 whole and 6 down to a prefix; 5 whole with shrinking off), and not one byte moves
+    device-to-host either way."""
+    for (cm, _, _), evictions, shrinks in ((offloaded, 2, 6), (offloaded_whole, 5, 0)):
+        log = cm.offload_log
+        assert (log.total_evictions, [d.reason for d in log].count("shrink")) == (evictions, shrinks)
+        assert log.total_bytes_to_host == 0
 
 
-def test_images_equal_the_runs_without_offload(offloaded, plain):
-    """Every workflow's image, and every control image, equals the one made without offload."""
-    _, results, _ = offloaded
+@pytest.mark.parametrize("run", ["offloaded", "offloaded_whole"])
+def test_images_equal_the_runs_without_offload(run, plain, request):
+    """Every workflow's image, and every control image, equals the one made without offload, with victims
+    shrunk to a prefix (the default) or evicted whole."""
+    _, results, _ = request.getfixturevalue(run)
     for with_offload, without in zip(results, plain):
         assert torch.equal(torch.from_numpy(with_offload.images), torch.from_numpy(without.images))
         for name, image in with_offload.derived.items():
             assert np.array_equal(np.asarray(image), np.asarray(without.derived[name])), name
 
 
-def test_the_replay_reproduces_the_run_and_prices_the_peer(offloaded, demo):
-    """Replaying the recorded uses with our strategy gives the run's totals; the peer's rule copies back
-    every byte it evicts."""
-    cm, _, recorder = offloaded
+def test_shrinking_victims_moves_fewer_bytes_than_evicting_them_whole(offloaded, offloaded_whole):
+    """The same model uses; keeping T5's prefix saves its bytes at every workflow after the first."""
+    shrinking, whole = offloaded[0].offload_log, offloaded_whole[0].offload_log
+    uses = [
+        [value.rsplit("_", 1)[0] for kind, value in recorder.events if kind == "use"]
+        for _, _, recorder in (offloaded, offloaded_whole)
+    ]
+    assert uses[0] == uses[1] and len(uses[0]) > 0
+    assert shrinking.total_bytes_to_device < whole.total_bytes_to_device
+
+
+def test_the_replay_reproduces_the_run_and_prices_the_peer(offloaded, offloaded_whole, demo):
+    """Replaying the recorded uses with our strategy gives the totals of the run with whole victims (a
+    replay moves whole models); the peer's rule copies back every byte it evicts."""
+    cm, _, recorder = offloaded_whole
     args = (recorder.events, recorder.sizes, demo.budget, demo.margin)
     ours = replay(*args, NextUseStrategy())
     log = cm.offload_log
@@ -124,6 +172,8 @@ def test_the_replay_reproduces_the_run_and_prices_the_peer(offloaded, demo):
         0,
         log.total_evictions,
     )
+    cm, _, recorder = offloaded
+    args = (recorder.events, recorder.sizes, demo.budget, demo.margin)
     peer = replay(*args, SmallestSufficientSet(), copies_back=True)
     t5 = recorder.sizes[cm.get_ids("text_encoder_2")[0]]
     base, canny, _ = (recorder.sizes[model] for model in cm.get_ids("transformer"))
