@@ -283,13 +283,26 @@ class OffloadLink:
         """Replaces the engine's strategy.
 
         Raises:
-            ValueError: auto offload is off (``what`` names the caller in the message).
+            ValueError: auto offload is off (``what`` names the caller in the message), or the strategy is
+                refused (then every engine keeps its strategy).
+            offload.ModelTooLargeError: a model cannot fit under the strategy's limit; every engine keeps its
+                strategy.
         """
         if not self._engines:
             msg = f"{what} needs auto offload, which is off. Call enable_auto_cpu_offload(...) first."
             raise ValueError(msg)
-        for engine in self._engines:
-            engine.set_strategy(strategy)
+        done: list[tuple[OffloadEngine, Any]] = []
+        try:
+            for engine in self._engines:
+                previous = engine.strategy
+                engine.set_strategy(strategy)
+                done.append((engine, previous))
+        except (
+            Exception
+        ):  # one engine refused it (a limit one of its models cannot fit): all keep the old one
+            for engine, previous in done:
+                engine.set_strategy(previous)
+            raise
         if len(self._engines) > 1:  # models added from now on are placed by its rule, if it has one
             self._choice = device_choice_of(strategy)
 

@@ -114,7 +114,9 @@ def device_cell(residency: Residency) -> str:
         return f"{residency.pinned}(pinned)"
     where = residency.device if residency.resident else DISK if residency.on_disk else HOST
     if residency.resident and residency.resident_share is not None:
-        where = f"partial {residency.resident_share:.0%}"
+        share = residency.resident_share
+        # A prefix of a few bytes (a victim shrunk to its base group) is on the device all the same: not "0%".
+        where = "partial <1%" if 0 < share < 0.005 else f"partial {share:.0%}"
     return f"{where}({residency.device})"
 
 

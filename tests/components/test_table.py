@@ -108,6 +108,21 @@ def test_device_cell_from_engine_facts():
     assert device_cell(_facts(True, "cpu")) == "cpu(cpu)"
 
 
+def test_a_partly_resident_model_shows_its_share_and_a_tiny_prefix_is_not_zero():
+    def partly(share):
+        return Residency(
+            attached=True,
+            resident=True,
+            device="sim",
+            execution_device=torch.device("cpu"),
+            resident_share=share,
+        )
+
+    assert device_cell(partly(0.62)) == "partial 62%(sim)"
+    assert device_cell(partly(0.0004)) == "partial <1%(sim)"  # a victim shrunk to its base group
+    assert device_cell(partly(0.006)) == "partial 1%(sim)"
+
+
 def test_manager_table_formats_the_facts_it_is_given():
     """manager_table asks for each model's facts and formats them; without facts it shows the model's device."""
     cm = ComponentsManager()

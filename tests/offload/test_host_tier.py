@@ -68,15 +68,6 @@ def equal(outputs, expected):
     return len(outputs) == len(expected) and all(torch.equal(a, b) for a, b in zip(outputs, expected))
 
 
-@pytest.fixture
-def five(tmp_path):
-    """Five models loaded from their own safetensors files, registered on a manager."""
-    models = [loaded(tmp_path / f"model{i}", i) for i in range(5)]
-    cm = ComponentsManager()
-    ids = [cm.add(f"model{i}", model) for i, model in enumerate(models)]
-    return cm, models, ids
-
-
 def enable(cm, tmp_path, budget=2 * SIZE, device=SIZE):
     spill = tmp_path / "spill"
     cm.enable_auto_cpu_offload(
@@ -214,22 +205,21 @@ def test_adding_a_model_the_budget_cannot_hold_is_refused(five, tmp_path):
     assert len(cm) == 5 and cm.offload_engine.attached_ids() == ids
 
 
-def test_a_spill_folder_that_is_not_writable_is_refused_before_anything_is_dropped(five, tmp_path):
+@pytest.mark.parametrize("several", [False, True], ids=["one device", "a device list"])
+def test_a_spill_folder_that_is_not_writable_is_refused_before_anything_is_dropped(five, tmp_path, several):
     """spill_folder under a regular file: HostBudgetError names it; the previous offload stays as it was."""
     cm, models, ids = five
     cm.enable_auto_cpu_offload(device=SimulatedDevice(2 * SIZE), memory_reserve_margin=0)
     previous = cm.offload_engine
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
+    devices = [SimulatedDevice(SIZE, name=f"sim{i}") for i in range(2)] if several else SimulatedDevice(SIZE)
     with pytest.raises(HostBudgetError, match="not a writable folder") as caught:
         cm.enable_auto_cpu_offload(
-            device=SimulatedDevice(SIZE),
-            memory_reserve_margin=0,
-            host_budget=SIZE,
-            spill_folder=blocker / "spill",
+            device=devices, memory_reserve_margin=0, host_budget=SIZE, spill_folder=blocker / "spill"
         )
-    assert str(blocker / "spill") in str(caught.value)
-    assert cm.offload_engine is previous and previous.attached_ids() == ids
+    assert str(blocker / "spill") in str(caught.value) and "Nothing was dropped." in str(caught.value)
+    assert cm.offload_engines == [previous] and previous.attached_ids() == ids
     assert not any(previous.residency(model_id).on_disk for model_id in ids)
 
 

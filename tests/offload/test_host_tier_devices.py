@@ -56,15 +56,6 @@ def shares(cm):
     return [engine.host_tier.budget for engine in cm.offload_engines]
 
 
-@pytest.fixture
-def five(tmp_path):
-    """Five models of SIZE bytes, each loaded from its own safetensors file, registered on a manager."""
-    models = [loaded(tmp_path / f"model{i}", i) for i in range(5)]
-    cm = ComponentsManager()
-    ids = [cm.add(f"model{i}", model) for i, model in enumerate(models)]
-    return cm, models, ids
-
-
 class ByName(NextUseStrategy):
     """Evicts as NextUseStrategy does; models whose id starts with ``s1`` go to the last device, the others
     to the first."""
@@ -221,20 +212,6 @@ def test_the_default_budget_is_one_budget_split_between_the_devices(five, monkey
     whole = 8 * 2**30 - int(16 * 2**30 * 0.1)
     assert shares(cm) == [whole * 3 // 5, whole * 2 // 5]
     assert all(engine.host_tier.share.budget == whole for engine in cm.offload_engines)
-
-
-def test_a_spill_folder_that_is_not_writable_is_refused_before_anything_changes(five, tmp_path):
-    """spill_folder under a regular file with a device list: HostBudgetError naming it; offload as it was."""
-    cm, models, ids = five
-    cm.enable_auto_cpu_offload(device=SimulatedDevice(2 * SIZE), memory_reserve_margin=0)
-    previous = cm.offload_engine
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    with pytest.raises(HostBudgetError, match="is not a writable folder") as caught:
-        enable(cm, SIZE, blocker / "spill")
-    assert str(blocker / "spill") in str(caught.value) and "Nothing was dropped." in str(caught.value)
-    assert cm.offload_engines == [previous] and previous.attached_ids() == ids
-    assert not any(previous.residency(model_id).on_disk for model_id in ids)
 
 
 def test_bad_host_budget_with_a_device_list_is_refused():

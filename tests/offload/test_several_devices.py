@@ -8,7 +8,14 @@ import torch
 
 from blocks.stable_diffusion import make_tiny_repo
 from components import ComponentsManager
-from offload import NextUseStrategy, SimulatedDevice, StrategyError, module_nbytes
+from offload import (
+    ModelTooLargeError,
+    NextUseStrategy,
+    SimulatedDevice,
+    StrategyError,
+    WatermarkStrategy,
+    module_nbytes,
+)
 from offload.device_choice import DenoiserFirst, DeviceRoom
 
 from ..modular.tiny_sd import tiny_sd_images, tiny_sd_pipeline
@@ -269,3 +276,20 @@ def test_a_model_too_large_for_its_device_leaves_offload_as_it_was():
     with pytest.raises(ValueError, match="cannot fit"):
         cm.enable_auto_cpu_offload(device=two_devices(5000), memory_reserve_margin=0)
     assert not cm.auto_offload_enabled and not hasattr(module, "_hf_hook")
+
+
+def test_a_strategy_one_device_refuses_leaves_every_device_with_its_old_one():
+    """sim0 would take the watermarks, sim1 cannot (its model is over ``high``): neither changes."""
+    cm = ComponentsManager()
+    cm.add("big", sized(800))
+    cm.add("small", sized(200))
+    devices = [SimulatedDevice(400, name="sim0"), SimulatedDevice(900, name="sim1")]
+    cm.enable_auto_cpu_offload(device=devices, memory_reserve_margin=0)
+    sim0, sim1 = cm.offload_engines
+    assert engine_placing(cm, cm.get_one(name="small")) is sim0
+    assert engine_placing(cm, cm.get_one(name="big")) is sim1
+    before = [engine.strategy for engine in (sim0, sim1)]
+    with pytest.raises(ModelTooLargeError, match="big"):
+        cm.set_offload_strategy(WatermarkStrategy(0.25, 0.5))
+    assert [engine.strategy for engine in (sim0, sim1)] == before
+    assert call(cm.get_one(name="big")).shape == (1, 1)  # still placed by the old strategy
