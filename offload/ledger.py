@@ -3,7 +3,8 @@
 Every attached model keeps its weights on the host; that host copy is retained while the model is
 resident, so eviction only points the parameters back at it and drops the device copy: zero bytes
 move device-to-host. On CUDA the host copy is pinned once, at attach, so uploads are fast and
-asynchronous. With a bookkeeping probe (simulated device, CPU) nothing moves; only bytes are counted.
+asynchronous. The tensors move in ``offload.weight_moves``; the ledger decides when and counts the
+bytes. With a bookkeeping probe (simulated device, CPU) nothing moves; only bytes are counted.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from collections.abc import Sequence
 
 import attrs
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from offload.changes import install_registration_counter, registrations, unwatch, watch
 from offload.pinned import pinned_device_bytes
 from offload.probes import MemoryProbe
 from offload.storage import module_fingerprint, module_nbytes
+from offload.weight_moves import HostCopies, WeightMoves
 
 __all__ = ["ResidencyLedger"]
 
@@ -30,10 +31,7 @@ class _Entry:
     module: torch.nn.Module
     nbytes: int
     resident: bool = False
-    # Host tensors of a resident model, keyed by id(parameter) or (id(owner module), buffer name).
-    host: dict[object, torch.Tensor] = attrs.field(factory=dict)
-    # Slots given a new device Parameter where the tensor type cannot change in place: (owner, name, original).
-    swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = attrs.field(factory=list)
+    copies: HostCopies = attrs.field(factory=HostCopies)  # its host tensors set aside while on the device
     # What the weights looked like when last measured, and the registration count read just before.
     fingerprint: tuple[int, int, int] = (0, 0, 0)
     generation: int = -1
@@ -51,13 +49,6 @@ def _held(entry: _Entry) -> int:
     return entry.nbytes if entry.footprint is None else entry.footprint
 
 
-def _buffer_slots(module: torch.nn.Module):
-    for owner in module.modules():
-        for name, buffer in owner._buffers.items():
-            if buffer is not None:
-                yield owner, name, buffer
-
-
 class ResidencyLedger:
     """What is resident on one probe's device, with byte sizes from the real storage.
 
@@ -70,7 +61,12 @@ class ResidencyLedger:
         self._entries: dict[str, _Entry] = {}
         self._resident_bytes = 0
         self.peak_resident_bytes = 0
-        self._pin = probe.moves_weights and probe.execution_device.type == "cuda"
+        # None for a bookkeeping probe (simulated device, CPU): nothing moves, only bytes are counted.
+        self._moves = (
+            WeightMoves(probe.execution_device, pin=probe.execution_device.type == "cuda")
+            if probe.moves_weights
+            else None
+        )
         install_registration_counter()
 
     # -- queries -------------------------------------------------------------------------------
@@ -133,7 +129,7 @@ class ResidencyLedger:
             self._entries[model_id] = entry
             self.probe.on_resident(model_id, entry.pinned)
             return 0
-        moved_back = self._to_host(module) if self.probe.moves_weights else 0
+        moved_back = self._moves.to_host(module) if self._moves is not None else 0
         self._measured(entry, generation)
         self._entries[model_id] = entry
         if self.probe.always_resident:
@@ -166,8 +162,8 @@ class ResidencyLedger:
             return self._complete(model_id, entry)  # shrunk to a prefix (drop_tail): its tail comes back
         if entry.resident:
             return 0
-        if self.probe.moves_weights:
-            self._upload(entry, None if part is None else part[0])
+        if self._moves is not None:
+            self._moves.upload(entry.module, entry.copies, None if part is None else part[0])
         entry.prefix, entry.footprint = (None, None) if part is None else part[1:]
         self._set_resident(model_id, entry, True)
         return entry.nbytes if part is None else part[1]
@@ -177,7 +173,7 @@ class ResidencyLedger:
         rest, ``prefix`` bytes, resident (``offload.shrink``); ``make_resident`` brings the tail back. Returns
         device-to-host bytes: 0 unless tail weights changed on the device without ``refresh``."""
         entry = self._entries[model_id]
-        copied = self._drop_owners(entry, tail) if self.probe.moves_weights else 0
+        copied = self._moves.drop_owners(entry.copies, tail) if self._moves is not None else 0
         self._resident_bytes -= _held(entry) - prefix
         entry.prefix = entry.footprint = prefix
         self.probe.on_resident(model_id, prefix)
@@ -186,18 +182,21 @@ class ResidencyLedger:
     def upload_group(self, model_id: str, owners: Sequence[torch.nn.Module]) -> None:
         """Put the own tensors of ``owners``, a streamed group of partly resident ``model_id``, on the device in
         the room its footprint holds (``offload.streaming``); ``drop_group`` points them back at the host."""
-        if self.probe.moves_weights:
-            self._upload(self._entries[model_id], owners)
+        if self._moves is not None:
+            entry = self._entries[model_id]
+            self._moves.upload(entry.module, entry.copies, owners)
 
     def drop_group(self, model_id: str, owners: Sequence[torch.nn.Module]) -> int:
         """Point a streamed group's tensors back at their host copies. Returns device-to-host bytes: 0 unless
         its weights were replaced on the device meanwhile."""
-        return self._drop_owners(self._entries[model_id], owners) if self.probe.moves_weights else 0
+        if self._moves is None:
+            return 0
+        return self._moves.drop_owners(self._entries[model_id].copies, owners)
 
     def _complete(self, model_id: str, entry: _Entry) -> int:
         prefix = entry.prefix or 0
-        if self.probe.moves_weights:
-            self._upload(entry)  # only the tensors not on the device move
+        if self._moves is not None:
+            self._moves.upload(entry.module, entry.copies)  # only the tensors not on the device move
         self._resident_bytes += entry.nbytes - prefix
         entry.prefix = entry.footprint = None
         self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
@@ -210,7 +209,7 @@ class ResidencyLedger:
         entry = self._entries[model_id]
         if not entry.resident or self.probe.always_resident or entry.pinned is not None:
             return 0
-        copied = self._drop(entry) if self.probe.moves_weights else 0
+        copied = self._moves.drop(entry.module, entry.copies) if self._moves is not None else 0
         self._set_resident(model_id, entry, False)
         return copied
 
@@ -244,8 +243,12 @@ class ResidencyLedger:
             self.probe.on_resident(model_id, entry.pinned)
             self._measured(entry, generation)
             return 0
-        if self.probe.moves_weights:
-            copied = self._sync_host(entry) if entry.resident else self._to_host(entry.module)
+        if self._moves is not None:
+            copied = (
+                self._moves.sync_host(entry.module, entry.copies)
+                if entry.resident
+                else self._moves.to_host(entry.module)
+            )
         nbytes = module_nbytes(entry.module)
         if entry.resident and entry.footprint is None:  # a partly resident one keeps its footprint
             self._resident_bytes += nbytes - entry.nbytes
@@ -265,13 +268,8 @@ class ResidencyLedger:
         entry.fingerprint, entry.generation = self._fingerprint(entry), generation
 
     def _fingerprint(self, entry: _Entry) -> tuple[int, int, int]:
-        # A Parameter that _upload put in a slot stands for the original it keeps as the host copy.
-        substitute = {}
-        for owner, name, original in entry.swapped:
-            swapped_in = owner._parameters[name]
-            if swapped_in is not None:
-                substitute[id(swapped_in)] = id(original)
-        return module_fingerprint(entry.module, substitute)
+        # A Parameter that WeightMoves.upload put in a slot stands for the original kept as the host copy.
+        return module_fingerprint(entry.module, entry.copies.substitutes())
 
     def _set_resident(self, model_id: str, entry: _Entry, resident: bool) -> None:
         entry.resident = resident
@@ -283,143 +281,3 @@ class ResidencyLedger:
             self._resident_bytes -= _held(entry)
             entry.prefix = entry.footprint = None
             self.probe.on_evicted(model_id)
-
-    def _host_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
-        if self._pin and not host.is_pinned():
-            host = host.pin_memory()
-        return host
-
-    def _to_host(self, module: torch.nn.Module) -> int:
-        """Point every weight at a host tensor (pinned on CUDA); returns bytes copied off a device."""
-        copied = 0
-        replaced: dict[int, torch.nn.Parameter] = {}
-        for owner in module.modules():
-            for name, param in owner._parameters.items():
-                if param is None:
-                    continue
-                if param.device.type != "cpu" and id(param) not in replaced:
-                    copied += param.nbytes
-                if is_traceable_wrapper_subclass(param):  # no .data setter (quantized tensors): a new slot
-                    if id(param) not in replaced:
-                        host = self._host_tensor(param)
-                        replaced[id(param)] = torch.nn.Parameter(host, requires_grad=param.requires_grad)
-                    owner._parameters[name] = replaced[id(param)]
-                else:
-                    param.data = self._host_tensor(param.data)
-        for owner, name, buffer in _buffer_slots(module):
-            if buffer.device.type != "cpu":
-                copied += buffer.nbytes
-            owner._buffers[name] = self._host_tensor(buffer)
-        return copied
-
-    def _upload(self, entry: _Entry, owners: Sequence[torch.nn.Module] | None = None) -> None:
-        device = self.probe.execution_device
-        # One device copy per host tensor, even if shared (tied weights): parameters and buffers apart,
-        # since a parameter slot takes a Parameter.
-        done: dict[int, torch.nn.Parameter] = {}
-        done_buffers: dict[int, torch.Tensor] = {}
-        for owner in entry.module.modules() if owners is None else owners:
-            for name, param in owner._parameters.items():
-                if param is None or param.device == device:
-                    continue
-                if id(param) in done:  # a tied parameter already swapped in another slot
-                    owner._parameters[name] = done[id(param)]
-                    entry.swapped.append((owner, name, param))
-                    continue
-                wrapper = is_traceable_wrapper_subclass(param)  # e.g. torchao's quantized tensors
-                on_device = (param if wrapper else param.data).to(device, non_blocking=self._pin)
-                if not wrapper and torch._has_compatible_shallow_copy_type(param.data, on_device):
-                    # Keep the Parameter object (references to it stay valid); remember its host tensor.
-                    entry.host[id(param)] = param.data
-                    param.data = on_device
-                    done[id(param)] = param
-                else:  # the meta device, or a tensor subclass whose .data cannot be set (torchao's quantized
-                    # tensors; diffusers' group offloading swaps those with torch.utils.swap_tensors instead):
-                    # a new Parameter in the slot, the original kept as the host copy
-                    swapped = torch.nn.Parameter(on_device, requires_grad=param.requires_grad)
-                    owner._parameters[name] = swapped
-                    entry.swapped.append((owner, name, param))
-                    done[id(param)] = swapped
-            for name, buffer in owner._buffers.items():
-                if buffer is None or buffer.device == device:
-                    continue
-                entry.host[(id(owner), name)] = buffer
-                if id(buffer) not in done_buffers:
-                    done_buffers[id(buffer)] = buffer.to(device, non_blocking=self._pin)
-                owner._buffers[name] = done_buffers[id(buffer)]
-
-    def _drop(self, entry: _Entry) -> int:
-        """Point every tensor of the model back at its host copy (the whole model evicted)."""
-        copied = self._drop_owners(entry, list(entry.module.modules()))
-        entry.host.clear()
-        entry.swapped.clear()
-        return copied
-
-    def _drop_owners(self, entry: _Entry, owners: Sequence[torch.nn.Module]) -> int:
-        """Point ``owners``' own tensors back at their host copies (a tail dropped, or the whole model).
-
-        A tensor found on the device without a host copy (replaced there behind our back) is copied to the
-        host, so its value is kept; the bytes copied are returned."""
-        mine = {id(owner) for owner in owners}
-        kept = []
-        for owner, name, original in entry.swapped:
-            if id(owner) in mine:
-                owner._parameters[name] = original
-            else:
-                kept.append((owner, name, original))
-        entry.swapped = kept
-        copied = 0
-        for owner in owners:
-            for name, param in owner._parameters.items():
-                host = None if param is None else entry.host.pop(id(param), None)
-                if param is None or (host is None and param.device.type in ("cpu", "meta")):
-                    continue
-                if host is None:  # replaced on the device behind our back: keep its value
-                    copied += param.nbytes
-                    if is_traceable_wrapper_subclass(param):  # no .data setter: a host Parameter in its slot
-                        host = self._host_tensor(param)
-                        owner._parameters[name] = torch.nn.Parameter(host, requires_grad=param.requires_grad)
-                        continue
-                    host = self._host_tensor(param.data)
-                param.data = host
-            for name, buffer in owner._buffers.items():
-                host = None if buffer is None else entry.host.pop((id(owner), name), None)
-                if buffer is None or (host is None and buffer.device.type in ("cpu", "meta")):
-                    continue
-                if host is None:
-                    host = self._host_tensor(buffer)
-                    copied += buffer.nbytes
-                owner._buffers[name] = host
-        return copied
-
-    def _sync_host(self, entry: _Entry) -> int:
-        """Copy device weights of a resident model into fresh host tensors (after an in-place change)."""
-        copied = 0
-        swapped_in = set()
-        refreshed = []
-        for owner, name, original in entry.swapped:
-            on_device = owner._parameters[name]
-            assert on_device is not None  # _upload put a Parameter in every slot it recorded as swapped
-            swapped_in.add(id(on_device))
-            if on_device.device.type != "meta":  # meta holds no values to copy
-                host = self._host_tensor(
-                    on_device if is_traceable_wrapper_subclass(on_device) else on_device.data
-                )
-                if is_traceable_wrapper_subclass(original):
-                    original = torch.nn.Parameter(host, requires_grad=original.requires_grad)
-                else:
-                    original.data = host
-                copied += on_device.nbytes
-            refreshed.append((owner, name, original))
-        entry.swapped = refreshed
-        entry.host = {k: v for k, v in entry.host.items() if isinstance(k, tuple)}
-        for param in entry.module.parameters():
-            if param.device.type != "cpu" and id(param) not in swapped_in:
-                entry.host[id(param)] = self._host_tensor(param.data)
-                copied += param.nbytes
-        for owner, name, buffer in _buffer_slots(entry.module):
-            if buffer.device.type != "cpu":
-                entry.host[(id(owner), name)] = self._host_tensor(buffer)
-                copied += buffer.nbytes
-        return copied

@@ -46,6 +46,11 @@ class RecordingEngine:
 
     def set_strategy(self, strategy):
         self.calls.append(("set_strategy", strategy))
+        self.args = (*self.args[:2], strategy)
+
+    @property
+    def strategy(self):
+        return self.args[2]
 
     def set_plan(self, ids):
         self.calls.append(("set_plan", list(ids)))
