@@ -241,7 +241,7 @@ class Bench:
         return result
 
 
-def ours(bench: Bench, models: dict[str, Chain], label: str, prefetch: bool, shrink: bool = False) -> Result:
+def ours(bench: Bench, models: dict[str, Chain], label: str, prefetch: bool, shrink: bool = True) -> Result:
     """Our ``OffloadEngine`` (next use; pinned host copies; nothing copied back), a plan per workflow."""
     engine = bench.target.engine()
     engine.prefetch = prefetch

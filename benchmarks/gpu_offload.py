@@ -14,7 +14,7 @@ for activations by both managers):
 - ours: ``offload.OffloadEngine`` (next use, pinned host copies, nothing copied back), a plan per
   workflow, at ``--budget-gb`` (the transformers cannot all stay resident); then with ``prefetch``
   (the plan's next model copied on a side stream while the current one computes); then with prefetch and
-  ``shrink_victims`` (a victim may keep a resident prefix);
+  ``shrink_victims`` off (victims leave whole; on by default: a victim may keep a resident prefix);
 - ours streaming: at ``--stream-budget-gb``, below one transformer, so each denoiser keeps a resident
   prefix of its blocks and streams the rest every step; without and with prefetch (the next block
   copied on a side stream);
@@ -141,7 +141,7 @@ def rows(budget: int, stream_budget: int, cuda: bool) -> list[Row]:
     return [
         row("ours (NextUse)", budget, ours, prefetch=False),
         row("ours + prefetch", budget, ours, prefetch=True),
-        row("ours + prefetch + shrink_victims", budget, ours, prefetch=True, shrink=True),
+        row("ours + prefetch, victims whole", budget, ours, prefetch=True, shrink=False),
         row("ours streaming", stream_budget, ours, prefetch=False),
         row("ours streaming + prefetch", stream_budget, ours, prefetch=True),
         row(manager, budget, peer_manager)

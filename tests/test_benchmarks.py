@@ -18,7 +18,7 @@ BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
 OURS = [
     "ours (NextUse)",
     "ours + prefetch",
-    "ours + prefetch + shrink_victims",
+    "ours + prefetch, victims whole",
     "ours streaming",
     "ours streaming + prefetch",
 ]
