@@ -6,6 +6,12 @@ back by pointing them at tensors read from safetensors files (``safe_open`` maps
 back from the file the model was loaded from when the file holds it under one of its names, with the same
 shape and dtype, and the same values (checked once, when the model is first dropped); every other tensor
 is written once to a spill file.
+
+A wrapper tensor subclass (a quantized weight: torchao's ``Int8Tensor``, ``is_traceable_wrapper_subclass``)
+is dropped by its inner plain tensors (``__tensor_flatten__``, recursively), each spilled under
+``<name>.<inner name>``: the wrapper object stays in its slot and only its inner attributes point at
+placeholders, so its type, context, size and stride stay in memory. They are never read from the source
+file, which holds the unquantized weights.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import attrs
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.utils._python_dispatch import TraceableWrapperSubclass, is_traceable_wrapper_subclass
 
 from offload.errors import HostBudgetError
 
@@ -58,14 +65,22 @@ class TensorSlot:
     Attributes:
         key: Its first qualified name; the key in a spill file.
         names: Every qualified name it has (a source file may store a tied weight under any of them).
-        places: ``(owner module, attribute name, is a parameter)`` for every slot holding it.
+        places: ``(owner module, attribute name, is a parameter)`` for every slot holding it (for an inner
+            tensor: every slot holding its wrapper).
         tensor: The tensor now (a placeholder while the model is dropped).
+        holders: For an inner tensor of wrapper subclasses: ``(wrapper, inner attribute name)`` of each
+            wrapper holding it; these attributes are set instead of the ``places``.
+        stride: Its stride when found, restored at read back (a file stores it contiguous).
     """
 
     key: str
     names: list[str]
     places: list[tuple[torch.nn.Module, str, bool]]
     tensor: torch.Tensor
+    holders: list[tuple[object, str]] = attrs.field(factory=list)
+    stride: tuple[int, ...] = attrs.field(
+        default=attrs.Factory(lambda slot: tuple(slot.tensor.stride()), takes_self=True)
+    )
 
     @property
     def nbytes(self) -> int:
@@ -121,12 +136,17 @@ class DiskCopy:
         return changed
 
 
+# ``(qualified name, plain tensor, (the wrapper holding it, its attribute) or None for a module's own)``
+_Leaf = tuple[str, torch.Tensor, tuple[object, str] | None]
+
+
 def tensor_slots(module: torch.nn.Module) -> list[TensorSlot] | str:
     """The tensors of ``module`` that hold host memory, each once, or why they cannot be dropped.
 
-    Meta tensors hold nothing and are left out. Returns a reason (a string) when a tensor is not a plain
-    strided tensor (a quantized weight subclass: safetensors cannot store it) or two tensors are different
-    views of one storage (reading them back apart would double the memory and break the view).
+    Meta tensors hold nothing and are left out. A wrapper subclass counts by its inner plain tensors. Returns
+    a reason (a string) when a tensor is neither a plain strided tensor nor such a wrapper (safetensors
+    cannot store it), or two tensors are different views of one storage (reading them back apart would
+    double the memory and break the view).
     """
     slots: dict[object, TensorSlot] = {}  # by tensor object, and by view of a storage
     storages: dict[int, tuple] = {}  # storage pointer -> the one view of it that is used
@@ -136,30 +156,60 @@ def tensor_slots(module: torch.nn.Module) -> list[TensorSlot] | str:
         for name, tensor, is_param in entries:
             if tensor is None or tensor.device.type == "meta":
                 continue
-            data = tensor.data if is_param else tensor
             qualified = f"{prefix}.{name}" if prefix else name
-            if type(data) is not torch.Tensor or data.layout != torch.strided:
-                return (
-                    f"{qualified} is a {type(data).__name__} ({data.layout}), which safetensors cannot store"
-                )
-            slot = slots.get(id(tensor))
-            if slot is None:
-                pointer = data.untyped_storage().data_ptr()
-                view: tuple = (pointer, data.storage_offset(), tuple(data.shape), data.stride(), data.dtype)
-                if pointer == 0:  # an empty tensor has no storage to share
-                    view = ("empty", id(tensor))
-                elif storages.setdefault(pointer, view) != view:
-                    return f"{qualified} is one of several different views of one storage"
-                slot = slots.get(view)
-                if slot is None:  # a tensor object tied to another one by its data is the same slot
-                    slot = slots[view] = TensorSlot(key=qualified, names=[], places=[], tensor=data)
-                slots[id(tensor)] = slot
-            if qualified not in slot.names:
-                slot.names.append(qualified)
-            if not any(o is owner and n == name for o, n, _ in slot.places):
-                slot.places.append((owner, name, is_param))
+            leaves: list[_Leaf] | str
+            if is_traceable_wrapper_subclass(tensor):
+                leaves = _inner_tensors(tensor, qualified)
+            else:
+                leaves = [(qualified, tensor.data if is_param else tensor, None)]
+            if isinstance(leaves, str):
+                return leaves
+            for key, data, holder in leaves:
+                if type(data) is not torch.Tensor or data.layout != torch.strided:
+                    return f"{key} is a {type(data).__name__} ({data.layout}), which safetensors cannot store"
+                if data.device.type == "meta":
+                    continue
+                identity = id(tensor) if holder is None else id(data)  # ``.data`` is a new object each time
+                slot = slots.get(identity)
+                if slot is None:
+                    pointer = data.untyped_storage().data_ptr()
+                    view: tuple = (pointer, data.storage_offset(), data.shape, data.stride(), data.dtype)
+                    view += (holder is None,)  # never one slot for an inner and a plain tensor (_assign)
+                    if pointer == 0:  # an empty tensor has no storage to share
+                        view = ("empty", identity)
+                    elif storages.setdefault(pointer, view) != view:
+                        return f"{key} is one of several different views of one storage"
+                    slot = slots.get(view)
+                    if slot is None:  # a tensor object tied to another one by its data is the same slot
+                        slot = slots[view] = TensorSlot(key=key, names=[], places=[], tensor=data)
+                    slots[identity] = slot
+                if key not in slot.names:
+                    slot.names.append(key)
+                if not any(o is owner and n == name for o, n, _ in slot.places):
+                    slot.places.append((owner, name, is_param))
+                if holder is not None and not any(w is holder[0] and a == holder[1] for w, a in slot.holders):
+                    slot.holders.append(holder)
     unique = {id(slot): slot for slot in slots.values()}
     return list(unique.values())
+
+
+def _inner_tensors(wrapper: TraceableWrapperSubclass, key: str) -> list[_Leaf] | str:
+    """``(key, inner tensor, (its wrapper, attribute))`` for the inner tensors of a wrapper subclass, nested
+    wrappers flattened, or why one cannot be set apart from its wrapper."""
+    names, _ = wrapper.__tensor_flatten__()
+    leaves: list[_Leaf] = []
+    for attribute in names:
+        inner = getattr(wrapper, attribute)
+        if attribute not in vars(wrapper):  # a property, say: there is no attribute to point elsewhere
+            return f"{key} is a {type(wrapper).__name__} whose {attribute} is not a plain attribute"
+        if is_traceable_wrapper_subclass(inner):
+            nested = _inner_tensors(inner, f"{key}.{attribute}")
+            if isinstance(nested, str):
+                return nested
+            leaves += nested
+        else:
+            leaves.append((f"{key}.{attribute}", inner, (wrapper, attribute)))
+    return leaves
 
 
 def file_index(paths: Iterable[str]) -> dict[str, tuple[str, tuple[int, ...], torch.dtype | None]]:
@@ -184,22 +234,27 @@ def missing_from_files(module: torch.nn.Module, files: Sequence[str]) -> tuple[s
     when they store every tensor of it (non-persistent buffers aside).
 
     Returns:
-        ``(which files, the tensors they lack)`` for a message: ``"no safetensors file it was loaded from"``
-        or ``"files that lack some"``, and the first names missing (or why it cannot be stored at all).
+        ``(which files, the tensors they lack)`` for a message: ``"no safetensors file it was loaded from"``,
+        ``"files that lack some"`` or, for quantized weights (never read from a file), ``"no file holding
+        the quantized form"``, and the first names missing (or why it cannot be stored at all).
     """
     slots = tensor_slots(module)
     index = file_index(files)
+    quantized = False
     if isinstance(slots, str):
         missing = [slots]
     else:
+        quantized = any(slot.holders and not slot.non_persistent for slot in slots)
         missing = [
             slot.key
             for slot in slots
-            if not slot.non_persistent and not any(_stored(index, n, slot.tensor) for n in slot.names)
+            if not slot.non_persistent
+            and (slot.holders or not any(_stored(index, n, slot.tensor) for n in slot.names))
         ]
     if not missing:
         return None
     where = "no safetensors file it was loaded from" if not index else "files that lack some"
+    where = "no file holding the quantized form" if quantized else where
     shown = ", ".join(missing[:3])
     return where, shown if len(missing) <= 3 else f"{shown} and {len(missing) - 3} more"
 
@@ -215,11 +270,12 @@ def file_sources(
     """``{slot key: (path, key in the file)}`` for the slots a file of ``index`` stores with the same values.
 
     A slot matches under any of its names with the same shape and dtype; its values are then compared with
-    the file's (each file is opened once), so a weight changed in place since loading does not match.
+    the file's (each file is opened once), so a weight changed in place since loading does not match. An
+    inner tensor of a wrapper subclass never matches (the file holds the weight before it was quantized).
     """
     candidates: dict[str, list[tuple[TensorSlot, str]]] = {}
     for slot in slots:
-        for name in slot.names:
+        for name in [] if slot.holders else slot.names:
             found = index.get(name)
             if found is not None and found[1] == tuple(slot.tensor.shape) and found[2] == slot.tensor.dtype:
                 candidates.setdefault(found[0], []).append((slot, name))
@@ -262,7 +318,12 @@ def _placeholder(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _assign(slot: TensorSlot, tensor: torch.Tensor) -> None:
-    for owner, name, is_param in slot.places:
+    # A wrapper subclass has no working ``.data`` setter; a new Parameter in its slot would change the identity
+    # the ledger's fingerprint, the hook and the user's references rely on. So the wrapper object stays, and
+    # only its inner attribute points elsewhere.
+    for wrapper, attribute in slot.holders:
+        setattr(wrapper, attribute, tensor)
+    for owner, name, is_param in [] if slot.holders else slot.places:
         if is_param:
             param = owner._parameters[name]
             assert param is not None  # tensor_slots found a Parameter in this slot
@@ -287,10 +348,30 @@ def read_back(slots: Sequence[TensorSlot], copy: DiskCopy, pin: bool) -> int:
     for path, group in by_path.items():
         with safe_open(path, framework="pt", device="cpu") as handle:
             for slot in group:
-                tensor = handle.get_tensor(copy.sources[slot.key][1])
-                _assign(slot, tensor.pin_memory() if pin else tensor)
+                _assign(slot, _laid_out(handle.get_tensor(copy.sources[slot.key][1]), slot.stride, pin))
                 read += slot.nbytes
     return read
+
+
+def _laid_out(tensor: torch.Tensor, stride: tuple[int, ...], pin: bool) -> torch.Tensor:
+    """``tensor`` (read contiguous) with ``stride`` when that is a dense layout (a transposed weight, or a
+    quantized one's packed data: kernels may rely on it), pinned when ``pin``."""
+    if tensor.stride() == stride or not _dense(tuple(tensor.shape), stride):
+        return tensor.pin_memory() if pin else tensor
+    strided = torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, pin_memory=pin)
+    return strided.copy_(tensor)
+
+
+def _dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    # Every element of one block of memory once: strides, smallest first, are the running products of sizes.
+    expected = 1
+    for size, step in sorted(zip(shape, stride, strict=True), key=lambda pair: pair[1]):
+        if size == 1:
+            continue
+        if step != expected:
+            return False
+        expected *= size
+    return True
 
 
 def writable_folder(folder: str) -> str:

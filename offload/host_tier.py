@@ -4,8 +4,9 @@ Every attached model keeps a host copy (``offload.ledger``). With a host budget,
 held exceed it, the models needed least soon (ranked as ``NextUseStrategy`` ranks device victims, from the
 plan and the use history) drop theirs: their weights are then on disk, and read back when next placed. A
 tensor is read back from the safetensors file the model was loaded from when that file holds the same
-values; the others (a fused LoRA, an edited or new weight, a model built in memory) are written once to a
-spill folder. Models on the device or running are never dropped. Every step is in the engine's log.
+values; the others (a fused LoRA, an edited or new weight, a model built in memory, a quantized weight such
+as torchao's, by its inner tensors) are written once to a spill folder. Models on the device or running are
+never dropped. Every step is in the engine's log.
 
 The engine calls a ``HostTier`` with its lock held. With several devices, each engine's tier holds a share
 of one host budget (``offload.host_budget``); the manager sets it with ``set_share``, which takes that lock.

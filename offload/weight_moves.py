@@ -83,7 +83,12 @@ class WeightMoves:
                 if is_traceable_wrapper_subclass(param):  # no .data setter (quantized tensors): a new slot
                     if id(param) not in replaced:
                         host = self.host_tensor(param)
-                        replaced[id(param)] = torch.nn.Parameter(host, requires_grad=param.requires_grad)
+                        # Already a host tensor as wanted: the Parameter stays, so references to it stay live.
+                        replaced[id(param)] = (
+                            param
+                            if host is param
+                            else torch.nn.Parameter(host, requires_grad=param.requires_grad)
+                        )
                     owner._parameters[name] = replaced[id(param)]
                 else:
                     param.data = self.host_tensor(param.data)

@@ -58,3 +58,14 @@ def test_a_quantized_model_streams_its_tail():
     engine.detach("tower")
     assert host_weights(tower) == before and torch.equal(tower(X), expected)
     assert engine.log.total_bytes_to_host == 0
+
+
+def test_attaching_a_quantized_model_on_the_host_keeps_its_parameter_objects():
+    """References a user took before attach keep pointing at the live weights."""
+    tower = quantized_tower()
+    before = [block.weight for block in tower.blocks]
+    engine = OffloadEngine(MetaProbe(2 * module_nbytes(tower)), memory_reserve_margin=0)
+    engine.attach("tower", tower)
+    assert all(block.weight is param for block, param in zip(tower.blocks, before))
+    engine.detach("tower")
+    assert all(block.weight is param for block, param in zip(tower.blocks, before))
