@@ -27,6 +27,7 @@ import attrs
 import torch
 
 from offload.errors import HostBudgetError
+from offload.messages import reload_hint
 from offload.units import format_bytes, format_bytes_distinct
 
 if TYPE_CHECKING:
@@ -98,8 +99,7 @@ class HostShare:
             f"(split between the {self.devices} devices by the bytes of the models each places; {self.device} "
             f"places {placed}) and has {where} of its weights to read back from ({missing}); it would have "
             f"to be held in host memory beyond the share. Raise host_budget to at least "
-            f"{format_bytes(self.budget_holding(size))}, or save the model with save_pretrained() and load "
-            "it from there. Nothing was dropped."
+            f"{format_bytes(self.budget_holding(size))}, {reload_hint(where)}. Nothing was dropped."
         )
 
 

@@ -44,6 +44,7 @@ from offload.errors import DiskCopyError, HostBudgetError
 from offload.host_budget import HostShare, default_host_budget
 from offload.ledger import ResidencyLedger
 from offload.log import OffloadDecision, OffloadLog
+from offload.messages import reload_hint
 from offload.next_use import NextUseStrategy
 from offload.probes import MemoryProbe
 from offload.storage import module_fingerprint, module_nbytes
@@ -194,8 +195,7 @@ class HostTier:
         msg = (
             f"model {model_id!r} ({need}) is larger than host_budget {budget} and has {where} of its "
             f"weights to read back from ({missing}); it would have to be held in host memory "
-            "beyond the budget. Raise host_budget above its size, or save the model with "
-            "save_pretrained() and load it from there. Nothing was dropped."
+            f"beyond the budget. Raise host_budget above its size, {reload_hint(where)}. Nothing was dropped."
         )
         raise HostBudgetError(msg)
 

@@ -12,6 +12,7 @@ __all__ = [
     "device_name",
     "forward_oom",
     "needs_own_running",
+    "reload_hint",
     "too_large",
     "unfit",
     "wait_for_cycle",
@@ -139,3 +140,11 @@ def forward_oom(model_id: str, nbytes: int, device: str, free: int, margin: int)
         f"{format_bytes(margin)}). Use smaller inputs (batch, resolution), a larger memory_reserve_margin, or a "
         "larger device."
     )
+
+
+def reload_hint(where: str) -> str:
+    """The second fix a host-budget refusal offers: a file to read the weights back from, which a quantized
+    model cannot have (its file holds the unquantized weights)."""
+    if where.startswith("no file holding the quantized form"):
+        return "or hold it unquantized, or pin it (offload.pin) so that it stays where it is"
+    return "or save the model with save_pretrained() and load it from there"

@@ -292,4 +292,6 @@ def test_a_quantized_model_larger_than_the_budget_is_refused(tmp_path):
     ) as caught:
         enable(cm, tmp_path, budget=QSIZE // 2, device=QSIZE)
     assert "Nothing was dropped." in str(caught.value) and not cm.auto_offload_enabled
+    # The fix it offers fits a quantized model: no file can hold its quantized form for reading back.
+    assert "save_pretrained" not in str(caught.value) and "pin it (offload.pin)" in str(caught.value)
     assert not os.path.exists(tmp_path / "spill") and torch.equal(feed(model), feed(quantized(0)))
