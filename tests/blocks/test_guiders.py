@@ -147,9 +147,8 @@ def test_a_guider_with_another_scale_changes_nothing_when_the_call_gives_the_sca
 # ----- PAG against the classic PAG pipelines -----
 
 
-@pytest.mark.parametrize("prompts", [{"prompt": "a cat"}, {"prompt": ["a cat", "a red dog"]}])
-def test_pag_on_sd_equals_the_classic_pag_pipeline(sd, prompts):
-    """PerturbedAttentionGuidance on SD equals StableDiffusionPAGPipeline (pag_applied_layers=['mid']) to 1e-4."""
+def classic_pag(sd) -> StableDiffusionPAGPipeline:
+    """diffusers' classic PAG pipeline on ``sd``'s components, PAG on the mid block."""
     classic = StableDiffusionPAGPipeline(
         **{name: sd.components[name] for name in ("vae", "text_encoder", "tokenizer", "unet", "scheduler")},
         safety_checker=None,
@@ -158,6 +157,13 @@ def test_pag_on_sd_equals_the_classic_pag_pipeline(sd, prompts):
         pag_applied_layers=["mid"],
     )
     classic.set_progress_bar_config(disable=True)
+    return classic
+
+
+@pytest.mark.parametrize("prompts", [{"prompt": "a cat"}, {"prompt": ["a cat", "a red dog"]}])
+def test_pag_on_sd_equals_the_classic_pag_pipeline(sd, prompts):
+    """PerturbedAttentionGuidance on SD equals StableDiffusionPAGPipeline (pag_applied_layers=['mid']) to 1e-4."""
+    classic = classic_pag(sd)
     inputs = {"num_inference_steps": STEPS, "output_type": "latent", **prompts}
     theirs = classic(generator=seeded(0), pag_scale=3.0, **inputs).images
     plain = run(sd, **prompts)
@@ -174,14 +180,7 @@ def _processors(unet) -> dict[str, object]:
 def test_pag_without_classifier_free_guidance_equals_the_classic_pag_pipeline(sd):
     """guidance_scale=1: PAG alone (cond + scale * (cond - perturbed), the original formulation) equals the
     classic pipeline bit for bit; the batch is (conditional, perturbed) with PAGIdentitySelfAttnProcessor2_0."""
-    classic = StableDiffusionPAGPipeline(
-        **{name: sd.components[name] for name in ("vae", "text_encoder", "tokenizer", "unet", "scheduler")},
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-        pag_applied_layers=["mid"],
-    )
-    classic.set_progress_bar_config(disable=True)
+    classic = classic_pag(sd)
     inputs = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", "guidance_scale": 1.0}
     theirs = classic(generator=seeded(0), pag_scale=3.0, **inputs).images
     sd.update_components(guider=pag(use_original_formulation=True))
