@@ -283,8 +283,8 @@ class Placer:
         self, model_id: str, nbytes: int, free: int, free_before: int, evictable: dict[str, int]
     ) -> None:
         request = self.request(model_id, nbytes, free, evictable)
-        used = self._total() - self._probe.free_bytes()
-        request = attrs.evolve(request, device_total=self._total(), device_used=used)
+        total = self._total()
+        request = attrs.evolve(request, device_total=total, device_used=total - self._probe.free_bytes())
         victims = list(self.strategy.select_victims(request))
         self._check_victims(request, victims)
         if self.shrink and getattr(self.strategy, "shrink_victims", False):  # offload.shrink

@@ -74,10 +74,8 @@ class ReplayResult:
 def _bytes_on_device(engine: OffloadEngine, model_id: str) -> int:
     """Bytes of ``model_id``'s weights on the device: all of them, or only its resident prefix when it is
     partly resident (shrunk to a prefix, or streaming its tail, whose groups come in only during its forward)."""
-    nbytes = engine.nbytes(model_id)
-    share = engine.residency(model_id).resident_share
-    # The share is prefix / nbytes: rounding its product with nbytes gives the prefix back exactly.
-    return nbytes if share is None else round(share * nbytes)
+    part = engine._ledger.partial(model_id)  # (resident prefix, footprint) while partly resident
+    return engine.nbytes(model_id) if part is None else part[0]
 
 
 class UseRecorder:

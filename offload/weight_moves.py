@@ -30,14 +30,15 @@ class HostCopies:
 
     # Host tensors of uploaded slots, keyed by id(parameter) or (id(owner module), buffer name).
     host: dict[object, torch.Tensor] = attrs.field(factory=dict)
-    # Slots given a new device Parameter where the tensor type cannot change in place: (owner, name, original).
-    swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = attrs.field(factory=list)
+    # Slots given a new device Parameter where the tensor type cannot change in place, keyed by (id(owner), name)
+    # so that dropping a group finds its own slots without reading every other one: (owner, original).
+    swapped: dict[tuple[int, str], tuple[torch.nn.Module, torch.nn.Parameter]] = attrs.field(factory=dict)
 
     def substitutes(self) -> dict[int, int]:
         """``id`` of each Parameter put in a slot by ``upload``, mapped to the ``id`` of the original it
         stands for (so a fingerprint reads the model as unchanged)."""
         substitute = {}
-        for owner, name, original in self.swapped:
+        for (_, name), (owner, original) in self.swapped.items():
             swapped_in = owner._parameters[name]
             if swapped_in is not None:
                 substitute[id(swapped_in)] = id(original)
@@ -117,7 +118,7 @@ class WeightMoves:
                     continue
                 if id(param) in done:  # a tied parameter already swapped in another slot
                     owner._parameters[name] = done[id(param)]
-                    copies.swapped.append((owner, name, param))
+                    copies.swapped[id(owner), name] = (owner, param)
                     continue
                 wrapper = is_traceable_wrapper_subclass(param)  # e.g. torchao's quantized tensors
                 on_device = (param if wrapper else param.data).to(device, non_blocking=self.pin)
@@ -131,7 +132,7 @@ class WeightMoves:
                     # a new Parameter in the slot, the original kept as the host copy
                     swapped = torch.nn.Parameter(on_device, requires_grad=param.requires_grad)
                     owner._parameters[name] = swapped
-                    copies.swapped.append((owner, name, param))
+                    copies.swapped[id(owner), name] = (owner, param)
                     done[id(param)] = swapped
             for name, buffer in owner._buffers.items():
                 if buffer is None or buffer.device == device:
@@ -154,14 +155,11 @@ class WeightMoves:
 
         A tensor found on the device without a host copy (replaced there behind our back) is copied to the
         host, so its value is kept; the bytes copied are returned."""
-        mine = {id(owner) for owner in owners}
-        kept = []
-        for owner, name, original in copies.swapped:
-            if id(owner) in mine:
-                owner._parameters[name] = original
-            else:
-                kept.append((owner, name, original))
-        copies.swapped = kept
+        for owner in owners:
+            for name in list(owner._parameters):
+                slot = copies.swapped.pop((id(owner), name), None)
+                if slot is not None:
+                    owner._parameters[name] = slot[1]
         copied = 0
         for owner in owners:
             for name, param in owner._parameters.items():
@@ -191,8 +189,8 @@ class WeightMoves:
         an in-place change). Returns the bytes copied."""
         copied = 0
         swapped_in = set()
-        refreshed = []
-        for owner, name, original in copies.swapped:
+        for key, (owner, original) in copies.swapped.items():
+            name = key[1]
             on_device = owner._parameters[name]
             assert on_device is not None  # upload put a Parameter in every slot it recorded as swapped
             swapped_in.add(id(on_device))
@@ -205,8 +203,7 @@ class WeightMoves:
                 else:
                     original.data = host
                 copied += on_device.nbytes
-            refreshed.append((owner, name, original))
-        copies.swapped = refreshed
+            copies.swapped[key] = (owner, original)
         copies.host = {k: v for k, v in copies.host.items() if isinstance(k, tuple)}
         for param in module.parameters():
             if param.device.type != "cpu" and id(param) not in swapped_in:
