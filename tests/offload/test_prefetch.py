@@ -128,7 +128,13 @@ def test_prefetch_where_two_groups_do_not_fit_streams_one_group_at_a_time_and_sa
             assert torch.equal(tower(X), expected)
         engine.evict("tower")  # placed again at the next call: still said once
         assert torch.equal(tower(X), expected)
-    assert [d.reason for d in engine.log] == ["stream", *["stream tail"] * 3, "evict", "stream", "stream tail"]
+    assert [d.reason for d in engine.log] == [
+        "stream",
+        *["stream tail"] * 3,
+        "evict",
+        "stream",
+        "stream tail",
+    ]
     assert engine.log[0].bytes_to_device == GROUP and engine.log[1].bytes_to_device == 4 * GROUP
     assert _skips(caplog) == [
         "prefetch skipped for tower on sim (budget 8448 B): the device has no room for two of its groups at "

@@ -213,8 +213,15 @@ def test_the_manager_log_holds_every_engines_decisions_in_order_each_with_its_de
         ("sim0", ids["big"], "evict"),
     ]
     assert len(log) == 4 and log[1].model_id == ids["big"] and log[-1].reason == "evict"
-    assert log.total_bytes_to_device == 7000 == sim0.log.total_bytes_to_device + sim1.log.total_bytes_to_device
-    assert (log.total_evictions, log.total_shrinks, log.total_left_device, log.total_bytes_to_host) == (1, 0, 1, 0)
+    assert (
+        log.total_bytes_to_device == 7000 == sim0.log.total_bytes_to_device + sim1.log.total_bytes_to_device
+    )
+    assert (log.total_evictions, log.total_shrinks, log.total_left_device, log.total_bytes_to_host) == (
+        1,
+        0,
+        1,
+        0,
+    )
     lines = str(log).splitlines()
     assert [cell.strip() for cell in lines[0].split(" | ")][:3] == ["#", "device", "model"]
     assert [[cell.strip() for cell in line.split(" | ")][:3] for line in lines[2:6]] == [
