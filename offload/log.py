@@ -260,5 +260,6 @@ def _totals(log: OffloadLog | MergedOffloadLog, disk: bool) -> str:
         "a prefix)"
     )
     if disk:
-        text += f", from disk {format_bytes(log.total_bytes_from_disk)}, to disk {format_bytes(log.total_bytes_to_disk)}"
+        from_disk, to_disk = format_bytes(log.total_bytes_from_disk), format_bytes(log.total_bytes_to_disk)
+        text += f", from disk {from_disk}, to disk {to_disk}"
     return text
