@@ -147,7 +147,9 @@ class OffloadEngine:
     @property
     def prefetch(self) -> bool:
         """Move the plan's next model (and a streamed model's next group) in while the current one computes;
-        off by default. Never evicts a model needed sooner (``offload.prefetch``)."""
+        off by default. Never evicts a model needed sooner (``offload.prefetch``), and never makes a model that
+        streams fail: one with no room for two of its groups streams one at a time, said once per model on
+        the ``offload.engine`` logger (``offload.partial``)."""
         return self._placer.beyond.prefetch
 
     @prefetch.setter
