@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from offload import OffloadEngine, OffloadLog
+from offload import MergedOffloadLog, OffloadEngine, OffloadLog
 
 from .model_info import INFO_FIELDS, component_info
 from .offload_link import OffloadLink
@@ -277,7 +277,10 @@ class ComponentsManager:
     @property
     def offload_engine(self) -> OffloadEngine | None:
         """The ``offload.OffloadEngine`` placing this manager's models, or ``None`` when offload is off.
-        With several devices it raises ``RuntimeError``: read ``offload_engines``."""
+
+        With several devices it raises ``RuntimeError`` naming ``offload_engines``, one engine per device:
+        handing out one of them would apply a setting (``prefetch``, ``memory_reserve_margin``) or answer a
+        query for one device of several without a word."""
         return self._offload.engine
 
     @property
@@ -286,9 +289,10 @@ class ComponentsManager:
         return self._offload.engines
 
     @property
-    def offload_log(self) -> OffloadLog | None:
+    def offload_log(self) -> OffloadLog | MergedOffloadLog | None:
         """The engine's ``offload.OffloadLog`` of decisions, or ``None`` when auto offload is off. With several
-        devices it raises ``RuntimeError``: each engine of ``offload_engines`` keeps its own ``log``."""
+        devices, one ``offload.MergedOffloadLog`` of every engine's decisions in the order they were made, each
+        with its ``device`` (each engine of ``offload_engines`` keeps its own ``log`` too)."""
         return self._offload.log
 
     def is_auto_offloaded(self, component: Any) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import offload
-from offload import OffloadEngine, OffloadLog, Residency, parse_bytes
+from offload import MergedOffloadLog, OffloadEngine, OffloadLog, Residency, parse_bytes
 from offload.device_choice import DenoiserFirst, DeviceChoice, DeviceRoom, check_choice, device_choice_of
 from offload.device_list import is_device_list, resolve_devices
 from offload.host_budget import SharedHostBudget, default_host_budget, spill_subfolders
@@ -50,6 +50,7 @@ class OffloadLink:
         self._spill_made: list[
             str
         ] = []  # with several devices: the spill folders offload made, innermost first
+        self._merged: MergedOffloadLog | None = None  # with several devices: the engines' logs read as one
 
     def __repr__(self) -> str:
         if len(self._engines) > 1:
@@ -66,13 +67,15 @@ class OffloadLink:
         """The engine placing the models, or ``None`` when auto offload is off.
 
         Raises:
-            RuntimeError: auto offload runs on several devices, one engine each (read ``engines``).
+            RuntimeError: auto offload runs on several devices, one engine each (read ``engines``). Not the
+                first engine: its settings and queries would silently cover one device of several.
         """
         if len(self._engines) > 1:
             names = [engine.probe.name for engine in self._engines]
             msg = (
-                f"auto offload runs on {len(names)} devices {names}, one engine and one log each: read "
-                "offload_engines (each engine's .log; engine.has_hook(component_id) finds a model's)."
+                f"auto offload runs on {len(names)} devices {names}, one engine each: read offload_engines "
+                "(set a setting on each, e.g. `for engine in cm.offload_engines: engine.prefetch = True`; "
+                "engine.has_hook(component_id) finds a model's). offload_log holds every engine's decisions."
             )
             raise RuntimeError(msg)
         return self._engine
@@ -92,13 +95,12 @@ class OffloadLink:
         return bool(self._engines)
 
     @property
-    def log(self) -> OffloadLog | None:
-        """The engine's log of decisions, or ``None`` when auto offload is off.
-
-        Raises:
-            RuntimeError: auto offload runs on several devices (each engine keeps its own log).
-        """
-        engine = self.engine
+    def log(self) -> OffloadLog | MergedOffloadLog | None:
+        """The engine's log of decisions, or ``None`` when auto offload is off; with several devices, every
+        engine's log read as one (``offload.MergedOffloadLog``: the decisions in order, each with its device)."""
+        if self._merged is not None:
+            return self._merged
+        engine = self._engine
         return None if engine is None else engine.log
 
     def enable(
@@ -229,10 +231,12 @@ class OffloadLink:
             raise
         self._engines, self._owner, self._choice = engines, owner, choice
         self._host_budget, self._spill_made = budget, made
+        self._merged = MergedOffloadLog([engine.log for engine in engines]) if len(engines) > 1 else None
 
     def disable(self) -> None:
         """Closes the engines (hooks removed, weights on their host copies); a no-op when off."""
         engines, self._engines, self._owner = self._engines, [], {}  # off even if close raises DiskCopyError
+        self._merged = None
         made, self._host_budget, self._spill_made = self._spill_made, None, []
         _close_all(engines, made)
 

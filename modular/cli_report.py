@@ -67,7 +67,8 @@ def model_labels(manager: Any, uses: Sequence[Any]) -> dict[str, str]:
 
 
 def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: int) -> list[str]:
-    """The run's bytes each way, evictions and peak, beside the peer's rule replayed on the same uses."""
+    """The run's bytes each way, models that left the device (whole or down to a prefix) and peak, beside
+    the peer's rule replayed on the same uses."""
     engine = manager.offload_engine
     log = engine.log
     ours = ReplayResult(
@@ -76,17 +77,18 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
         bytes_to_host=log.total_bytes_to_host,
         evictions=log.total_evictions,
         peak_resident_bytes=engine.peak_resident_bytes,
+        shrinks=log.total_shrinks,
     )
     peer = replay(recorder.events, recorder.sizes, budget, margin, SmallestSufficientSet(), copies_back=True)
     unit = unit_for(budget)
     rows = [
-        ("", "to device", "copied back", "evictions", "peak"),
+        ("", "to device", "copied back", "left the device", "peak"),
         *(
             (
                 name,
                 size_text(r.bytes_to_device, unit),
                 size_text(r.bytes_to_host, unit),
-                str(r.evictions),
+                f"{r.left_device} ({r.evictions} whole, {r.shrinks} shrunk)",
                 size_text(r.peak_resident_bytes, unit),
             )
             for name, r in ((f"ours ({ours.strategy})", ours), (f"the peer's rule ({peer.strategy})", peer))
@@ -105,6 +107,7 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
         f"Offload over the run ({len(log)} decisions, {uses} model uses; budget {size_text(budget, unit)}, "
         f"margin {size_text(margin, unit)}):",
         *table,
+        "  Left the device: victims evicted whole, or shrunk to a resident prefix (only their tail left).",
         "  The peer's rule ran on the same model uses in a simulated replay. It moves each victim back",
         '  with module.to("cpu"), so every evicted byte is copied back; ours keeps a host copy instead.',
     ]

@@ -15,7 +15,7 @@ from offload.errors import (
 )
 from offload.host_tier import HostTier
 from offload.ledger import ResidencyLedger
-from offload.log import OffloadDecision, OffloadLog
+from offload.log import MergedOffloadLog, OffloadDecision, OffloadLog
 from offload.lru import LRUStrategy
 from offload.next_use import NextUseStrategy
 from offload.peer_strategy import PeerStrategy
@@ -39,6 +39,7 @@ __all__ = [
     "HostTier",
     "LRUStrategy",
     "MemoryProbe",
+    "MergedOffloadLog",
     "ModelTooLargeError",
     "OffloadDeadlockError",
     "NextUseStrategy",

@@ -82,7 +82,7 @@ class OffloadEngine:
         self._changed = threading.Condition(self._lock)  # notified when room may have been freed
         # Models inside a hooked call (never evicted), threads waiting for room, models being detached.
         self._calls = CallTracker(self._changed)
-        self.log = OffloadLog()
+        self.log = OffloadLog(device=self._probe.name)
         # Told ("plan", ids) after set_plan and ("use", id) after ensure_resident, under the lock (UseRecorder).
         self.watchers: list[Callable[[str, object], None]] = []
         # Places models: holds the settings, the plan and the use history; called with self._lock held.
@@ -147,7 +147,9 @@ class OffloadEngine:
     @property
     def prefetch(self) -> bool:
         """Move the plan's next model (and a streamed model's next group) in while the current one computes;
-        off by default. Never evicts a model needed sooner (``offload.prefetch``)."""
+        off by default. Never evicts a model needed sooner (``offload.prefetch``), and never makes a model that
+        streams fail: one with no room for two of its groups streams one at a time, said once per model on
+        the ``offload.engine`` logger (``offload.partial``)."""
         return self._placer.beyond.prefetch
 
     @prefetch.setter

@@ -12,6 +12,7 @@ more) and, once a plan ran before, from how often each model was used in its las
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ import torch
 
 from offload.clock import SimulatedClock
 from offload.errors import ModelTooLargeError
-from offload.groups import BASE, split_groups
+from offload.groups import BASE, WeightGroup, split_groups
 from offload.prefetch import CopyStream, next_model, prefetch_victims
 from offload.storage import module_nbytes
 from offload.streaming import GroupStreamer, Layout, best_layout, smallest_layout
@@ -31,29 +32,32 @@ if TYPE_CHECKING:
 
 __all__ = ["Beyond", "streamed_fit_error"]
 
+# The engine's logger name, which users filter on; streaming is part of placement.
+logger = logging.getLogger("offload.engine")
+
 
 def streamed_fit_error(
-    model_id: str, module: torch.nn.Module, capacity: int, slots: int, device: str, margin: int
+    model_id: str, module: torch.nn.Module, capacity: int, device: str, margin: int
 ) -> str | None:
-    """Why ``module`` cannot fit ``capacity`` bytes even streamed group by group, or None if it can."""
+    """Why ``module`` cannot fit ``capacity`` bytes even streamed one group at a time, or None if it can
+    (prefetch, which wants room for two, is skipped where there is none: ``Beyond.slots_for``)."""
     groups = split_groups(module)
-    smallest = smallest_layout(groups, slots)
+    smallest = smallest_layout(groups, 1)
     if smallest.footprint <= capacity:
         return None
     base, largest = groups[0], max(groups[1:], key=lambda g: g.nbytes)
     need, most, base_size, largest_size = format_bytes_distinct(
         smallest.footprint, max(capacity, 0), base.nbytes, largest.nbytes
     )
-    company = " and the next group (prefetch)" if slots > 1 else ""
     if largest.nbytes >= base.nbytes:
         what = (
             f"its group {largest.name!r} ({largest_size}) must be on the device together with its base group "
-            f"{BASE!r} ({base_size}){company}"
+            f"{BASE!r} ({base_size})"
         )
     else:
         what = (
             f"its base group {BASE!r} ({base_size}: what no block holds) must stay on the device beside its "
-            f"largest streamed group {largest.name!r} ({largest_size}){company}"
+            f"largest streamed group {largest.name!r} ({largest_size})"
         )
     return (
         f"model {model_id!r} cannot fit on {device} even streamed group by group: {what}, {need} in all, but "
@@ -91,11 +95,31 @@ class Beyond:
         # prefetch, which bypasses that, leaves it alone). Set by the engine when it has a host tier.
         self.on_disk: Callable[[str], bool] = lambda model_id: False
         self._last_uses: dict[tuple[str, ...], Counter[str]] = {}
+        self._told_no_prefetch: set[str] = set()  # models whose skipped prefetch was logged (once each)
 
-    @property
-    def slots(self) -> int:
-        """Streamed groups a partly resident model holds room for: two with prefetch, else one."""
-        return 2 if self.prefetch else 1
+    def slots_for(self, model_id: str, groups: Sequence[WeightGroup], capacity: int) -> int:
+        """Streamed groups ``model_id`` (split in ``groups``) holds room for: two with prefetch (the one running
+        and the next), else one. With prefetch, one too when its smallest layout with two does not fit
+        ``capacity`` (the room with every other model evicted): an optimisation never makes a model that
+        streams fail; said once per model (``offload.engine`` logger)."""
+        if not self.prefetch:
+            return 1
+        if smallest_layout(groups, 2).footprint <= capacity:
+            return 2
+        self.skip_prefetch(model_id, "the device has no room for two of its groups at once")
+        return 1
+
+    def skip_prefetch(self, model_id: str, why: str) -> None:
+        """Say, the first time only, that ``model_id`` streams its groups without prefetch, and ``why``."""
+        if model_id in self._told_no_prefetch:
+            return
+        self._told_no_prefetch.add(model_id)
+        logger.warning(
+            "prefetch skipped for %s on %s: %s; its groups stream one at a time (said once per model).",
+            model_id,
+            self._placer._device(),
+            why,
+        )
 
     # -- uses ----------------------------------------------------------------------------------
     def new_call(self, previous: tuple[str, ...]) -> None:
@@ -124,7 +148,7 @@ class Beyond:
                 whole[model_id] = module_nbytes(module)
                 continue
             device, margin = placer._device(), placer.margin
-            problem = streamed_fit_error(model_id, module, capacity, self.slots, device, margin)
+            problem = streamed_fit_error(model_id, module, capacity, device, margin)
             if problem is not None:
                 problems.append(problem)
         return whole, problems
@@ -164,24 +188,24 @@ class Beyond:
         if len(streamer.groups) == 1:
             return None  # nothing to stream: placed whole, or too large as a whole
         if forced:
-            problem = streamed_fit_error(
-                model_id,
-                placer._ledger.module(model_id),
-                capacity,
-                self.slots,
-                placer._device(),
-                placer.margin,
-            )
+            module = placer._ledger.module(model_id)
+            problem = streamed_fit_error(model_id, module, capacity, placer._device(), placer.margin)
             if problem is not None:
                 raise ModelTooLargeError(problem)
+        slots = self.slots_for(model_id, streamer.groups, capacity)
         pool: Mapping[str, int] = spare
-        layout = best_layout(streamer.groups, free + sum(spare.values()), self.slots)
+        layout = best_layout(streamer.groups, free + sum(spare.values()), slots)
         if layout is None or layout.whole:
             if not forced:
                 return None
-            layout, pool = best_layout(streamer.groups, free + sum(evictable.values()), self.slots), evictable
+            room, pool = free + sum(evictable.values()), evictable
+            layout = best_layout(streamer.groups, room, slots)
+            if layout is None and slots > 1:
+                layout = best_layout(streamer.groups, room, 1)  # room for one group beside the running models
+                if layout is not None:
+                    self.skip_prefetch(model_id, "running models hold the room for its next group")
             if layout is None:
-                return smallest_layout(streamer.groups, self.slots).footprint
+                return smallest_layout(streamer.groups, 1).footprint
         if not forced and not self._streaming_is_cheaper(model_id, nbytes, free, evictable, upcoming, layout):
             return None
         request = placer.request(model_id, layout.footprint, free, dict(pool))
@@ -236,6 +260,7 @@ class Beyond:
         if streamer is not None:
             streamer.remove()
         self._events.pop(model_id, None)
+        self._told_no_prefetch.discard(model_id)
 
     def resident_share(self, model_id: str) -> float | None:
         """The share of ``model_id``'s bytes resident while it is partly resident, else None."""

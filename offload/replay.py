@@ -60,8 +60,10 @@ class ReplayResult:
         strategy: The strategy's name.
         bytes_to_device: Host-to-device bytes.
         bytes_to_host: Device-to-host bytes (the evicted bytes when the rule copies victims back).
-        evictions: Models taken off the device.
+        evictions: Models taken off the device whole.
         peak_resident_bytes: The most bytes resident at once.
+        shrinks: Victims kept down to a resident prefix, their tail taken off (none in a replay, whose models
+            have one group; a run of ours has them: ``OffloadLog.total_shrinks``).
     """
 
     strategy: str
@@ -69,6 +71,12 @@ class ReplayResult:
     bytes_to_host: int
     evictions: int
     peak_resident_bytes: int
+    shrinks: int = 0
+
+    @property
+    def left_device(self) -> int:
+        """Models that left the device, whole or down to a prefix."""
+        return self.evictions + self.shrinks
 
 
 def _bytes_on_device(engine: OffloadEngine, model_id: str) -> int:
@@ -161,4 +169,5 @@ def replay(
         bytes_to_host=evicted if copies_back else log.total_bytes_to_host,
         evictions=log.total_evictions,
         peak_resident_bytes=engine.peak_resident_bytes,
+        shrinks=log.total_shrinks,
     )

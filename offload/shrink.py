@@ -115,7 +115,9 @@ def tail_or_stream(placer: Placer, model_id: str, tail: int, free: int, evictabl
         return False  # placed afresh it would wait for running models, not stream
     upcoming = tuple(placer.plan.upcoming(model_id)) if placer.plan else ()
     spare = sum(size for m, size in evictable.items() if m not in upcoming)
-    layout = best_layout(beyond.streamer(model_id).groups, room + spare, beyond.slots)
+    groups = beyond.streamer(model_id).groups
+    capacity = free + sum(ledger.residents().values())  # every model evicted, its prefix too
+    layout = best_layout(groups, room + spare, beyond.slots_for(model_id, groups, capacity))
     if layout is None or layout.whole:
         return False
     if not beyond._streaming_is_cheaper(model_id, nbytes, room, evictable, upcoming, layout):

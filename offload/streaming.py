@@ -1,8 +1,8 @@
 """Streaming a model that does not fit: a resident prefix of its groups, the rest moved in per forward.
 
 A model is split into groups (``offload.groups``). Its *layout* keeps the base group and as many blocks
-as fit resident (the prefix) and reserves room for ``slots`` streamed groups (two with prefetch: the one
-running and the next). A streamed group is uploaded just before its forward and dropped right after:
+as fit resident (the prefix) and reserves room for ``slots`` streamed groups (two with prefetch where they
+fit: the one running and the next; else one). A streamed group is uploaded just before its forward and dropped right after:
 the host copy is kept, so nothing is copied back. On a bookkeeping device (``SimulatedDevice``) only
 bytes (and simulated time) are counted.
 """

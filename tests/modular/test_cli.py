@@ -186,8 +186,10 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
     )
     summary = printed[printed.index("Offload over the run") :].splitlines()
     # Victims keep a resident prefix by default (offload.shrink): T5's prefix stays while each transformer
-    # runs, so ours moves less than whole models (the peer's 92.93 MB), evicts 2 models whole, and peaks
-    # higher, within the 29 MB the margin leaves.
+    # runs, so ours moves less than whole models (the peer's 92.93 MB); models left the device 8 times, 2
+    # whole and 6 down to a prefix (each counted, not only the whole ones); and it peaks higher, within the
+    # 29 MB the margin leaves.
+    assert summary[1].split() == ["to", "device", "copied", "back", "left", "the", "device", "peak"]
     assert summary[2].split() == [
         "ours",
         "(NextUseStrategy)",
@@ -195,12 +197,17 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
         "MB",
         "0.00",
         "MB",
-        "2",
+        *"8 (2 whole, 6 shrunk)".split(),
         "28.99",
         "MB",
     ]
     assert summary[3].split()[:5] == ["the", "peer's", "rule", "(SmallestSufficientSet)", "92.93"]
     assert summary[3].split()[6:8] == ["70.53", "MB"]
+    assert summary[3].split()[8:13] == "5 (5 whole, 0 shrunk)".split()
+    assert (
+        summary[4]
+        == "  Left the device: victims evicted whole, or shrunk to a resident prefix (only their tail left)."
+    )
     names = ["text2image-seed42-0.png", "canny-seed42-0.png", "canny-control.png"]
     names += ["depth-seed42-0.png", "depth-control.png"]
     if matplotlib_available():

@@ -265,7 +265,9 @@ def test_the_log_prints_a_table():
     ]
     assert cells[3][:5] == ["2", "b", "a", "100 B", "0 B"]
     assert cells[3][-1] == "evict: NextUseStrategy"
-    assert lines[-1] == "total: to device 200 B, to host 0 B, evictions 1"
+    assert (
+        lines[-1] == "total: to device 200 B, to host 0 B, left the device 1 (1 whole, 0 shrunk to a prefix)"
+    )
     assert engine.log.total_bytes_to_host == 0
 
 

@@ -1,8 +1,11 @@
 """Prefetch and the simulated clock: the copy of the next model (or group) overlaps the current forward."""
 
+import logging
+
 import pytest
 import torch
 
+from components import ComponentsManager
 from offload import OffloadEngine, SimulatedDevice
 from offload.prefetch import prefetch_victims
 
@@ -105,6 +108,87 @@ def test_with_real_moves_at_most_the_running_and_the_next_group_are_on_the_devic
     tower(X)
     assert on_device == [2, 2, 2, 1]  # the running block and the prefetched next one; the last has none next
     assert all(block.weight.device.type == "cpu" for block in tower.blocks)
+
+
+def _skips(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("prefetch skipped")]
+
+
+def test_prefetch_where_two_groups_do_not_fit_streams_one_group_at_a_time_and_says_so_once(caplog):
+    """Room for the base and one block only: with prefetch on, the model streams as without it (same bytes,
+    same output), nothing raises, and the skipped prefetch is logged once, not per call or placement."""
+    tower = Tower(depth=4)
+    expected = tower(X)
+    engine = OffloadEngine(SimulatedDevice(2 * GROUP), memory_reserve_margin=0)
+    engine.prefetch = True
+    with caplog.at_level(logging.WARNING, logger="offload.engine"):
+        engine.attach("tower", tower)
+        engine.set_plan(["tower"])
+        for _ in range(3):
+            assert torch.equal(tower(X), expected)
+        engine.evict("tower")  # placed again at the next call: still said once
+        assert torch.equal(tower(X), expected)
+    assert [d.reason for d in engine.log] == [
+        "stream",
+        *["stream tail"] * 3,
+        "evict",
+        "stream",
+        "stream tail",
+    ]
+    assert engine.log[0].bytes_to_device == GROUP and engine.log[1].bytes_to_device == 4 * GROUP
+    assert _skips(caplog) == [
+        "prefetch skipped for tower on sim (budget 8448 B): the device has no room for two of its groups at "
+        "once; its groups stream one at a time (said once per model)."
+    ]
+
+
+def test_prefetch_on_after_enable_keeps_a_manager_whose_model_streams_working(caplog):
+    """The issue's case: offload on, the model streams; prefetch turned on, the next call still runs."""
+    tower = Tower(depth=4)
+    expected = tower(X)
+    cm = ComponentsManager()
+    cm.add("tower", tower)
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(2 * GROUP), memory_reserve_margin=0)
+    assert torch.equal(tower(X), expected)
+    cm.offload_engine.prefetch = True
+    cm.set_execution_plan([tower])
+    cm.offload_engine.evict(cm.get_id(tower))
+    assert torch.equal(tower(X), expected)
+    assert cm.offload_log[-2].reason == "stream"
+    cm.disable_auto_cpu_offload()
+
+
+class _Calling(torch.nn.Module):
+    """One Linear group of its own, then a call of another attached model (a block calling a model)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.proj = torch.nn.Linear(X.shape[1], X.shape[1])
+        self._inner = [inner]  # not a submodule: the inner model is attached on its own
+
+    def forward(self, x):
+        return self._inner[0](self.proj(x))
+
+
+def test_prefetch_where_a_running_model_holds_the_room_for_a_second_group_streams_one(caplog):
+    """A model streamed from inside a running one's forward: two of its groups fit the device, not beside the
+    running model; it streams one group at a time then (said once) instead of failing."""
+    tower = Tower(depth=4)
+    outer = _Calling(tower)
+    expected = outer(X)
+    engine = OffloadEngine(SimulatedDevice(3 * GROUP), memory_reserve_margin=0)
+    engine.prefetch = True
+    engine.attach("outer", outer)
+    engine.attach("tower", tower)
+    with caplog.at_level(logging.WARNING, logger="offload.engine"):
+        for _ in range(2):
+            assert torch.equal(outer(X), expected)
+    assert [(d.model_id, d.reason, d.bytes_to_device // GROUP) for d in engine.log][:3] == [
+        ("outer", "fits", 1),
+        ("tower", "stream", 1),
+        ("tower", "stream tail", 4),
+    ]
+    assert len(_skips(caplog)) == 1 and "running models hold the room for its next group" in _skips(caplog)[0]
 
 
 @pytest.mark.parametrize(

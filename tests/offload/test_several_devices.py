@@ -9,8 +9,10 @@ import torch
 from blocks.stable_diffusion import make_tiny_repo
 from components import ComponentsManager
 from offload import (
+    MergedOffloadLog,
     ModelTooLargeError,
     NextUseStrategy,
+    OffloadLog,
     SimulatedDevice,
     StrategyError,
     WatermarkStrategy,
@@ -173,17 +175,70 @@ class Nowhere(NextUseStrategy):
         return {model_id: 7 for model_id in models}
 
 
-def test_the_manager_says_which_engine_to_read_with_several_devices():
-    """offload_engine and offload_log name offload_engines with several devices; one device keeps them."""
+def test_offload_engine_with_several_devices_names_offload_engines_and_the_manager_log():
+    """offload_engine refuses to pick one engine of several (its settings would cover one device): the error
+    names offload_engines and offload_log; one device keeps offload_engine and its log."""
     cm = ComponentsManager()
     cm.add("model", sized(1000))
     cm.enable_auto_cpu_offload(device=two_devices(5000), memory_reserve_margin=0)
-    with pytest.raises(RuntimeError, match=r"runs on 2 devices \['sim0', 'sim1'\].*read offload_engines"):
+    with pytest.raises(RuntimeError) as error:
         _ = cm.offload_engine
-    with pytest.raises(RuntimeError, match="read offload_engines"):
-        _ = cm.offload_log
+    assert str(error.value) == (
+        "auto offload runs on 2 devices ['sim0', 'sim1'], one engine each: read offload_engines (set a setting "
+        "on each, e.g. `for engine in cm.offload_engines: engine.prefetch = True`; engine.has_hook(component_id) "
+        "finds a model's). offload_log holds every engine's decisions."
+    )
     cm.enable_auto_cpu_offload(device=[SimulatedDevice(5000, name="only")], memory_reserve_margin=0)
     assert cm.offload_engines == [cm.offload_engine] and cm.offload_log is cm.offload_engine.log
+    assert isinstance(cm.offload_log, OffloadLog)
+
+
+def test_the_manager_log_holds_every_engines_decisions_in_order_each_with_its_device():
+    """With several devices cm.offload_log is one log: the decisions of both engines in the order they were
+    made (not device by device), each naming its device; totals add up; the table shows the devices."""
+    cm = ComponentsManager()
+    big, small, other = sized(4000), sized(1000), sized(2000)
+    ids = {name: cm.add(name, m) for name, m in [("big", big), ("small", small), ("other", other)]}
+    cm.enable_auto_cpu_offload(device=two_devices(5000), memory_reserve_margin=0)
+    sim0, sim1 = cm.offload_engines
+    for module in (other, big, other, small):  # big and small on sim0, other on sim1
+        call(module)
+    sim0.evict(ids["big"])
+    log = cm.offload_log
+    assert isinstance(log, MergedOffloadLog) and cm.offload_log is log
+    assert [(d.device, d.model_id, d.reason) for d in log] == [
+        ("sim1", ids["other"], "fits"),
+        ("sim0", ids["big"], "fits"),
+        ("sim0", ids["small"], "fits"),
+        ("sim0", ids["big"], "evict"),
+    ]
+    assert len(log) == 4 and log[1].model_id == ids["big"] and log[-1].reason == "evict"
+    assert (
+        log.total_bytes_to_device == 7000 == sim0.log.total_bytes_to_device + sim1.log.total_bytes_to_device
+    )
+    assert (log.total_evictions, log.total_shrinks, log.total_left_device, log.total_bytes_to_host) == (
+        1,
+        0,
+        1,
+        0,
+    )
+    lines = str(log).splitlines()
+    assert [cell.strip() for cell in lines[0].split(" | ")][:3] == ["#", "device", "model"]
+    assert [[cell.strip() for cell in line.split(" | ")][:3] for line in lines[2:6]] == [
+        ["1", "sim1", ids["other"]],
+        ["2", "sim0", ids["big"]],
+        ["3", "sim0", ids["small"]],
+        ["4", "sim0", ids["big"]],
+    ]
+    assert lines[6:] == [
+        "total: to device 7000 B, to host 0 B, left the device 1 (1 whole, 0 shrunk to a prefix)",
+        "  sim0: to device 5000 B, to host 0 B, left the device 1 (1 whole, 0 shrunk to a prefix)",
+        "  sim1: to device 2000 B, to host 0 B, left the device 0 (0 whole, 0 shrunk to a prefix)",
+    ]
+    log.clear()
+    assert len(log) == 0 and len(sim0.log) == len(sim1.log) == 0 and log.total_bytes_to_device == 0
+    cm.disable_auto_cpu_offload()
+    assert cm.offload_log is None
 
 
 def test_the_pipeline_makes_its_latents_where_the_denoiser_runs(repos):

@@ -69,6 +69,20 @@ def test_a_victim_needed_again_keeps_a_prefix_and_only_its_tail_comes_back():
     assert engine.probe.used_bytes() == 9 * GROUP
 
 
+def test_the_log_counts_victims_shrunk_to_a_prefix_among_the_models_that_left_the_device():
+    """Two victims left whole and three down to a prefix: the totals and the printed summary say 5 left, not
+    "evictions 2"."""
+    engine, models = _engine(SimulatedDevice(9 * GROUP))
+    _three_calls(engine, models)
+    log = engine.log
+    assert (log.total_evictions, log.total_shrinks, log.total_left_device) == (2, 3, 5)
+    assert str(log).splitlines()[-1] == (
+        f"total: to device {30 * GROUP} B, to host 0 B, left the device 5 (2 whole, 3 shrunk to a prefix)"
+    )
+    log.clear()
+    assert (log.total_evictions, log.total_shrinks, log.total_left_device) == (0, 0, 0)
+
+
 def test_on_by_default_and_turned_off_victims_leave_whole():
     """``shrink_victims`` is on by default; turned off, the same calls evict whole models: 36 groups."""
     assert OffloadEngine(SimulatedDevice(GROUP)).shrink_victims is True
