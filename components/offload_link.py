@@ -254,17 +254,18 @@ class OffloadLink:
         self._owner[component_id] = self._engines[index]
 
     def detach(self, component_id: str, component: Any) -> None:
-        """Takes a model that leaves the registry from its engine; a no-op when off or for other objects."""
+        """Takes a model that leaves the registry from its engine; a no-op when off or for other objects.
+
+        Nothing is read back: a model whose host copy is on disk leaves without those weights (meta tensors),
+        so a removal never fails on a file gone and never reads a model only to free it.
+        """
         engine = self.engine_of(component_id)
         if engine is None or not isinstance(component, torch.nn.Module):
             return
-        try:
-            engine.detach(component_id)
-        finally:
-            if not engine.has_hook(component_id):  # detached, even when its file was gone (DiskCopyError)
-                self._owner.pop(component_id, None)
-                if self._host_budget is not None:
-                    self._host_budget.rebalance()
+        engine.detach(component_id, read_back=False)
+        self._owner.pop(component_id, None)
+        if self._host_budget is not None:
+            self._host_budget.rebalance()
 
     def set_plan(self, component_ids: Sequence[str]) -> None:
         """Passes the ids of the models one pipeline call will run, in order, to the engine; a no-op when off.
