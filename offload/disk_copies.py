@@ -357,7 +357,24 @@ def empty_tensors(slots: Sequence[TensorSlot]) -> None:
     weights holds no placeholder that computes NaN; any use of it fails loudly (``Tensor on device meta``)."""
     for slot in slots:
         tensor = slot.tensor
-        _assign(slot, torch.empty_strided(tensor.shape, slot.stride, dtype=tensor.dtype, device="meta"))
+        empty = torch.empty_strided(tensor.shape, slot.stride, dtype=tensor.dtype, device="meta")
+        if slot.holders:
+            _assign(slot, empty)
+            continue
+        for owner, name, is_param in slot.places:
+            if not is_param:
+                owner._buffers[name] = empty
+                continue
+            # ``.data`` cannot change a Parameter's device: swap the whole tensor, so that the object (which the
+            # caller may hold) stays; one with weak references to it cannot be swapped and is replaced.
+            param = owner._parameters[name]
+            assert param is not None  # tensor_slots found a Parameter in this slot
+            replacement = torch.nn.Parameter(empty, requires_grad=param.requires_grad)
+            try:
+                torch.utils.swap_tensors(param, replacement)
+            except RuntimeError:
+                owner._parameters[name] = replacement
+        slot.tensor = empty
 
 
 def read_back(slots: Sequence[TensorSlot], copy: DiskCopy, pin: bool) -> int:

@@ -83,7 +83,9 @@ def sweep_stale(folder: str | None) -> list[str]:
                 continue
             removed.append(path)
     if removed:
-        logger.info("removed %d spill file(s) or folder(s) of processes that are gone: %s", len(removed), removed)
+        logger.info(
+            "removed %d spill file(s) or folder(s) of processes that are gone: %s", len(removed), removed
+        )
     return removed
 
 
