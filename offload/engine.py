@@ -379,12 +379,16 @@ class OffloadEngine:
             self._host.changed(model_id)
 
     @contextmanager
-    def host_weights(self, model_id: str) -> Iterator[None]:
+    def host_weights(self, model_id: str, drop_after: bool = True) -> Iterator[None]:
         """Inside, ``model_id``'s weights are real tensors on the host or the device, never placeholders: a model
-        whose host copy is on disk is read back first, and no host copy of it is dropped until the block ends
-        (then the host budget holds again). For every reader of its weights: a save, a state dict, a fused
-        LoRA. The lock is held only to read back and to release, so other models run meanwhile. Nests; an id
-        that is not attached is a no-op.
+        whose host copy is on disk is read back first, and no host copy of it is dropped until the block ends.
+        For every reader of its weights: a save, a state dict, a fused LoRA. The lock is held only to read back
+        and to release, so other models run meanwhile. Nests; an id that is not attached is a no-op.
+
+        At the end, with ``drop_after``, host copies are dropped until the budget holds again; so a change made
+        in place inside must be told (``refresh_host_copy``) inside too. Without it they are dropped at the
+        next placement, as after ``load_host_copy``: for readers that may run in the middle of a change (a
+        model's ``state_dict``, which a LoRA loader calls while it injects layers).
 
         Raises:
             DiskCopyError: a file it reads is gone or was replaced since its host copy was dropped.
@@ -395,7 +399,7 @@ class OffloadEngine:
             yield
         finally:
             with self._lock:
-                self._host.release(model_id)
+                self._host.release(model_id, drop=drop_after)
 
     def load_host_copy(self, model_id: str) -> None:
         """Read ``model_id``'s weights back into host memory if its host copy was dropped under the host

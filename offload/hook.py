@@ -121,11 +121,12 @@ def _reading_host_weights(hook: OffloadHook, bound: Callable[..., Any]) -> Calla
     """``state_dict`` with the model's weights in memory (``OffloadEngine.host_weights``): a model whose host
     copy is on disk is read back first, so the state dict (what ``save_pretrained`` of diffusers, transformers
     and peft writes) holds its values, never placeholders. The tensors it returns keep them after the model
-    is dropped again; ``keep_vars=True`` returns the Parameter objects themselves, which do not."""
+    is dropped again; ``keep_vars=True`` returns the Parameter objects themselves, which do not. Nothing is
+    dropped at its end (a loader may call it in the middle of changing the model): at the next placement."""
 
     @functools.wraps(bound)
     def state_dict(*args, **kwargs):
-        with hook.engine.host_weights(hook.model_id):
+        with hook.engine.host_weights(hook.model_id, drop_after=False):
             return bound(*args, **kwargs)
 
     return state_dict

@@ -41,7 +41,7 @@ def on_disk(cm, ids):
 
 
 def test_state_dict_of_a_model_on_disk_holds_its_values(five, tmp_path):
-    """A model's own state_dict() reads it back first: its values, no NaN; the budget holds again after."""
+    """A model's own state_dict() reads it back first: its values, no NaN; dropped again at a later placement."""
     cm, models, ids = five
     originals = [weights(model) for model in models]
     enable(cm, tmp_path)
@@ -49,9 +49,8 @@ def test_state_dict_of_a_model_on_disk_holds_its_values(five, tmp_path):
     victim = on_disk(cm, ids)
     state = models[victim].state_dict()
     assert same(state, originals[victim])
-    tier = cm.offload_engine.host_tier
-    assert tier.held_bytes() <= tier.budget  # dropped again once read: the budget holds
-    run(cm, models, times=1)
+    run(cm, models, times=1)  # the budget holds again from the next placement on (checked after each call)
+    assert cm.offload_engine.residency(ids[victim]).on_disk
     assert same(state, originals[victim])  # the tensors returned keep their values after a drop
 
 
@@ -197,7 +196,9 @@ def test_disable_with_a_file_gone_leaves_meta_tensors_not_placeholders(five, tmp
         cm.disable_auto_cpu_offload()
     assert not cm.auto_offload_enabled
     assert all(param.device.type == "meta" for param in models[victim].parameters())
-    assert not any(param.isnan().any() for i, m in enumerate(models) if i != victim for param in m.parameters())
+    assert not any(
+        param.isnan().any() for i, m in enumerate(models) if i != victim for param in m.parameters()
+    )
 
 
 # ----- spill files and the process -----
@@ -318,4 +319,3 @@ def test_a_tier_collected_unclosed_removes_its_files(tmp_path):
         remove_hook(model)
     gc.collect()
     assert not os.path.exists(folder)
-
