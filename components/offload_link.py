@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,8 @@ class OffloadLink:
         self._spill_made: list[
             str
         ] = []  # with several devices: the spill folders offload made, innermost first
+        # With several devices: removes those folders at exit (once empty) if offload is never turned off.
+        self._leftovers: weakref.finalize | None = None
 
     def __repr__(self) -> str:
         if len(self._engines) > 1:
@@ -188,6 +191,8 @@ class OffloadLink:
         made = [folder for folder in subfolders if folder is not None] + (
             [root] if root and made_root else []
         )
+        # Made before the engines, so that at exit it runs after their tiers removed their files.
+        leftovers = weakref.finalize(self, _remove_empty, made)
         engines: list[OffloadEngine] = []
         try:
             for probe, folder in zip(probes, subfolders):
@@ -218,6 +223,7 @@ class OffloadLink:
                     mine, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
                 )
         except BaseException:
+            leftovers.detach()
             _close_all(engines, made)
             raise
         self.disable()
@@ -225,15 +231,19 @@ class OffloadLink:
             for component_id, module in models.items():
                 attach_to(owner[component_id], component_id, module)
         except BaseException:
+            leftovers.detach()
             _close_all(engines, made)
             raise
         self._engines, self._owner, self._choice = engines, owner, choice
-        self._host_budget, self._spill_made = budget, made
+        self._host_budget, self._spill_made, self._leftovers = budget, made, leftovers
 
     def disable(self) -> None:
         """Closes the engines (hooks removed, weights on their host copies); a no-op when off."""
         engines, self._engines, self._owner = self._engines, [], {}  # off even if close raises DiskCopyError
         made, self._host_budget, self._spill_made = self._spill_made, None, []
+        if self._leftovers is not None:
+            self._leftovers.detach()
+            self._leftovers = None
         _close_all(engines, made)
 
     def attach(self, component_id: str, component: Any) -> None:
@@ -346,11 +356,16 @@ def _close_all(engines: Sequence[OffloadEngine], made_folders: Sequence[str]) ->
             engine.close()
         except Exception as error:  # every engine closed; the first error said once all are
             errors.append(error)
-    for folder in made_folders:
-        if os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
+    _remove_empty(made_folders)
     if errors:
         raise errors[0]
+
+
+def _remove_empty(folders: Sequence[str]) -> None:
+    """Remove each of ``folders`` (innermost first) that is left empty."""
+    for folder in folders:
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
 
 
 def _choose(

@@ -209,18 +209,22 @@ from components import ComponentsManager
 from offload import SimulatedDevice
 written = []
 for spill in sys.argv[1:]:  # one manager per spill folder ("": a temporary one), each spilling
-    models = [torch.nn.Linear(16, 16) for _ in range(3)]  # built in memory: spilled whole
+    models = [torch.nn.Linear(16, 16) for _ in range(4)]  # built in memory: spilled whole
     cm = ComponentsManager()
     for i, model in enumerate(models):
         cm.add(f"model{i}", model)
     size = sum(t.nbytes for t in models[0].parameters())
-    cm.enable_auto_cpu_offload(device=SimulatedDevice(size), memory_reserve_margin=0, host_budget=size,
+    several = spill.startswith("devices:")  # a device list: one spill subfolder per device
+    spill = spill.removeprefix("devices:")
+    device = [SimulatedDevice(size, name=f"sim{i}") for i in range(2)] if several else SimulatedDevice(size)
+    cm.enable_auto_cpu_offload(device=device, memory_reserve_margin=0, host_budget=size * (3 if several else 1),
                                spill_folder=spill or None)
     for _ in range(2):
+        cm.set_execution_plan(models)
         for model in models:
             model(torch.ones(1, 16))
-    tier = cm.offload_engine.host_tier
-    files = tier.spill_files()
+    tier = cm.offload_engines[0].host_tier
+    files = {k: v for engine in cm.offload_engines for k, v in engine.host_tier.spill_files().items()}
     assert files and all(os.path.exists(path) for path in files.values())
     written.append({"folder": tier.spill_folder, "files": list(files.values()), "manager": cm})
 print(json.dumps([{key: value for key, value in w.items() if key != "manager"} for w in written]))
@@ -251,12 +255,13 @@ def test_a_program_that_exits_without_disable_leaves_no_spill_files(tmp_path):
     kept = tmp_path / "mine"
     kept.mkdir()
     (kept / "notes.txt").write_text("the user's")
-    given = tmp_path / "spill"
-    temporary, made, mine = _exit_without_disable("", str(given), str(kept))
+    given, several = tmp_path / "spill", tmp_path / "spill-devices"
+    temporary, made, mine, devices = _exit_without_disable("", str(given), str(kept), f"devices:{several}")
     assert temporary["folder"] is not None and not os.path.exists(temporary["folder"])
     assert made["files"] and not any(os.path.exists(path) for path in made["files"])
     assert not given.exists()
     assert mine["files"] and os.listdir(kept) == ["notes.txt"]
+    assert devices["files"] and not several.exists()  # its device subfolders, then the folder itself
 
 
 def test_the_files_a_killed_process_left_are_removed_at_the_next_enable(tmp_path):
