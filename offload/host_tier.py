@@ -5,8 +5,9 @@ held exceed it, the models needed least soon (ranked as ``NextUseStrategy`` rank
 plan and the use history) drop theirs: their weights are then on disk, and read back when next placed. A
 tensor is read back from the safetensors file the model was loaded from when that file holds the same
 values; the others (a fused LoRA, an edited or new weight, a model built in memory, a quantized weight such
-as torchao's, by its inner tensors) are written once to a spill folder. Models on the device or running are
-never dropped. Every step is in the engine's log.
+as torchao's, by its inner tensors) are written once to a spill folder (``offload.spill_files``: removed at
+close or exit). Models on the device, running, or held for a reader of their weights (``hold``: a save, a
+state dict, a fused LoRA) are never dropped. Every step is in the engine's log.
 
 The engine calls a ``HostTier`` with its lock held. With several devices, each engine's tier holds a share
 of one host budget (``offload.host_budget``); the manager sets it with ``set_share``, which takes that lock.
@@ -79,7 +80,7 @@ class HostTier:
         log: The engine's log.
         budget: Bytes (or ``"48GB"``) of host copies to hold; ``None`` for ``default_host_budget``.
         spill_folder: Where changed weights are written; ``None`` for a temporary folder, made when first
-            needed and removed at ``close``. A folder given is made if missing and checked writable now.
+            needed. A folder given is made if missing and checked writable now. Its files go at ``close``.
         calls: How many calls of a model are in progress (a model in a call is never dropped).
         request: Builds the request a strategy ranks (``Placer.request``: the plan and the use history).
         lock: The engine's lock, taken by the calls made from outside the engine (``set_share``).
