@@ -394,12 +394,13 @@ class OffloadEngine:
             DiskCopyError: a file it reads is gone or was replaced since its host copy was dropped.
         """
         with self._lock:
-            self._host.hold(model_id)
+            held = self._host.hold(model_id)
         try:
             yield
         finally:
-            with self._lock:
-                self._host.release(model_id, drop=drop_after)
+            if held:
+                with self._lock:
+                    self._host.release(model_id, drop=drop_after)
 
     def load_host_copy(self, model_id: str) -> None:
         """Read ``model_id``'s weights back into host memory if its host copy was dropped under the host

@@ -226,21 +226,23 @@ class HostTier:
         self._spills.close()
 
     # -- readers of the weights ----------------------------------------------------------------
-    def hold(self, model_id: str) -> None:
+    def hold(self, model_id: str) -> bool:
         """Read ``model_id`` back if it is on disk and keep its host copy until ``release``: for a reader of its
-        weights (a save, ``state_dict``, an in-place change). Holds nest; a model not kept here is a no-op.
+        weights (a save, ``state_dict``, an in-place change). Holds nest. Returns whether it is held (a model
+        not kept here is not, and needs no ``release``).
 
         Raises:
             DiskCopyError: a file it reads is gone or was replaced (nothing held).
         """
         if model_id not in self._models:
-            return
+            return False
         self._held[model_id] += 1
         try:
             self.restore(model_id)
         except BaseException:
             self.release(model_id, drop=False)
             raise
+        return True
 
     def release(self, model_id: str, drop: bool = True) -> None:
         """End one ``hold``; with ``drop`` and no hold left, drop host copies until the budget holds again."""

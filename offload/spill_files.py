@@ -40,7 +40,7 @@ def _owner() -> str:
 
 
 # A spill file (or the partial file of a write that was killed) and a temporary spill folder, by their owner.
-_FILE = re.compile(r"\.(?P<pid>\d+)-(?P<host>[A-Za-z0-9_]+)\.safetensors(\.partial)?$")
+_FILE = re.compile(r"-[0-9a-f]+\.(?P<pid>\d+)-(?P<host>[A-Za-z0-9_]+)\.safetensors(\.partial)?$")
 _FOLDER = re.compile(rf"^{_TEMPORARY_PREFIX}(?P<pid>\d+)-(?P<host>[A-Za-z0-9_]+)-")
 
 

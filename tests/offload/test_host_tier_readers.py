@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from components import ComponentNotFoundError, ComponentsManager
-from offload import DiskCopyError, OffloadEngine, SimulatedDevice
+from offload import DiskCopyError, OffloadEngine, SimulatedDevice, spill_files
 from offload.hook import remove_hook
 from offload.spill_files import sweep_stale
 
@@ -300,13 +300,24 @@ def test_the_files_a_killed_process_left_are_removed_at_the_next_enable(tmp_path
     assert os.listdir(spill) == ["notes.txt"]
 
 
-def test_sweeping_leaves_files_it_did_not_name(tmp_path):
-    """Only files named as offload names them, of a process of this host that is gone, are swept."""
-    names = ["model.safetensors", "a-1f.99999999-otherhost.safetensors", "notes.txt"]
-    for name in names:
+def test_sweeping_removes_only_what_offload_named_for_a_process_gone(tmp_path):
+    """Only files named as offload names them, by a process of this host that no longer runs, are swept."""
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead, host = int(finished.stdout), spill_files._host()
+    stale = f"model-1f.{dead}-{host}.safetensors"
+    kept = [
+        "model.safetensors",
+        f"model-1f.{dead}-otherhost.safetensors",  # another host's process: cannot be seen from here
+        f"model-1f.{os.getpid()}-{host}.safetensors",  # a live process's (this one's)
+        f"weights.{dead}-{host}.safetensors",  # not named as offload names its files
+        "notes.txt",
+    ]
+    for name in [stale, *kept]:
         (tmp_path / name).write_text("x")
-    assert sweep_stale(str(tmp_path)) == []
-    assert sorted(os.listdir(tmp_path)) == sorted(names)
+    assert sweep_stale(str(tmp_path)) == [str(tmp_path / stale)]
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
 
 
 def test_a_tier_collected_unclosed_removes_its_files(tmp_path):
