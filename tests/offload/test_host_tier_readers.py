@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,34 @@ def test_host_weights_keeps_a_model_in_memory_until_the_block_ends(five, tmp_pat
         assert same(dict(models[victim].named_parameters()), originals[victim])
     assert engine.host_tier.held_bytes() <= engine.host_tier.budget
     assert equal(outputs, expected)
+
+
+def test_readers_in_one_thread_while_another_runs_the_models(five, tmp_path):
+    """One thread reads every model's weights (state_dict, and inside host_weights) over and over while another
+    runs them under the budget: every read holds the real values, every output equals the plain run's."""
+    cm, models, ids = five
+    originals = [weights(model) for model in models]
+    expected = without_offload(models, times=6)
+    enable(cm, tmp_path)
+    errors, outputs = [], []
+
+    def read():
+        try:
+            for _ in range(5):
+                for i, model in enumerate(models):
+                    assert same(model.state_dict(), originals[i]), ids[i]
+                    with cm.host_weights(ids[i]):
+                        assert same(dict(model.named_parameters()), originals[i]), ids[i]
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for _ in range(6):
+        outputs += [model(X) for model in models]
+    reader.join()
+    assert errors == [] and equal(outputs, expected)
+    assert "disk read" in reasons(cm)
 
 
 def test_host_weights_refuses_an_unknown_id_and_is_a_no_op_without_offload(five):
