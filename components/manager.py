@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -99,8 +99,14 @@ class ComponentsManager:
     def remove(self, component_id: str) -> None:
         """Unregisters a component (and detaches it from auto offload). The manager keeps no reference to it.
 
+        Nothing is read back: a model whose host copy was dropped under ``host_budget`` leaves without those
+        weights (meta tensors: no memory, and any use fails loudly instead of computing on placeholders), so
+        removing never fails on a file gone since. To keep using the object afterwards, remove it inside
+        ``with manager.host_weights(component_id):``, which reads it back first.
+
         Raises:
             ComponentNotFoundError: no component has this id.
+            offload.OffloadTimeoutError: its calls in other threads did not return in time (nothing changed).
         """
         with self._locked() as registry:
             if component_id not in registry.entries:
@@ -369,6 +375,35 @@ class ComponentsManager:
         with self._locked() as registry:
             ids = [registry.id_of(obj) for obj in components if isinstance(obj, torch.nn.Module)]
             self._offload.set_plan([component_id for component_id in ids if component_id is not None])
+
+    @contextmanager
+    def host_weights(self, *components: Any) -> Iterator[None]:
+        """Inside, these models' weights are in memory, never the placeholders of a host copy dropped under
+        ``host_budget``: each one on disk is read back first and kept until the block ends (then the budget
+        holds again). For whatever reads or changes weights outside a call: saving, ``named_parameters()``,
+        a submodule's ``state_dict()``, an in-place edit (call ``refresh_host_copy`` after it, inside).
+        A model's own ``state_dict()`` does this itself. A no-op with offload off.
+
+        Args:
+            components: Component ids, or registered objects (others are skipped: offload does not place them).
+
+        Raises:
+            ComponentNotFoundError: an id is not registered.
+            offload.DiskCopyError: a file a model is read back from is gone or was replaced since.
+        """
+        with self._locked() as registry:
+            held: list[tuple[OffloadEngine, str]] = []
+            for component in components:
+                component_id = component if isinstance(component, str) else registry.id_of(component)
+                if isinstance(component, str) and component not in registry.entries:
+                    raise registry.unknown(f"host_weights(): no component has id {component!r}.")
+                engine = None if component_id is None else self._offload.engine_of(component_id)
+                if engine is not None and component_id is not None:
+                    held.append((engine, component_id))
+        with ExitStack() as stack:  # outside the manager's lock: each engine takes its own
+            for engine, component_id in held:
+                stack.enter_context(engine.host_weights(component_id))
+            yield
 
     def refresh_host_copy(self, component_id: str) -> None:
         """Call after changing a model's weights in place (fusing a LoRA, quantizing) so offload keeps them."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,6 +52,8 @@ class OffloadLink:
             str
         ] = []  # with several devices: the spill folders offload made, innermost first
         self._merged: MergedOffloadLog | None = None  # with several devices: the engines' logs read as one
+        # With several devices: removes those folders at exit (once empty) if offload is never turned off.
+        self._leftovers: weakref.finalize | None = None
 
     def __repr__(self) -> str:
         if len(self._engines) > 1:
@@ -190,6 +193,8 @@ class OffloadLink:
         made = [folder for folder in subfolders if folder is not None] + (
             [root] if root and made_root else []
         )
+        # Made before the engines, so that at exit it runs after their tiers removed their files.
+        leftovers = weakref.finalize(self, _remove_empty, made)
         engines: list[OffloadEngine] = []
         try:
             for probe, folder in zip(probes, subfolders):
@@ -220,6 +225,7 @@ class OffloadLink:
                     mine, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
                 )
         except BaseException:
+            leftovers.detach()
             _close_all(engines, made)
             raise
         self.disable()
@@ -227,10 +233,11 @@ class OffloadLink:
             for component_id, module in models.items():
                 attach_to(owner[component_id], component_id, module)
         except BaseException:
+            leftovers.detach()
             _close_all(engines, made)
             raise
         self._engines, self._owner, self._choice = engines, owner, choice
-        self._host_budget, self._spill_made = budget, made
+        self._host_budget, self._spill_made, self._leftovers = budget, made, leftovers
         self._merged = MergedOffloadLog([engine.log for engine in engines]) if len(engines) > 1 else None
 
     def disable(self) -> None:
@@ -238,6 +245,9 @@ class OffloadLink:
         engines, self._engines, self._owner = self._engines, [], {}  # off even if close raises DiskCopyError
         self._merged = None
         made, self._host_budget, self._spill_made = self._spill_made, None, []
+        if self._leftovers is not None:
+            self._leftovers.detach()
+            self._leftovers = None
         _close_all(engines, made)
 
     def attach(self, component_id: str, component: Any) -> None:
@@ -258,17 +268,18 @@ class OffloadLink:
         self._owner[component_id] = self._engines[index]
 
     def detach(self, component_id: str, component: Any) -> None:
-        """Takes a model that leaves the registry from its engine; a no-op when off or for other objects."""
+        """Takes a model that leaves the registry from its engine; a no-op when off or for other objects.
+
+        Nothing is read back: a model whose host copy is on disk leaves without those weights (meta tensors),
+        so a removal never fails on a file gone and never reads a model only to free it.
+        """
         engine = self.engine_of(component_id)
         if engine is None or not isinstance(component, torch.nn.Module):
             return
-        try:
-            engine.detach(component_id)
-        finally:
-            if not engine.has_hook(component_id):  # detached, even when its file was gone (DiskCopyError)
-                self._owner.pop(component_id, None)
-                if self._host_budget is not None:
-                    self._host_budget.rebalance()
+        engine.detach(component_id, read_back=False)
+        self._owner.pop(component_id, None)
+        if self._host_budget is not None:
+            self._host_budget.rebalance()
 
     def set_plan(self, component_ids: Sequence[str]) -> None:
         """Passes the ids of the models one pipeline call will run, in order, to the engine; a no-op when off.
@@ -349,11 +360,16 @@ def _close_all(engines: Sequence[OffloadEngine], made_folders: Sequence[str]) ->
             engine.close()
         except Exception as error:  # every engine closed; the first error said once all are
             errors.append(error)
-    for folder in made_folders:
-        if os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
+    _remove_empty(made_folders)
     if errors:
         raise errors[0]
+
+
+def _remove_empty(folders: Sequence[str]) -> None:
+    """Remove each of ``folders`` (innermost first) that is left empty."""
+    for folder in folders:
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
 
 
 def _choose(

@@ -15,9 +15,11 @@ so auto offload never brings stale weights back.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -215,22 +217,27 @@ class LoraMixin:
             raise TypeError(msg)
         models = chosen_models(_with_lora(pipe, loader, "fuse_lora"), components, loader, "fuse_lora")
         names = None if adapter_names is None else known_names(adapter_names, models, "fuse_lora")
-        try:
-            _target_class(loader)(models).fuse_lora(
-                components=list(models), lora_scale=lora_scale, safe_fusing=safe_fusing, adapter_names=names
-            )
-        finally:
-            _refresh(pipe, models.values())
+        with _host_weights(pipe, models.values()):  # fused in place: never into a dropped host copy
+            try:
+                _target_class(loader)(models).fuse_lora(
+                    components=list(models),
+                    lora_scale=lora_scale,
+                    safe_fusing=safe_fusing,
+                    adapter_names=names,
+                )
+            finally:
+                _refresh(pipe, models.values())
 
     def unfuse_lora(self, components: list[str] | None = None) -> None:
         """Take fused adapters back out of the weights (``components``: as for ``fuse_lora``)."""
         pipe = _pipe(self)
         loader = _loader(pipe, "unfuse_lora")
         models = chosen_models(_with_lora(pipe, loader, "unfuse_lora"), components, loader, "unfuse_lora")
-        try:
-            _target_class(loader)(models).unfuse_lora(components=list(models))
-        finally:
-            _refresh(pipe, models.values())
+        with _host_weights(pipe, models.values()):
+            try:
+                _target_class(loader)(models).unfuse_lora(components=list(models))
+            finally:
+                _refresh(pipe, models.values())
 
     def unload_lora_weights(self) -> None:
         """Remove every LoRA layer from the models (fused weights stay fused); a no-op without LoRA."""
@@ -317,6 +324,16 @@ def _refresh(pipe: ModularPipeline, models: Iterable[torch.nn.Module | None]) ->
         component_id = cm.get_id(model) if model is not None else None
         if component_id is not None:
             cm.refresh_host_copy(component_id)
+
+
+def _host_weights(
+    pipe: ModularPipeline, models: Iterable[torch.nn.Module | None]
+) -> AbstractContextManager[None]:
+    """These models' weights in memory while inside (``ComponentsManager.host_weights``): one whose host copy
+    was dropped under a host budget is read back first, so a change in place meets real tensors (refreshed
+    inside, before the budget drops copies again)."""
+    cm = pipe.components_manager
+    return contextlib.nullcontext() if cm is None else cm.host_weights(*(m for m in models if m is not None))
 
 
 def _undo_load(loader: Any, models: Mapping[str, torch.nn.Module | None], name: str, before: dict) -> None:

@@ -212,8 +212,12 @@ def _save_options(obj: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in options.items() if key in accepted and value is not None}
 
 
-def _save_component(obj: Any, folder: Path, kwargs: Mapping[str, Any]) -> None:
-    obj.save_pretrained(str(folder), **kwargs)
+def _save_component(pipe: ModularPipeline, obj: Any, folder: Path, kwargs: Mapping[str, Any]) -> None:
+    """Write ``obj`` with its weights in memory: one whose host copy was dropped under a host budget is read
+    back for the save (``ComponentsManager.host_weights``), so a save never writes placeholders."""
+    cm = pipe._components_manager
+    with cm.host_weights(obj) if cm is not None else contextlib.nullcontext():
+        obj.save_pretrained(str(folder), **kwargs)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -308,7 +312,7 @@ def _save_new(pipe: ModularPipeline, target: Path, write: dict[str, dict], index
     with _locked(staging):
         try:
             for name, kwargs in write.items():
-                _save_component(pipe._components[name], staging / name, kwargs)
+                _save_component(pipe, pipe._components[name], staging / name, kwargs)
             _write_json(staging / MODULAR_INDEX, index)
             os.rename(staging, target)
         except BaseException:
@@ -322,7 +326,7 @@ def _save_into(pipe: ModularPipeline, target: Path, write: dict[str, dict], inde
     with _locked(staging):
         try:
             for name, kwargs in write.items():
-                _save_component(pipe._components[name], staging / name, kwargs)
+                _save_component(pipe, pipe._components[name], staging / name, kwargs)
             _write_json(staging / MODULAR_INDEX, index)
             _write_json(staging / _PLAN, list(write))
             for name in write:

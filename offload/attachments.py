@@ -2,7 +2,8 @@
 
 ``attach`` checks a module before anything moves (its id, a foreign hook, a pinned model's room, the host
 budget), then hooks it and keeps its weights on the host copy; ``detach`` and ``close`` wait for the calls
-in progress, then take models off with every weight on the host. The engine holds the state and the lock;
+in progress, then take models off with every weight on the host (a model on disk read back first, unless
+``detach`` is told not to read: then it leaves without the weights it held on disk only). The engine holds the state and the lock;
 these are the bodies of ``OffloadEngine.attach``, ``detach`` and ``close``, which document them.
 """
 
@@ -68,13 +69,15 @@ def attach(
             placer.record(model_id, (), 0, moved_back, free_before, "attach")
 
 
-def detach(engine: OffloadEngine, model_id: str) -> None:
+def detach(engine: OffloadEngine, model_id: str, read_back: bool) -> None:
     """``OffloadEngine.detach``."""
     with engine._changed:
         if model_id not in engine._hooks:
             msg = f"model id {model_id!r} is not attached; attached: {sorted(engine._hooks)}."
             raise KeyError(msg)
         engine._calls.await_no_calls([model_id], f"detach({model_id!r})", engine.wait_timeout)
+        if read_back:
+            engine._host.restore(model_id)  # before anything changes: a file gone leaves it attached
         _detach_now(engine, model_id)
         engine._changed.notify_all()
 
@@ -88,9 +91,10 @@ def close(engine: OffloadEngine) -> None:
         for model_id in model_ids:
             if model_id in engine._hooks:  # another thread may have detached it while we waited
                 try:
-                    _detach_now(engine, model_id)
-                except DiskCopyError as error:  # detached all the same; said once all are
+                    engine._host.restore(model_id)
+                except DiskCopyError as error:  # detached without its weights (meta); said once all are
                     unreadable.append(error)
+                _detach_now(engine, model_id)
         engine._host.close()
         engine._changed.notify_all()
         if unreadable:
@@ -108,4 +112,4 @@ def _detach_now(engine: OffloadEngine, model_id: str) -> None:
     placer.forget(model_id)
     if was_resident and not probe.always_resident:
         placer.record(model_id, (model_id,), 0, 0, probe.free_bytes(), "detach")
-    engine._host.detach(model_id)  # last: a file gone since the drop raises DiskCopyError, detached
+    engine._host.detach(model_id, read_back=False)  # read back before, if at all

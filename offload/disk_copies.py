@@ -32,6 +32,8 @@ __all__ = [
     "DiskCopy",
     "TensorSlot",
     "drop_tensors",
+    "empty_tensors",
+    "file_identity",
     "file_index",
     "file_sources",
     "missing_from_files",
@@ -105,7 +107,7 @@ class DiskCopy:
         spilled: Bytes of it written to the spill file (0 when everything is read from the source files).
         fingerprint: ``module_fingerprint`` of the model when the copy was made; a copy is valid only while
             the model has the same one and was not refreshed since.
-        stamps: Size and modification time of every file it reads, so a file replaced since is refused.
+        stamps: The identity of every file it reads (``file_identity``), so a file replaced since is refused.
         kept: Keys of the tensors that stay in host memory: non-persistent buffers the files lack (position
             ids, rotary tables: small, and made by the model, not loaded), so an unchanged model spills nothing.
     """
@@ -114,13 +116,12 @@ class DiskCopy:
     spilled: int
     fingerprint: tuple[int, int, int]
     kept: frozenset[str] = frozenset()
-    stamps: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    stamps: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
 
     def stamp(self) -> None:
-        """Record the size and modification time of every file the copy reads."""
+        """Record the identity of every file the copy reads."""
         for path in {path for path, _ in self.sources.values()}:
-            status = os.stat(path)
-            self.stamps[path] = (status.st_size, status.st_mtime_ns)
+            self.stamps[path] = file_identity(os.stat(path))
 
     def changed_files(self) -> list[str]:
         """The files the copy reads that are gone or were replaced since ``stamp``."""
@@ -131,9 +132,21 @@ class DiskCopy:
             except OSError:
                 changed.append(path)
                 continue
-            if (status.st_size, status.st_mtime_ns) != stamp:
+            if file_identity(status) != stamp:
                 changed.append(path)
         return changed
+
+
+def file_identity(status: os.stat_result) -> tuple[int, ...]:
+    """What tells a file from one put in its place: device, inode, size, modification and change time.
+
+    Size and modification time alone miss a file of the same size replaced by ``cp -p``, ``rsync -t`` or ``tar
+    x``, which set the modification time back. A replacement renamed into place (rsync, tar) has another
+    inode; one written over the old file (``cp -p``) keeps the inode but not the change time, which no tool
+    sets back. A ``chmod`` or a new hard link also changes the change time: such a file counts as replaced
+    (refused, never read silently).
+    """
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
 
 
 # ``(qualified name, plain tensor, (the wrapper holding it, its attribute) or None for a module's own)``
@@ -337,6 +350,31 @@ def drop_tensors(slots: Sequence[TensorSlot]) -> None:
     """Point every slot at a placeholder; the values are freed once nothing else refers to them."""
     for slot in slots:
         _assign(slot, _placeholder(slot.tensor))
+
+
+def empty_tensors(slots: Sequence[TensorSlot]) -> None:
+    """Point every slot at a meta tensor of its shape, stride and dtype: a model that leaves without its
+    weights holds no placeholder that computes NaN; any use of it fails loudly (``Tensor on device meta``)."""
+    for slot in slots:
+        tensor = slot.tensor
+        empty = torch.empty_strided(tensor.shape, slot.stride, dtype=tensor.dtype, device="meta")
+        if slot.holders:
+            _assign(slot, empty)
+            continue
+        for owner, name, is_param in slot.places:
+            if not is_param:
+                owner._buffers[name] = empty
+                continue
+            # ``.data`` cannot change a Parameter's device: swap the whole tensor, so that the object (which the
+            # caller may hold) stays; one with weak references to it cannot be swapped and is replaced.
+            param = owner._parameters[name]
+            assert param is not None  # tensor_slots found a Parameter in this slot
+            replacement = torch.nn.Parameter(empty, requires_grad=param.requires_grad)
+            try:
+                torch.utils.swap_tensors(param, replacement)
+            except RuntimeError:
+                owner._parameters[name] = replacement
+        slot.tensor = empty
 
 
 def read_back(slots: Sequence[TensorSlot], copy: DiskCopy, pin: bool) -> int:

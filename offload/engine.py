@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -261,16 +262,21 @@ class OffloadEngine:
         with self._lock:
             check_fit(self._placer, self._host, modules, after, weight_files or {}, pinned)
 
-    def detach(self, model_id: str) -> None:
+    def detach(self, model_id: str, read_back: bool = True) -> None:
         """Remove ``model_id``'s hook; its weights end on the host copy. Waits for its calls in progress in
         other threads to return; calls that start meanwhile wait, then run without offload.
+
+        A model whose host copy is on disk is read back first; with ``read_back=False`` nothing is read and the
+        weights it held on disk only become meta tensors (no memory; any use fails loudly rather than
+        computing on placeholders): what ``ComponentsManager.remove`` does.
 
         Raises:
             KeyError: ``model_id`` is not attached.
             RuntimeError: called from inside a call of ``model_id`` in this thread.
             OffloadTimeoutError: its calls did not return within ``wait_timeout`` (nothing changed).
+            DiskCopyError: with ``read_back``, a file it reads is gone or was replaced (nothing changed).
         """
-        attachments.detach(self, model_id)
+        attachments.detach(self, model_id, read_back)
 
     def close(self) -> None:
         """Detach every model: no hooks, every weight on the host. Waits for the calls in progress in other
@@ -373,6 +379,30 @@ class OffloadEngine:
             self._host.restore(model_id)
             self._placer.refresh(model_id)
             self._host.changed(model_id)
+
+    @contextmanager
+    def host_weights(self, model_id: str, drop_after: bool = True) -> Iterator[None]:
+        """Inside, ``model_id``'s weights are real tensors on the host or the device, never placeholders: a model
+        whose host copy is on disk is read back first, and no host copy of it is dropped until the block ends.
+        For every reader of its weights: a save, a state dict, a fused LoRA. The lock is held only to read back
+        and to release, so other models run meanwhile. Nests; an id that is not attached is a no-op.
+
+        At the end, with ``drop_after``, host copies are dropped until the budget holds again; so a change made
+        in place inside must be told (``refresh_host_copy``) inside too. Without it they are dropped at the
+        next placement, as after ``load_host_copy``: for readers that may run in the middle of a change (a
+        model's ``state_dict``, which a LoRA loader calls while it injects layers).
+
+        Raises:
+            DiskCopyError: a file it reads is gone or was replaced since its host copy was dropped.
+        """
+        with self._lock:
+            held = self._host.hold(model_id)
+        try:
+            yield
+        finally:
+            if held:
+                with self._lock:
+                    self._host.release(model_id, drop=drop_after)
 
     def load_host_copy(self, model_id: str) -> None:
         """Read ``model_id``'s weights back into host memory if its host copy was dropped under the host

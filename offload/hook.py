@@ -9,7 +9,8 @@ what its code reads, so ``encode``/``decode`` without naming them), are replaced
 the whole call through ``OffloadEngine.run_forward``: the model counts as running from start to end
 (no other thread evicts it; ``detach``/``close`` wait for it), and an out-of-memory error is caught
 once: the engine evicts every other model and the call runs again. Those functions hold the hook
-themselves rather than reading ``module._hf_hook`` after the forward, as accelerate's does.
+themselves rather than reading ``module._hf_hook`` after the forward, as accelerate's does. Its
+``state_dict`` is replaced too, by one that reads the weights back from the host tier first.
 """
 
 from __future__ import annotations
@@ -112,6 +113,23 @@ def install_hook(module: torch.nn.Module, hook: OffloadHook) -> None:
     for name in _hook_calling_methods(module):
         module.__dict__[name] = _through_engine(hook, getattr(module, name))
         hook.wrapped_methods.append(name)
+    module.__dict__["state_dict"] = _reading_host_weights(hook, module.state_dict)
+    hook.wrapped_methods.append("state_dict")
+
+
+def _reading_host_weights(hook: OffloadHook, bound: Callable[..., Any]) -> Callable[..., Any]:
+    """``state_dict`` with the model's weights in memory (``OffloadEngine.host_weights``): a model whose host
+    copy is on disk is read back first, so the state dict (what ``save_pretrained`` of diffusers, transformers
+    and peft writes) holds its values, never placeholders. The tensors it returns keep them after the model
+    is dropped again; ``keep_vars=True`` returns the Parameter objects themselves, which do not. Nothing is
+    dropped at its end (a loader may call it in the middle of changing the model): at the next placement."""
+
+    @functools.wraps(bound)
+    def state_dict(*args, **kwargs):
+        with hook.engine.host_weights(hook.model_id, drop_after=False):
+            return bound(*args, **kwargs)
+
+    return state_dict
 
 
 def _through_engine(hook: OffloadHook, bound: Callable[..., Any]) -> Callable[..., Any]:

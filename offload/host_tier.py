@@ -5,8 +5,9 @@ held exceed it, the models needed least soon (ranked as ``NextUseStrategy`` rank
 plan and the use history) drop theirs: their weights are then on disk, and read back when next placed. A
 tensor is read back from the safetensors file the model was loaded from when that file holds the same
 values; the others (a fused LoRA, an edited or new weight, a model built in memory, a quantized weight such
-as torchao's, by its inner tensors) are written once to a spill folder. Models on the device or running are
-never dropped. Every step is in the engine's log.
+as torchao's, by its inner tensors) are written once to a spill folder (``offload.spill_files``: removed at
+close or exit). Models on the device, running, or held for a reader of their weights (``hold``: a save, a
+state dict, a fused LoRA) are never dropped. Every step is in the engine's log.
 
 The engine calls a ``HostTier`` with its lock held. With several devices, each engine's tier holds a share
 of one host budget (``offload.host_budget``); the manager sets it with ``set_share``, which takes that lock.
@@ -16,11 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
-import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -32,6 +31,7 @@ from offload.disk_copies import (
     DiskCopy,
     TensorSlot,
     drop_tensors,
+    empty_tensors,
     file_index,
     file_sources,
     missing_from_files,
@@ -47,6 +47,7 @@ from offload.log import OffloadDecision, OffloadLog
 from offload.messages import reload_hint
 from offload.next_use import NextUseStrategy
 from offload.probes import MemoryProbe
+from offload.spill_files import SpillFiles
 from offload.storage import module_fingerprint, module_nbytes
 from offload.strategy import OffloadRequest
 from offload.units import format_bytes, format_bytes_distinct, parse_bytes
@@ -79,7 +80,7 @@ class HostTier:
         log: The engine's log.
         budget: Bytes (or ``"48GB"``) of host copies to hold; ``None`` for ``default_host_budget``.
         spill_folder: Where changed weights are written; ``None`` for a temporary folder, made when first
-            needed and removed at ``close``. A folder given is made if missing and checked writable now.
+            needed. A folder given is made if missing and checked writable now. Its files go at ``close``.
         calls: How many calls of a model are in progress (a model in a call is never dropped).
         request: Builds the request a strategy ranks (``Placer.request``: the plan and the use history).
         lock: The engine's lock, taken by the calls made from outside the engine (``set_share``).
@@ -111,16 +112,15 @@ class HostTier:
         self._pin = probe.moves_weights and probe.execution_device.type == "cuda"
         self._models: dict[str, _Model] = {}
         self._placing: set[str] = set()  # read back and about to be placed: not dropped meanwhile
-        self._own_folder = spill_folder is None
+        self._held: Counter[str] = Counter()  # read back for a reader (``hold``): not dropped until released
         existed = spill_folder is not None and os.path.isdir(spill_folder)
-        self._folder = None if spill_folder is None else writable_folder(os.fspath(spill_folder))
-        self._made_folder = self._folder is not None and not existed  # removed at close if left empty
-        self._spill_files: dict[str, str] = {}
+        folder = None if spill_folder is None else writable_folder(os.fspath(spill_folder))
+        self._spills = SpillFiles(self, folder, made=folder is not None and not existed)
 
     @property
     def spill_folder(self) -> str | None:
         """The folder changed weights are written to (``None`` until a temporary one is first needed)."""
-        return self._folder
+        return self._spills.folder
 
     def held_bytes(self) -> int:
         """Bytes of the host copies in memory now."""
@@ -138,7 +138,7 @@ class HostTier:
 
     def spill_files(self) -> dict[str, str]:
         """The spill file written for each model, by model id."""
-        return dict(self._spill_files)
+        return self._spills.paths()
 
     def placed_bytes(self) -> int:
         """Bytes of the host copies of every model it keeps, held or on disk."""
@@ -204,25 +204,55 @@ class HostTier:
         size = module_nbytes(module, count_meta=False)
         self._models[model_id] = _Model(module, tuple(files), size, measured=self._ledger.nbytes(model_id))
 
-    def detach(self, model_id: str) -> None:
-        """Read ``model_id`` back if it is on disk, and forget it (its spill file is removed)."""
-        self.restore(model_id)
+    def detach(self, model_id: str, read_back: bool = True) -> None:
+        """Forget ``model_id`` (its spill file is removed). With ``read_back``, a model on disk is read back
+        first (a file gone raises ``DiskCopyError`` with nothing changed); without, nothing is read: the
+        tensors it holds on disk only become meta tensors (``empty_tensors``), so it leaves without them."""
+        model = self._models.get(model_id)
+        if read_back:
+            self.restore(model_id)
+        elif model is not None and model.dropped is not None:
+            empty_tensors(model.dropped)
+            logger.info("%s leaves with its weights on disk unread (meta tensors)", model_id)
         self._models.pop(model_id, None)  # a pinned model was never attached here
-        path = self._spill_files.pop(model_id, None)
-        if path is not None and os.path.exists(path):
-            os.remove(path)
+        self._held.pop(model_id, None)
+        self._spills.forget(model_id)
 
     def close(self) -> None:
-        """Remove the spill files, and the spill folder when this tier made it. Call after every detach."""
-        for path in self._spill_files.values():
-            if os.path.exists(path):
-                os.remove(path)
-        self._spill_files.clear()
-        if self._folder is not None and self._own_folder:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
-        elif self._folder is not None and self._made_folder and not os.listdir(self._folder):
-            os.rmdir(self._folder)
+        """Remove the spill files, and the spill folder when this tier made it. Call after every detach.
+
+        A tier never closed (a program that ends without ``disable_auto_cpu_offload()``) removes them at exit.
+        """
+        self._spills.close()
+
+    # -- readers of the weights ----------------------------------------------------------------
+    def hold(self, model_id: str) -> bool:
+        """Read ``model_id`` back if it is on disk and keep its host copy until ``release``: for a reader of its
+        weights (a save, ``state_dict``, an in-place change). Holds nest. Returns whether it is held (a model
+        not kept here is not, and needs no ``release``).
+
+        Raises:
+            DiskCopyError: a file it reads is gone or was replaced (nothing held).
+        """
+        if model_id not in self._models:
+            return False
+        self._held[model_id] += 1
+        try:
+            self.restore(model_id)
+        except BaseException:
+            self.release(model_id, drop=False)
+            raise
+        return True
+
+    def release(self, model_id: str, drop: bool = True) -> None:
+        """End one ``hold``; with ``drop`` and no hold left, drop host copies until the budget holds again."""
+        if self._held[model_id] <= 1:
+            self._held.pop(model_id, None)
+        else:
+            self._held[model_id] -= 1
+            return
+        if drop:
+            self._make_room("", 0)
 
     # -- placement -----------------------------------------------------------------------------
     @contextmanager
@@ -273,7 +303,8 @@ class HostTier:
             msg = (
                 f"model {model_id!r} cannot be read back: its host copy was dropped under host_budget "
                 f"{format_bytes(self.budget)} and {changed} is gone or was replaced since. Put the file back "
-                "as it was, or remove the model (its weights now read as NaN) and load it again."
+                "as it was, or remove the model (components_manager.remove(id): it leaves without its "
+                "weights, nothing is read) and load it again."
             )
             raise DiskCopyError(msg)
         free = self._probe.free_bytes()
@@ -294,6 +325,7 @@ class HostTier:
                 if m != model_id
                 and m not in refused
                 and m not in self._placing
+                and m not in self._held
                 and model.dropped is None
                 and model.refusal is None
                 and model.size > 0
@@ -355,7 +387,7 @@ class HostTier:
                 model.refusal = f"its spill file {path} could not be written ({error})"
                 logger.warning("%s keeps its host copy: %s", model_id, model.refusal)
                 return None
-            self._spill_files[model_id] = path
+            self._spills.add(model_id, path)
             sources.update({slot.key: (path, slot.key) for slot in spill})
             self._record(model_id, "spill", free, to_disk=spilled)
         copy = DiskCopy(sources=sources, spilled=spilled, fingerprint=fingerprint, kept=kept)
@@ -363,10 +395,7 @@ class HostTier:
         return copy
 
     def _spill_path(self, model_id: str) -> str:
-        if self._folder is None:
-            self._folder = tempfile.mkdtemp(prefix="offload-spill-")
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)
-        return os.path.join(self._folder, f"{name}-{id(self._models[model_id]):x}.safetensors")
+        return self._spills.path_for(model_id, id(self._models[model_id]))
 
     def _record(self, model_id: str, reason: str, free: int, from_disk: int = 0, to_disk: int = 0) -> None:
         free_after = self._probe.free_bytes()

@@ -38,7 +38,7 @@ class RecordingEngine:
     def attach(self, model_id, module, weight_files=(), pinned=False):
         self.calls.append(("attach", model_id))
 
-    def detach(self, model_id):
+    def detach(self, model_id, read_back=True):
         self.calls.append(("detach", model_id))
 
     def close(self):
