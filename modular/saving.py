@@ -45,6 +45,7 @@ from .config_components import changed_config_components
 from .errors import SaveTargetInUseError
 from .families import available_families, family_of_blocks
 from .index import MODULAR_INDEX, spec_to_entry
+from .lora_saving import saving_plain_weights
 from .save_options import SaveOptions
 
 if sys.platform != "win32":
@@ -213,7 +214,9 @@ def _save_options(obj: Any, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _save_component(obj: Any, folder: Path, kwargs: Mapping[str, Any]) -> None:
-    obj.save_pretrained(str(folder), **kwargs)
+    # A model holding LoRA layers is saved as its plain (or fused) weights, not peft's wrapped names.
+    with saving_plain_weights(obj):
+        obj.save_pretrained(str(folder), **kwargs)
 
 
 def _write_json(path: Path, data: Any) -> None:
