@@ -18,6 +18,7 @@ from .registry import Registry
 from .shared_loads import SharedLoads
 from .spec import ComponentSpec
 from .table import manager_table
+from .weight_marks import EDITED, mark_modified
 
 __all__ = ["INFO_FIELDS", "ComponentsManager"]
 
@@ -239,7 +240,8 @@ class ComponentsManager:
 
         Fields: ``model_id, added_time, collection, class_name, size_gb`` (unique storage bytes), ``device,
         dtype, load_id, adapters`` (peft adapter names), ``lora`` (per LoRA adapter: active, weight, fused,
-        loaded by), ``has_hook, execution_device, ip_adapter, quantization``.
+        loaded by), ``has_hook, execution_device, ip_adapter, quantization, resident_share, pinned``, and
+        ``modified``: how its weights differ from its load ID's (a fused LoRA, an edit), or ``None``.
 
         Raises:
             ComponentNotFoundError: unknown id.
@@ -366,12 +368,20 @@ class ComponentsManager:
             ids = [registry.id_of(obj) for obj in components if isinstance(obj, torch.nn.Module)]
             self._offload.set_plan([component_id for component_id in ids if component_id is not None])
 
-    def refresh_host_copy(self, component_id: str) -> None:
-        """Call after changing a model's weights in place (fusing a LoRA, quantizing) so offload keeps them."""
+    def refresh_host_copy(self, component_id: str, *, edited: bool = True) -> None:
+        """Call after changing a model's weights in place (fusing a LoRA, quantizing) so offload keeps them.
+
+        The model is then marked modified (``components.weight_marks``): its model info and the table say so,
+        and it is no longer reused for a load of its load ID. ``edited=False`` refreshes without the mark, for
+        a change that leaves the source's weights as they were (an adapter's own layers added or removed).
+        """
         with self._locked() as registry:
             if component_id not in registry.entries:
                 raise registry.unknown(f"No component has id {component_id!r}.")
-            self._offload.refresh(component_id, registry.entries[component_id].component)
+            component = registry.entries[component_id].component
+            self._offload.refresh(component_id, component)
+            if edited:
+                mark_modified(component, EDITED, "weights edited in place (refresh_host_copy)")
 
     # ---- classic pipelines ----------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from offload.storage import module_nbytes
 
 from .load_id import get_load_id
 from .quantization import describe_quantization, quantization_method
+from .weight_marks import modifications
 
 __all__ = [
     "INFO_FIELDS",
@@ -49,6 +50,7 @@ INFO_FIELDS = (
     "quantization",
     "resident_share",
     "pinned",
+    "modified",
 )
 
 
@@ -263,5 +265,7 @@ def component_info(
             resident_share=None if residency is None else residency.resident_share,
             # Pinned under auto offload (offload.pinned): where it stays, e.g. "sim" or "cuda:0".
             pinned=None if residency is None else residency.pinned,
+            # How its weights differ from its load ID's (components.weight_marks), or None: they do not.
+            modified=modifications(component),
         )
     return info

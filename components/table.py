@@ -17,6 +17,7 @@ __all__ = [
     "DISK",
     "EMPTY_TABLE",
     "HOST",
+    "MODIFIED_MARK",
     "MODEL_HEADER",
     "OTHER_HEADER",
     "device_cell",
@@ -176,6 +177,16 @@ def ip_adapter_cell(ip_adapter: dict[str, Any] | None) -> str | None:
     return f"image encoder {encoder}; scale {scales}"
 
 
+#: Follows the load ID of a model whose weights differ from it (the "Modified" line says how).
+MODIFIED_MARK = " (modified)"
+
+
+def _load_id_cell(info: dict[str, Any]) -> str:
+    """The load ID, marked when the weights are no longer its (``components.weight_marks``)."""
+    load_id = info["load_id"] or "N/A"
+    return load_id + MODIFIED_MARK if info["modified"] else load_id
+
+
 def manager_table(manager: ComponentsManager, residency: Callable[[str], Residency | None]) -> str:
     """The table of a ``ComponentsManager``, built from its public look-ups.
 
@@ -197,7 +208,7 @@ def manager_table(manager: ComponentsManager, residency: Callable[[str], Residen
             device_cell(placed) if placed is not None else _plain_device_cell(info),
             info["dtype"] or "N/A",
             format_bytes(info["size_gb"] * 1024**3),
-            info["load_id"] or "N/A",
+            _load_id_cell(info),
         )
         models.append((cells, collections))
         extra = {
@@ -205,6 +216,7 @@ def manager_table(manager: ComponentsManager, residency: Callable[[str], Residen
             "LoRA": lora_cell(info["lora"]),
             "IP-Adapter": ip_adapter_cell(info["ip_adapter"]),
             "Quantization": quantization_cell(info["quantization"], info["size_gb"]),
+            "Modified": "; ".join(info["modified"]) if info["modified"] else None,
         }
         extras.append((component_id, extra))
     return render_table(models, others, extras)

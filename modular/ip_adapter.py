@@ -343,7 +343,7 @@ def _change_denoiser(pipe: ModularPipeline, denoiser: Any, change: Any) -> None:
         raise
     finally:
         if denoiser_id is not None:
-            cm.refresh_host_copy(denoiser_id)  # type: ignore[union-attr]
+            cm.refresh_host_copy(denoiser_id, edited=False)  # type: ignore[union-attr]  # adapter layers only
 
 
 def _add_feature_extractor(pipe: ModularPipeline, encoder: Any) -> None:

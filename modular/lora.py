@@ -34,6 +34,7 @@ from .lora_checks import (
     new_adapter_name,
 )
 from .lora_files import find_lora
+from .lora_marks import mark_fused, mark_unfused
 
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
@@ -221,6 +222,7 @@ class LoraMixin:
             )
         finally:
             _refresh(pipe, models.values())
+            mark_fused(models.values(), lora_scale, _label(pipe))  # what fused before a failure is marked too
 
     def unfuse_lora(self, components: list[str] | None = None) -> None:
         """Take fused adapters back out of the weights (``components``: as for ``fuse_lora``)."""
@@ -231,6 +233,7 @@ class LoraMixin:
             _target_class(loader)(models).unfuse_lora(components=list(models))
         finally:
             _refresh(pipe, models.values())
+            mark_unfused(models.values())
 
     def unload_lora_weights(self) -> None:
         """Remove every LoRA layer from the models (fused weights stay fused); a no-op without LoRA."""
@@ -316,7 +319,7 @@ def _refresh(pipe: ModularPipeline, models: Iterable[torch.nn.Module | None]) ->
     for model in models:
         component_id = cm.get_id(model) if model is not None else None
         if component_id is not None:
-            cm.refresh_host_copy(component_id)
+            cm.refresh_host_copy(component_id, edited=False)  # fuse/unfuse mark their models themselves
 
 
 def _undo_load(loader: Any, models: Mapping[str, torch.nn.Module | None], name: str, before: dict) -> None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import diffusers
 
 from components.load_id import NULL_LOAD_ID, decode_load_id, get_load_id
+from components.weight_marks import is_modified
 
 from .config_components import changed_config_components
 from .errors import SaveTargetInUseError
@@ -185,6 +186,9 @@ def _plan(pipe: ModularPipeline, target: Path, overwrite_index: bool = True) -> 
     for name, spec in pipe._specs.items():
         obj = pipe._components[name]
         if obj is None or (spec.default_creation_method != "from_pretrained" and name not in changed):
+            continue
+        if is_modified(obj):  # its weights are no longer its load ID's: only writing them keeps them
+            write.append(name)
             continue
         if not overwrite_index and get_load_id(obj) not in (None, NULL_LOAD_ID):
             continue
