@@ -152,6 +152,9 @@ def lora_info(module: torch.nn.Module) -> list[dict[str, Any]] | None:
 
 #: The attribute of a model that records the load ID of the image encoder its IP-Adapter was loaded with.
 IP_ADAPTER_ENCODER = "_ip_adapter_image_encoder"
+#: The attribute of a model that records which pipeline loaded its IP-Adapter (a pipeline's label), so that a
+#: pipeline sharing the model can say where the adapter it finds came from.
+IP_ADAPTER_SOURCE = "_ip_adapter_loaded_by"
 
 
 def _block_of(processor_name: str) -> str:
@@ -163,7 +166,8 @@ def _block_of(processor_name: str) -> str:
 def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
     """IP-Adapter state of an attention model, or ``None`` when it holds none.
 
-    ``{"processors": n, "scales": [...], "scale_per_block": {block: scale}, "image_encoder": load ID}``:
+    ``{"processors": n, "scales": [...], "scale_per_block": {block: scale}, "image_encoder": load ID,
+    "loaded_by": pipeline label}``:
     ``scales`` are the distinct scales; a block's scale is one number, or a list where its layers or loaded
     adapters differ. Recognised structurally: a processor with ``to_k_ip`` layers (diffusers' IP-Adapter
     processors).
@@ -191,6 +195,7 @@ def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
             block: values[0] if len(values) == 1 else values for block, values in per_block.items()
         },
         "image_encoder": getattr(module, IP_ADAPTER_ENCODER, None),
+        "loaded_by": getattr(module, IP_ADAPTER_SOURCE, None),
     }
 
 

@@ -165,7 +165,8 @@ def lora_cell(adapters: list[dict[str, Any]] | None) -> str | None:
 def ip_adapter_cell(ip_adapter: dict[str, Any] | None) -> str | None:
     """The "IP-Adapter" line of a model holding one (``components.model_info.ip_adapter_info``), ``None`` without.
 
-    ``"image encoder image_encoder_1407...; scale 0.5 (down_blocks.1, up_blocks.0), 0.0 (mid_block)"``.
+    ``"image encoder image_encoder_1407...; scale 0.5 (down_blocks.1, up_blocks.0), 0.0 (mid_block); loaded by
+    StableDiffusionAutoBlocks@0x7f..."``.
     """
     if not ip_adapter:
         return None
@@ -174,7 +175,8 @@ def ip_adapter_cell(ip_adapter: dict[str, Any] | None) -> str | None:
         by_scale.setdefault(str(scale), []).append(block)
     scales = ", ".join(f"{scale} ({', '.join(blocks)})" for scale, blocks in by_scale.items())
     encoder = ip_adapter["image_encoder"] or "none"
-    return f"image encoder {encoder}; scale {scales}"
+    loaded_by = ip_adapter.get("loaded_by")
+    return f"image encoder {encoder}; scale {scales}" + (f"; loaded by {loaded_by}" if loaded_by else "")
 
 
 #: Follows the load ID of a model whose weights differ from it (the "Modified" line says how).

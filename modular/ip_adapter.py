@@ -22,9 +22,11 @@ import torch
 
 from components import ComponentSpec
 from components.load_id import get_load_id
-from components.model_info import IP_ADAPTER_ENCODER
+from components.model_info import IP_ADAPTER_ENCODER, IP_ADAPTER_SOURCE
 from components.repo import describe, resolve_location
 from components.weights import check_weight_file
+
+from .lora import pipeline_label
 
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
@@ -189,6 +191,10 @@ class IPAdapterMethods:
             # What the manager's table names as this adapter's image encoder (its id there, else its load ID).
             encoder_id = cm.get_id(encoder) if cm is not None else None
             setattr(denoiser, IP_ADAPTER_ENCODER, encoder_id or get_load_id(encoder))
+        elif hasattr(denoiser, IP_ADAPTER_ENCODER):
+            delattr(denoiser, IP_ADAPTER_ENCODER)  # this adapter has none: a pipeline sharing it must not look
+        # Who loaded it: a pipeline sharing the denoiser finds the adapter there and says where it came from.
+        setattr(denoiser, IP_ADAPTER_SOURCE, pipeline_label(pipe))
         if pipe._components.get("feature_extractor") is None:
             _add_feature_extractor(pipe, encoder)
         pipe._plans.forget()
@@ -228,8 +234,9 @@ class IPAdapterMethods:
             _change_denoiser(
                 pipe, denoiser, lambda: loader.unload_ip_adapter(_target(loader, denoiser_name, denoiser))
             )
-        if hasattr(denoiser, IP_ADAPTER_ENCODER):
-            delattr(denoiser, IP_ADAPTER_ENCODER)
+        for record in (IP_ADAPTER_ENCODER, IP_ADAPTER_SOURCE):
+            if hasattr(denoiser, record):
+                delattr(denoiser, record)
         declared = {spec.name for spec in pipe._blocks.expected_components}
         for name in _ADDED_COMPONENTS:
             if name in declared:

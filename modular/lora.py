@@ -39,7 +39,7 @@ from .lora_marks import mark_fused, mark_unfused
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
 
-__all__ = ["LoraMixin", "LoraTarget"]
+__all__ = ["LoraMixin", "LoraTarget", "pipeline_label"]
 
 
 class LoraTarget:
@@ -125,7 +125,7 @@ class LoraMixin:
             _refresh(pipe, changed)
         for model in changed:
             if name in adapters_of(model):
-                record_lora_source(model, name, _label(pipe))
+                record_lora_source(model, name, pipeline_label(pipe))
 
     def set_adapters(self, adapter_names: str | list[str], adapter_weights: Any = None) -> None:
         """Make these adapters the active ones, with these weights.
@@ -222,7 +222,7 @@ class LoraMixin:
             )
         finally:
             _refresh(pipe, models.values())
-            mark_fused(models.values(), lora_scale, _label(pipe))  # what fused before a failure is marked too
+            mark_fused(models.values(), lora_scale, pipeline_label(pipe))  # what fused before a failure is marked too
 
     def unfuse_lora(self, components: list[str] | None = None) -> None:
         """Take fused adapters back out of the weights (``components``: as for ``fuse_lora``)."""
@@ -304,7 +304,7 @@ def _with_lora(pipe: ModularPipeline, loader: Any, what: str) -> dict[str, torch
     return models
 
 
-def _label(pipe: ModularPipeline) -> str:
+def pipeline_label(pipe: ModularPipeline) -> str:
     """How the manager's table names the pipeline that loaded an adapter."""
     collection = pipe._collection
     label = f"{pipe.blocks_class_name}@{id(pipe):#x}"
