@@ -27,6 +27,7 @@ from components.repo import describe, resolve_location
 from components.weights import check_weight_file
 
 from .lora import pipeline_label
+from .model_changes import changes_models
 
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
@@ -99,9 +100,15 @@ class _Snapshot:
             denoiser.config.encoder_hid_dim_type = self.hid_dim_type
 
 
+def denoiser_names(pipe: ModularPipeline) -> list[str]:
+    """The components an IP-Adapter call changes: the loaded model(s) that take IP-Adapter weights."""
+    return [name for name, obj in pipe._components.items() if hasattr(obj, "_load_ip_adapter_weights")]
+
+
 class IPAdapterMethods:
     """``load_ip_adapter``, ``set_ip_adapter_scale`` and ``unload_ip_adapter`` of ``ModularPipeline``."""
 
+    @changes_models(denoiser_names)
     def load_ip_adapter(
         self,
         pretrained_model_name_or_path: str | os.PathLike,
@@ -199,6 +206,7 @@ class IPAdapterMethods:
             _add_feature_extractor(pipe, encoder)
         pipe._plans.forget()
 
+    @changes_models(denoiser_names)
     def set_ip_adapter_scale(self, scale: Any) -> None:
         """Set how strongly the image prompt counts, as diffusers' ``set_ip_adapter_scale`` of the family.
 
@@ -224,6 +232,7 @@ class IPAdapterMethods:
             msg = f"set_ip_adapter_scale: scale {scale!r} does not fit the loaded IP-Adapter(s) ({error})"
             raise IPAdapterError(msg) from error
 
+    @changes_models(denoiser_names)
     def unload_ip_adapter(self) -> None:
         """Remove the IP-Adapter from the denoiser (for every pipeline sharing it) and drop this pipeline's
         image encoder and feature extractor. The image encoder stays in the manager, where other pipelines
