@@ -5,7 +5,6 @@ change, never a mix; without auto offload as with it."""
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 from diffusers.loaders import StableDiffusionLoraLoaderMixin
@@ -220,29 +219,3 @@ def test_a_change_from_inside_a_call_on_the_same_model_is_refused(repo, lora):
     handle.remove()
     assert raised == [True] and b.get_list_adapters() == {}
 
-
-def test_the_ip_adapter_outputs_stay_whole_under_many_changes(repo, ip_adapter):
-    """Ten unload/load rounds of B's IP-Adapter against A's image-prompt calls in a loop: every call of A
-    returns the image-prompt output, or is refused before it runs (no adapter loaded), never a crash or mix."""
-    cm = ComponentsManager()
-    a, b = tiny_sd_pipeline(repo, cm), tiny_sd_pipeline(repo, cm)
-    a.load_ip_adapter(ip_adapter, **IP)
-    expected = run(a, ip_adapter_image=image_prompt())
-    outcomes, stop = [], threading.Event()
-
-    def calls():
-        while not stop.is_set():
-            try:
-                outcomes.append(run(a, ip_adapter_image=image_prompt()))
-            except ValueError as error:
-                assert "no IP-Adapter is loaded into 'unet'" in str(error)
-                outcomes.append(None)
-
-    caller = threading.Thread(target=calls)
-    caller.start()
-    for _ in range(10):
-        b.unload_ip_adapter()
-        b.load_ip_adapter(ip_adapter, **IP)
-    stop.set()
-    caller.join()
-    assert [o for o in outcomes if o is not None and not np.array_equal(o.numpy(), expected.numpy())] == []
