@@ -199,7 +199,9 @@ class IPAdapterMethods:
             encoder_id = cm.get_id(encoder) if cm is not None else None
             setattr(denoiser, IP_ADAPTER_ENCODER, encoder_id or get_load_id(encoder))
         elif hasattr(denoiser, IP_ADAPTER_ENCODER):
-            delattr(denoiser, IP_ADAPTER_ENCODER)  # this adapter has none: a pipeline sharing it must not look
+            delattr(
+                denoiser, IP_ADAPTER_ENCODER
+            )  # this adapter has none: a pipeline sharing it must not look
         # Who loaded it: a pipeline sharing the denoiser finds the adapter there and says where it came from.
         setattr(denoiser, IP_ADAPTER_SOURCE, pipeline_label(pipe))
         if pipe._components.get("feature_extractor") is None:

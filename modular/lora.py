@@ -85,7 +85,7 @@ def lora_models(pipe: ModularPipeline) -> list[str] | None:
     """The components a LoRA call may change (``None``: the pipeline's family is unknown, so all)."""
     family = family_of_blocks(pipe.blocks_class_name)
     loader = None if family is None else family.loader("lora")
-    return None if loader is None else list(loader._lora_loadable_modules)
+    return None if loader is None else list(getattr(loader, "_lora_loadable_modules", None) or []) or None
 
 
 class LoraMixin:
@@ -236,7 +236,9 @@ class LoraMixin:
             )
         finally:
             _refresh(pipe, models.values())
-            mark_fused(models.values(), lora_scale, pipeline_label(pipe))  # what fused before a failure is marked too
+            mark_fused(
+                models.values(), lora_scale, pipeline_label(pipe)
+            )  # what fused before a failure is marked too
 
     @changes_models(lora_models)
     def unfuse_lora(self, components: list[str] | None = None) -> None:

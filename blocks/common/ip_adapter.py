@@ -17,7 +17,6 @@ import torch
 from diffusers.models.embeddings import ImageProjection, MultiIPAdapterImageProjection
 
 from components.model_info import IP_ADAPTER_ENCODER, IP_ADAPTER_SOURCE
-
 from modular import (
     BlockState,
     ConditionalPipelineBlocks,

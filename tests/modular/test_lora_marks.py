@@ -74,7 +74,9 @@ def test_unfusing_drops_the_mark_only_when_the_weights_are_the_sources_again(rep
         lora_layers(pipe.unet)[0].base_layer.weight[0, 0] += 1.0
     pipe.unfuse_lora()
     (why,) = cm.get_model_info(unet_id, "modified")["modified"]
-    assert why == "LoRA fused, then unfused: the weights may not be the source's (they differ from the source's)"
+    assert (
+        why == "LoRA fused, then unfused: the weights may not be the source's (they differ from the source's)"
+    )
     assert tiny_sd_pipeline(repo, cm).unet is not pipe.unet
     pipe.unload_lora_weights()
     assert not torch.equal(tiny_sd_images(pipe), original)

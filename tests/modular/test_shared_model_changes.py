@@ -44,7 +44,12 @@ def image_prompt():
 def run(pipe, **inputs):
     generator = torch.Generator().manual_seed(0)
     return pipe(
-        prompt="a cat", num_inference_steps=3, generator=generator, output_type="pt", output="images", **inputs
+        prompt="a cat",
+        num_inference_steps=3,
+        generator=generator,
+        output_type="pt",
+        output="images",
+        **inputs,
     )
 
 
@@ -72,7 +77,11 @@ def _nothing(b, lora, ip):
 
 #: (setup of pipeline B, the change B makes while A runs, whether A's call passes an image prompt)
 CHANGES = {
-    "load_lora_weights": (_nothing, lambda b, cm, lora, ip: b.load_lora_weights(lora, adapter_name="y"), False),
+    "load_lora_weights": (
+        _nothing,
+        lambda b, cm, lora, ip: b.load_lora_weights(lora, adapter_name="y"),
+        False,
+    ),
     "set_adapters": (_lora, lambda b, cm, lora, ip: b.set_adapters("x", 0.3), False),
     "disable_lora": (_lora, lambda b, cm, lora, ip: b.disable_lora(), False),
     "enable_lora": (_lora_disabled, lambda b, cm, lora, ip: b.enable_lora(), False),
@@ -210,7 +219,9 @@ def test_a_change_from_inside_a_call_on_the_same_model_is_refused(repo, lora):
 
     def hook(module, args):
         if not raised:
-            with pytest.raises(RuntimeError, match="called from inside a pipeline call running on the same model"):
+            with pytest.raises(
+                RuntimeError, match="called from inside a pipeline call running on the same model"
+            ):
                 b.load_lora_weights(lora, adapter_name="x")
             raised.append(True)
 
@@ -218,4 +229,3 @@ def test_a_change_from_inside_a_call_on_the_same_model_is_refused(repo, lora):
     run(a)
     handle.remove()
     assert raised == [True] and b.get_list_adapters() == {}
-
