@@ -142,12 +142,18 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         Raises:
             ValueError: an empty path or a bad keyword value; TypeError: an unknown keyword.
             SaveTargetInUseError: the save would replace files a loaded component reads its weights from.
+
+        The save reads the models as a call does: a change of them in another thread (a LoRA fused, an
+        IP-Adapter loaded) waits for it to end, and it waits for a change in progress.
         """
         from .save_options import save_pretrained
 
-        save_pretrained(
-            self, save_directory, safe_serialization, variant, max_shard_size, push_to_hub, **kwargs
-        )
+        with running(
+            self
+        ):  # reads the weights: a change of them (a fuse in another thread) waits, and it for one
+            save_pretrained(
+                self, save_directory, safe_serialization, variant, max_shard_size, push_to_hub, **kwargs
+            )
 
     # ----- components -----
     def __getattr__(self, name: str) -> Any:

@@ -229,3 +229,26 @@ def test_a_change_from_inside_a_call_on_the_same_model_is_refused(repo, lora):
     run(a)
     handle.remove()
     assert raised == [True] and b.get_list_adapters() == {}
+
+
+def test_a_save_started_during_a_change_writes_all_of_it(repo, lora, monkeypatch, tmp_path):
+    """save_pretrained started while B's fuse_lora has fused only the UNet waits for the text encoder too: the
+    saved folder loads back to the fully fused outputs."""
+    cm = ComponentsManager()
+    a, b = tiny_sd_pipeline(repo, cm), tiny_sd_pipeline(repo, cm)
+    b.load_lora_weights(lora, adapter_name="x")
+    fuse, halfway = StableDiffusionLoraLoaderMixin.fuse_lora, threading.Event()
+
+    def fuse_in_two_halves(self, components, **options):
+        fuse(self, components=["unet"], **options)
+        halfway.set()
+        time.sleep(PAUSE)
+        fuse(self, components=["text_encoder"], **options)
+
+    monkeypatch.setattr(StableDiffusionLoraLoaderMixin, "fuse_lora", fuse_in_two_halves)
+    changer = threading.Thread(target=b.fuse_lora, kwargs={"lora_scale": 0.5})
+    changer.start()
+    assert halfway.wait(10)
+    a.save_pretrained(tmp_path / "saved")
+    changer.join()
+    assert torch.equal(run(tiny_sd_pipeline(tmp_path / "saved", ComponentsManager())), run(a))
