@@ -5,19 +5,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 import torch
 
 from offload import MergedOffloadLog, OffloadEngine, OffloadLog
+from offload.calls import check_wait_timeout
 
+from .model_calls import DEFAULT_WAIT_TIMEOUT, MODEL_CALLS
 from .model_info import INFO_FIELDS, component_info
 from .offload_link import OffloadLink
 from .registry import Registry
 from .shared_loads import SharedLoads
 from .spec import ComponentSpec
 from .table import manager_table
+from .weight_marks import EDITED, mark_modified
 
 __all__ = ["INFO_FIELDS", "ComponentsManager"]
 
@@ -37,6 +40,7 @@ class ComponentsManager:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        self._wait_timeout = DEFAULT_WAIT_TIMEOUT  # for changes of models and the calls they wait for
         self._offload = OffloadLink()  # the engine placing the models while auto offload is on
         self._registry = Registry(on_add=self._offload.attach, on_remove=self._offload.detach)
         self._loads = SharedLoads(
@@ -99,19 +103,27 @@ class ComponentsManager:
     def remove(self, component_id: str) -> None:
         """Unregisters a component (and detaches it from auto offload). The manager keeps no reference to it.
 
-        Nothing is read back: a model whose host copy was dropped under ``host_budget`` leaves without those
-        weights (meta tensors: no memory, and any use fails loudly instead of computing on placeholders), so
-        removing never fails on a file gone since. To keep using the object afterwards, remove it inside
+        It first waits for pipeline calls running on it in other threads (``changing_models``). Nothing is read
+        back: a model whose host copy was dropped under ``host_budget`` leaves without those weights (meta
+        tensors: no memory, and any use fails loudly instead of computing on placeholders), so removing never
+        fails on a file gone since. To keep using the object afterwards, remove it inside
         ``with manager.host_weights(component_id):``, which reads it back first.
 
         Raises:
             ComponentNotFoundError: no component has this id.
-            offload.OffloadTimeoutError: its calls in other threads did not return in time (nothing changed).
+            offload.OffloadTimeoutError: calls still ran after ``wait_timeout`` seconds; nothing was removed.
+            RuntimeError: called from inside a pipeline call running on it in this thread.
         """
         with self._locked() as registry:
             if component_id not in registry.entries:
                 raise registry.unknown(f"Cannot remove {component_id!r}: no component has this id.")
-            registry.remove(component_id)
+            component = registry.entries[component_id].component
+        # Outside the lock: the calls it waits for may need the manager meanwhile.
+        with self.changing_models([component], f"remove({component_id!r})"):
+            with self._locked() as registry:
+                if component_id not in registry.entries:  # removed by another thread meanwhile
+                    raise registry.unknown(f"Cannot remove {component_id!r}: no component has this id.")
+                registry.remove(component_id)
 
     def remove_from_collection(self, component_id: str, collection: str) -> None:
         """Takes a component out of a collection; removes it from the manager when no collection holds it.
@@ -245,7 +257,8 @@ class ComponentsManager:
 
         Fields: ``model_id, added_time, collection, class_name, size_gb`` (unique storage bytes), ``device,
         dtype, load_id, adapters`` (peft adapter names), ``lora`` (per LoRA adapter: active, weight, fused,
-        loaded by), ``has_hook, execution_device, ip_adapter, quantization``.
+        loaded by), ``has_hook, execution_device, ip_adapter, quantization, resident_share, pinned``, and
+        ``modified``: how its weights differ from its load ID's (a fused LoRA, an edit), or ``None``.
 
         Raises:
             ComponentNotFoundError: unknown id.
@@ -272,6 +285,32 @@ class ComponentsManager:
             return manager_table(self, self._offload.residency)
 
     __str__ = __repr__
+
+    # ---- calls and changes ----------------------------------------------------------------------------------
+
+    @property
+    def wait_timeout(self) -> float:
+        """Seconds a change of a model waits for pipeline calls running on it (and a call for a change), and
+        auto offload's calls for room; ``enable_auto_cpu_offload(wait_timeout=...)`` sets it too."""
+        return self._wait_timeout
+
+    @wait_timeout.setter
+    def wait_timeout(self, value: float) -> None:
+        self._wait_timeout = check_wait_timeout(value)
+        for engine in self._offload.engines:
+            engine.wait_timeout = self._wait_timeout
+
+    def changing_models(self, models: Sequence[Any], what: str) -> AbstractContextManager[None]:
+        """A context in which ``what`` changes ``models`` (weights or processors) with no pipeline call running
+        on them: it waits for running calls in other threads (at most ``wait_timeout`` seconds), and new calls
+        wait for it to end (``components.model_calls``).
+
+        Raises (on entering):
+            offload.OffloadTimeoutError: calls still ran after ``wait_timeout`` seconds; nothing changed.
+            RuntimeError: this thread is inside a pipeline call running on one of ``models``.
+        """
+        modules = [model for model in models if isinstance(model, torch.nn.Module)]
+        return MODEL_CALLS.changing(modules, what, self._wait_timeout)
 
     # ---- auto offload ---------------------------------------------------------------------------------------
 
@@ -346,6 +385,7 @@ class ComponentsManager:
             components = registry.by_ids(registry.entries)
             options = (memory_reserve_margin, offload_strategy, wait_timeout, host_budget, spill_folder)
             self._offload.enable(components, device, *options)
+            self._wait_timeout = float(wait_timeout)
 
     def disable_auto_cpu_offload(self) -> None:
         """Turns auto offload off: hooks removed, weights back on their host copies. A no-op when off.
@@ -405,12 +445,20 @@ class ComponentsManager:
                 stack.enter_context(engine.host_weights(component_id))
             yield
 
-    def refresh_host_copy(self, component_id: str) -> None:
-        """Call after changing a model's weights in place (fusing a LoRA, quantizing) so offload keeps them."""
+    def refresh_host_copy(self, component_id: str, *, edited: bool = True) -> None:
+        """Call after changing a model's weights in place (fusing a LoRA, quantizing) so offload keeps them.
+
+        The model is then marked modified (``components.weight_marks``): its model info and the table say so,
+        and it is no longer reused for a load of its load ID. ``edited=False`` refreshes without the mark, for
+        a change that leaves the source's weights as they were (an adapter's own layers added or removed).
+        """
         with self._locked() as registry:
             if component_id not in registry.entries:
                 raise registry.unknown(f"No component has id {component_id!r}.")
-            self._offload.refresh(component_id, registry.entries[component_id].component)
+            component = registry.entries[component_id].component
+            self._offload.refresh(component_id, component)
+            if edited:
+                mark_modified(component, EDITED, "weights edited in place (refresh_host_copy)")
 
     # ---- classic pipelines ----------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from offload.storage import module_nbytes
 
 from .load_id import get_load_id
 from .quantization import describe_quantization, quantization_method
+from .weight_marks import modifications
 
 __all__ = [
     "INFO_FIELDS",
@@ -49,6 +50,7 @@ INFO_FIELDS = (
     "quantization",
     "resident_share",
     "pinned",
+    "modified",
 )
 
 
@@ -150,6 +152,9 @@ def lora_info(module: torch.nn.Module) -> list[dict[str, Any]] | None:
 
 #: The attribute of a model that records the load ID of the image encoder its IP-Adapter was loaded with.
 IP_ADAPTER_ENCODER = "_ip_adapter_image_encoder"
+#: The attribute of a model that records which pipeline loaded its IP-Adapter (a pipeline's label), so that a
+#: pipeline sharing the model can say where the adapter it finds came from.
+IP_ADAPTER_SOURCE = "_ip_adapter_loaded_by"
 
 
 def _block_of(processor_name: str) -> str:
@@ -161,7 +166,8 @@ def _block_of(processor_name: str) -> str:
 def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
     """IP-Adapter state of an attention model, or ``None`` when it holds none.
 
-    ``{"processors": n, "scales": [...], "scale_per_block": {block: scale}, "image_encoder": load ID}``:
+    ``{"processors": n, "scales": [...], "scale_per_block": {block: scale}, "image_encoder": load ID,
+    "loaded_by": pipeline label}``:
     ``scales`` are the distinct scales; a block's scale is one number, or a list where its layers or loaded
     adapters differ. Recognised structurally: a processor with ``to_k_ip`` layers (diffusers' IP-Adapter
     processors).
@@ -189,6 +195,7 @@ def ip_adapter_info(module: torch.nn.Module) -> dict[str, Any] | None:
             block: values[0] if len(values) == 1 else values for block, values in per_block.items()
         },
         "image_encoder": getattr(module, IP_ADAPTER_ENCODER, None),
+        "loaded_by": getattr(module, IP_ADAPTER_SOURCE, None),
     }
 
 
@@ -263,5 +270,7 @@ def component_info(
             resident_share=None if residency is None else residency.resident_share,
             # Pinned under auto offload (offload.pinned): where it stays, e.g. "sim" or "cuda:0".
             pinned=None if residency is None else residency.pinned,
+            # How its weights differ from its load ID's (components.weight_marks), or None: they do not.
+            modified=modifications(component),
         )
     return info

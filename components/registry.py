@@ -20,6 +20,7 @@ from .errors import ComponentNotFoundError
 from .load_id import get_load_id
 from .reuse import LoadOptions
 from .search import compile_pattern
+from .weight_marks import is_modified
 
 __all__ = ["Entry", "Registry"]
 
@@ -187,8 +188,14 @@ class Registry:
         return [name for name, members in self.collections.items() if component_id in members.values()]
 
     def find_reusable(self, load_id: str, options: LoadOptions) -> str | None:
-        """The id of a component loaded from ``load_id`` that can serve a load with ``options``, or ``None``."""
+        """The id of a component loaded from ``load_id`` that can serve a load with ``options``, or ``None``.
+
+        A model whose weights no longer are its load ID's (a fused LoRA, an edit; ``components.weight_marks``)
+        serves no load: the request gets a fresh copy of the source.
+        """
         for component_id, entry in self.entries.items():
+            if is_modified(entry.component):
+                continue
             if get_load_id(entry.component) == load_id and entry.options.serves(options, entry.component):
                 return component_id
         return None

@@ -17,6 +17,7 @@ __all__ = [
     "DISK",
     "EMPTY_TABLE",
     "HOST",
+    "MODIFIED_MARK",
     "MODEL_HEADER",
     "OTHER_HEADER",
     "device_cell",
@@ -164,7 +165,8 @@ def lora_cell(adapters: list[dict[str, Any]] | None) -> str | None:
 def ip_adapter_cell(ip_adapter: dict[str, Any] | None) -> str | None:
     """The "IP-Adapter" line of a model holding one (``components.model_info.ip_adapter_info``), ``None`` without.
 
-    ``"image encoder image_encoder_1407...; scale 0.5 (down_blocks.1, up_blocks.0), 0.0 (mid_block)"``.
+    ``"image encoder image_encoder_1407...; scale 0.5 (down_blocks.1, up_blocks.0), 0.0 (mid_block); loaded by
+    StableDiffusionAutoBlocks@0x7f..."``.
     """
     if not ip_adapter:
         return None
@@ -173,7 +175,18 @@ def ip_adapter_cell(ip_adapter: dict[str, Any] | None) -> str | None:
         by_scale.setdefault(str(scale), []).append(block)
     scales = ", ".join(f"{scale} ({', '.join(blocks)})" for scale, blocks in by_scale.items())
     encoder = ip_adapter["image_encoder"] or "none"
-    return f"image encoder {encoder}; scale {scales}"
+    loaded_by = ip_adapter.get("loaded_by")
+    return f"image encoder {encoder}; scale {scales}" + (f"; loaded by {loaded_by}" if loaded_by else "")
+
+
+#: Follows the load ID of a model whose weights differ from it (the "Modified" line says how).
+MODIFIED_MARK = " (modified)"
+
+
+def _load_id_cell(info: dict[str, Any]) -> str:
+    """The load ID, marked when the weights are no longer its (``components.weight_marks``)."""
+    load_id = info["load_id"] or "N/A"
+    return load_id + MODIFIED_MARK if info["modified"] else load_id
 
 
 def manager_table(manager: ComponentsManager, residency: Callable[[str], Residency | None]) -> str:
@@ -197,7 +210,7 @@ def manager_table(manager: ComponentsManager, residency: Callable[[str], Residen
             device_cell(placed) if placed is not None else _plain_device_cell(info),
             info["dtype"] or "N/A",
             format_bytes(info["size_gb"] * 1024**3),
-            info["load_id"] or "N/A",
+            _load_id_cell(info),
         )
         models.append((cells, collections))
         extra = {
@@ -205,6 +218,7 @@ def manager_table(manager: ComponentsManager, residency: Callable[[str], Residen
             "LoRA": lora_cell(info["lora"]),
             "IP-Adapter": ip_adapter_cell(info["ip_adapter"]),
             "Quantization": quantization_cell(info["quantization"], info["size_gb"]),
+            "Modified": "; ".join(info["modified"]) if info["modified"] else None,
         }
         extras.append((component_id, extra))
     return render_table(models, others, extras)

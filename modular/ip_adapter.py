@@ -22,9 +22,12 @@ import torch
 
 from components import ComponentSpec
 from components.load_id import get_load_id
-from components.model_info import IP_ADAPTER_ENCODER
+from components.model_info import IP_ADAPTER_ENCODER, IP_ADAPTER_SOURCE
 from components.repo import describe, resolve_location
 from components.weights import check_weight_file
+
+from .lora import pipeline_label
+from .model_changes import changes_models
 
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
@@ -97,9 +100,15 @@ class _Snapshot:
             denoiser.config.encoder_hid_dim_type = self.hid_dim_type
 
 
+def denoiser_names(pipe: ModularPipeline) -> list[str]:
+    """The components an IP-Adapter call changes: the loaded model(s) that take IP-Adapter weights."""
+    return [name for name, obj in pipe._components.items() if hasattr(obj, "_load_ip_adapter_weights")]
+
+
 class IPAdapterMethods:
     """``load_ip_adapter``, ``set_ip_adapter_scale`` and ``unload_ip_adapter`` of ``ModularPipeline``."""
 
+    @changes_models(denoiser_names)
     def load_ip_adapter(
         self,
         pretrained_model_name_or_path: str | os.PathLike,
@@ -189,10 +198,17 @@ class IPAdapterMethods:
             # What the manager's table names as this adapter's image encoder (its id there, else its load ID).
             encoder_id = cm.get_id(encoder) if cm is not None else None
             setattr(denoiser, IP_ADAPTER_ENCODER, encoder_id or get_load_id(encoder))
+        elif hasattr(denoiser, IP_ADAPTER_ENCODER):
+            delattr(
+                denoiser, IP_ADAPTER_ENCODER
+            )  # this adapter has none: a pipeline sharing it must not look
+        # Who loaded it: a pipeline sharing the denoiser finds the adapter there and says where it came from.
+        setattr(denoiser, IP_ADAPTER_SOURCE, pipeline_label(pipe))
         if pipe._components.get("feature_extractor") is None:
             _add_feature_extractor(pipe, encoder)
         pipe._plans.forget()
 
+    @changes_models(denoiser_names)
     def set_ip_adapter_scale(self, scale: Any) -> None:
         """Set how strongly the image prompt counts, as diffusers' ``set_ip_adapter_scale`` of the family.
 
@@ -218,6 +234,7 @@ class IPAdapterMethods:
             msg = f"set_ip_adapter_scale: scale {scale!r} does not fit the loaded IP-Adapter(s) ({error})"
             raise IPAdapterError(msg) from error
 
+    @changes_models(denoiser_names)
     def unload_ip_adapter(self) -> None:
         """Remove the IP-Adapter from the denoiser (for every pipeline sharing it) and drop this pipeline's
         image encoder and feature extractor. The image encoder stays in the manager, where other pipelines
@@ -228,8 +245,9 @@ class IPAdapterMethods:
             _change_denoiser(
                 pipe, denoiser, lambda: loader.unload_ip_adapter(_target(loader, denoiser_name, denoiser))
             )
-        if hasattr(denoiser, IP_ADAPTER_ENCODER):
-            delattr(denoiser, IP_ADAPTER_ENCODER)
+        for record in (IP_ADAPTER_ENCODER, IP_ADAPTER_SOURCE):
+            if hasattr(denoiser, record):
+                delattr(denoiser, record)
         declared = {spec.name for spec in pipe._blocks.expected_components}
         for name in _ADDED_COMPONENTS:
             if name in declared:
@@ -343,7 +361,7 @@ def _change_denoiser(pipe: ModularPipeline, denoiser: Any, change: Any) -> None:
         raise
     finally:
         if denoiser_id is not None:
-            cm.refresh_host_copy(denoiser_id)  # type: ignore[union-attr]
+            cm.refresh_host_copy(denoiser_id, edited=False)  # type: ignore[union-attr]  # adapter layers only
 
 
 def _add_feature_extractor(pipe: ModularPipeline, encoder: Any) -> None:

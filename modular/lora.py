@@ -36,11 +36,13 @@ from .lora_checks import (
     new_adapter_name,
 )
 from .lora_files import find_lora
+from .lora_marks import mark_fused, mark_unfused
+from .model_changes import changes_models
 
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
 
-__all__ = ["LoraMixin", "LoraTarget"]
+__all__ = ["LoraMixin", "LoraTarget", "pipeline_label"]
 
 
 class LoraTarget:
@@ -81,10 +83,18 @@ def _target_class(loader: type) -> type:
     return type(f"{loader.__name__}Target", (LoraTarget, loader), {})
 
 
+def lora_models(pipe: ModularPipeline) -> list[str] | None:
+    """The components a LoRA call may change (``None``: the pipeline's family is unknown, so all)."""
+    family = family_of_blocks(pipe.blocks_class_name)
+    loader = None if family is None else family.loader("lora")
+    return None if loader is None else list(getattr(loader, "_lora_loadable_modules", None) or []) or None
+
+
 class LoraMixin:
     """The LoRA methods of ``ModularPipeline`` (``modular/lora.py``): the same names and arguments as diffusers'
     pipelines, for every family whose ``BlockFamily`` names a ``lora_loader``."""
 
+    @changes_models(lora_models)
     def load_lora_weights(
         self,
         pretrained_model_name_or_path_or_dict: Any,
@@ -126,8 +136,9 @@ class LoraMixin:
             _refresh(pipe, changed)
         for model in changed:
             if name in adapters_of(model):
-                record_lora_source(model, name, _label(pipe))
+                record_lora_source(model, name, pipeline_label(pipe))
 
+    @changes_models(lora_models)
     def set_adapters(self, adapter_names: str | list[str], adapter_weights: Any = None) -> None:
         """Make these adapters the active ones, with these weights.
 
@@ -163,18 +174,21 @@ class LoraMixin:
             key: names for key, names in _target_class(loader)(models).get_list_adapters().items() if names
         }
 
+    @changes_models(lora_models)
     def disable_lora(self) -> None:
         """Run without the LoRA layers (they stay loaded; ``enable_lora`` brings them back)."""
         pipe = _pipe(self)
         loader = _loader(pipe, "disable_lora")
         _target_class(loader)(_with_lora(pipe, loader, "disable_lora")).disable_lora()
 
+    @changes_models(lora_models)
     def enable_lora(self) -> None:
         """Run with the active LoRA layers again after ``disable_lora``."""
         pipe = _pipe(self)
         loader = _loader(pipe, "enable_lora")
         _target_class(loader)(_with_lora(pipe, loader, "enable_lora")).enable_lora()
 
+    @changes_models(lora_models)
     def delete_adapters(self, adapter_names: str | list[str]) -> None:
         """Remove these adapters' layers from every model.
 
@@ -192,6 +206,7 @@ class LoraMixin:
         for model in models.values():
             forget_lora_sources(model, names)
 
+    @changes_models(lora_models)
     def fuse_lora(
         self,
         lora_scale: float = 1.0,
@@ -227,18 +242,23 @@ class LoraMixin:
                 )
             finally:
                 _refresh(pipe, models.values())
+                # what fused before a failure is marked too
+                mark_fused(models.values(), lora_scale, pipeline_label(pipe))
 
+    @changes_models(lora_models)
     def unfuse_lora(self, components: list[str] | None = None) -> None:
         """Take fused adapters back out of the weights (``components``: as for ``fuse_lora``)."""
         pipe = _pipe(self)
         loader = _loader(pipe, "unfuse_lora")
         models = chosen_models(_with_lora(pipe, loader, "unfuse_lora"), components, loader, "unfuse_lora")
-        with _host_weights(pipe, models.values()):
+        with _host_weights(pipe, models.values()):  # the mark compares with the source: real weights only
             try:
                 _target_class(loader)(models).unfuse_lora(components=list(models))
             finally:
                 _refresh(pipe, models.values())
+                mark_unfused(models.values())
 
+    @changes_models(lora_models)
     def unload_lora_weights(self) -> None:
         """Remove every LoRA layer from the models (fused weights stay fused); a no-op without LoRA."""
         pipe = _pipe(self)
@@ -308,7 +328,7 @@ def _with_lora(pipe: ModularPipeline, loader: Any, what: str) -> dict[str, torch
     return models
 
 
-def _label(pipe: ModularPipeline) -> str:
+def pipeline_label(pipe: ModularPipeline) -> str:
     """How the manager's table names the pipeline that loaded an adapter."""
     collection = pipe._collection
     label = f"{pipe.blocks_class_name}@{id(pipe):#x}"
@@ -323,7 +343,7 @@ def _refresh(pipe: ModularPipeline, models: Iterable[torch.nn.Module | None]) ->
     for model in models:
         component_id = cm.get_id(model) if model is not None else None
         if component_id is not None:
-            cm.refresh_host_copy(component_id)
+            cm.refresh_host_copy(component_id, edited=False)  # fuse/unfuse mark their models themselves
 
 
 def _host_weights(

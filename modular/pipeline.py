@@ -21,6 +21,7 @@ from .devices import DeviceMethods
 from .index import read_index, specs_from_index
 from .ip_adapter import IPAdapterMethods
 from .lora import LoraMixin
+from .model_changes import running
 from .outputs import call_result
 from .planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
 from .replacement import check_replacements
@@ -141,12 +142,18 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         Raises:
             ValueError: an empty path or a bad keyword value; TypeError: an unknown keyword.
             SaveTargetInUseError: the save would replace files a loaded component reads its weights from.
+
+        The save reads the models as a call does: a change of them in another thread (a LoRA fused, an
+        IP-Adapter loaded) waits for it to end, and it waits for a change in progress.
         """
         from .save_options import save_pretrained
 
-        save_pretrained(
-            self, save_directory, safe_serialization, variant, max_shard_size, push_to_hub, **kwargs
-        )
+        with running(
+            self
+        ):  # reads the weights: a change of them (a fuse in another thread) waits, and it for one
+            save_pretrained(
+                self, save_directory, safe_serialization, variant, max_shard_size, push_to_hub, **kwargs
+            )
 
     # ----- components -----
     def __getattr__(self, name: str) -> Any:
@@ -295,20 +302,25 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         Returns the final PipelineState, one value (``output="images"``) or a dict (``output=[...]``); its
         tensors are ordinary ones (not inference tensors), which the caller may change in place.
         Everything is checked before anything runs: unknown inputs, wrong types, missing inputs,
-        unloaded components and unknown outputs are errors that change nothing.
+        unloaded components and unknown outputs are errors that change nothing. A change of one of its models
+        by another thread (a LoRA or IP-Adapter call, a removal, on a pipeline sharing the model) waits for
+        the call to end, and the call waits for a change in progress (``modular/model_changes.py``).
         """
-        plan, inputs = self._plan(kwargs, state)
-        check_output(output, plan, inputs.keys() | (state.values.keys() if state is not None else set()))
-        state = fresh_state(state)
-        # Only what was given goes into the state: each block applies its own default to a missing value.
-        for name, (value, kwargs_type) in inputs.items():
-            state.set(name, value, kwargs_type)
-        cm = self._components_manager
-        if cm is not None:
-            cm.set_execution_plan(self._models_in_order(plan))
-        with torch.inference_mode():
-            _, state = run_steps(plan.steps, CallComponents(self), state)
-        return call_result(state, output)  # tensors cloned out of inference mode (modular/outputs.py)
+        # Running on its models from the plan on: a change of them (a LoRA, an IP-Adapter, a removal) by a
+        # pipeline sharing them waits for this call to end, and this call for a change in progress.
+        with running(self):
+            plan, inputs = self._plan(kwargs, state)
+            check_output(output, plan, inputs.keys() | (state.values.keys() if state is not None else set()))
+            state = fresh_state(state)
+            # Only what was given goes into the state: each block applies its own default to a missing value.
+            for name, (value, kwargs_type) in inputs.items():
+                state.set(name, value, kwargs_type)
+            cm = self._components_manager
+            if cm is not None:
+                cm.set_execution_plan(self._models_in_order(plan))
+            with torch.inference_mode():
+                _, state = run_steps(plan.steps, CallComponents(self), state)
+            return call_result(state, output)  # tensors cloned out of inference mode (modular/outputs.py)
 
     def _models_in_order(self, plan: CallPlan) -> list[torch.nn.Module]:
         """The models this call uses, in order; a repeat in a row says nothing new and is dropped."""

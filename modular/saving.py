@@ -40,11 +40,13 @@ from typing import TYPE_CHECKING, Any
 import diffusers
 
 from components.load_id import NULL_LOAD_ID, decode_load_id, get_load_id
+from components.weight_marks import is_modified
 
 from .config_components import changed_config_components
 from .errors import SaveTargetInUseError
 from .families import available_families, family_of_blocks
 from .index import MODULAR_INDEX, spec_to_entry
+from .lora_saving import saving_plain_weights
 from .save_options import SaveOptions
 
 if sys.platform != "win32":
@@ -185,6 +187,9 @@ def _plan(pipe: ModularPipeline, target: Path, overwrite_index: bool = True) -> 
         obj = pipe._components[name]
         if obj is None or (spec.default_creation_method != "from_pretrained" and name not in changed):
             continue
+        if is_modified(obj):  # its weights are no longer its load ID's: only writing them keeps them
+            write.append(name)
+            continue
         if not overwrite_index and get_load_id(obj) not in (None, NULL_LOAD_ID):
             continue
         if _location(_load_fields(obj, spec.load_id)) != target / name:
@@ -213,10 +218,11 @@ def _save_options(obj: Any, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _save_component(pipe: ModularPipeline, obj: Any, folder: Path, kwargs: Mapping[str, Any]) -> None:
-    """Write ``obj`` with its weights in memory: one whose host copy was dropped under a host budget is read
-    back for the save (``ComponentsManager.host_weights``), so a save never writes placeholders."""
+    """Write ``obj`` with its weights in memory (one whose host copy was dropped under a host budget is read
+    back: ``ComponentsManager.host_weights``), and a model holding LoRA layers as its plain (or fused) weights,
+    not peft's wrapped names."""
     cm = pipe._components_manager
-    with cm.host_weights(obj) if cm is not None else contextlib.nullcontext():
+    with cm.host_weights(obj) if cm is not None else contextlib.nullcontext(), saving_plain_weights(obj):
         obj.save_pretrained(str(folder), **kwargs)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from diffusers.models.embeddings import ImageProjection, MultiIPAdapterImageProjection
 
+from components.model_info import IP_ADAPTER_ENCODER, IP_ADAPTER_SOURCE
 from modular import (
     BlockState,
     ConditionalPipelineBlocks,
@@ -188,17 +189,36 @@ class IPAdapterImageStep(_IPAdapterStepBase):
             return torch.zeros_like(positive)
         return self.encode(components, torch.zeros_like(pixels), hidden_states=True)
 
+    def no_image_encoder(self, components: Any) -> str:
+        """Why this pipeline has no image encoder for the loaded IP-Adapter, and what to do.
+
+        The adapter lives in the denoiser, which other pipelines may share: one loaded through another pipeline
+        (with its image encoder, which that pipeline holds) is said so, naming that pipeline.
+        """
+        name = type(self).__name__
+        denoiser = getattr(components, self.denoiser_name, None)
+        loaded_by = getattr(denoiser, IP_ADAPTER_SOURCE, None)
+        encoder = getattr(denoiser, IP_ADAPTER_ENCODER, None)
+        if encoder is not None:
+            return (
+                f"{name}: an image prompt needs the image encoder, and this pipeline holds none: the IP-Adapter in "
+                f"{self.denoiser_name!r} was loaded through another pipeline sharing the model ({loaded_by}), "
+                f"with image encoder {encoder}. Call pipe.load_ip_adapter(...) on this pipeline too (the image "
+                "encoder is reused through the manager), or pass ip_adapter_image_embeds"
+            )
+        by = f" (it was loaded by {loaded_by})" if loaded_by else ""
+        return (
+            f"{name}: an image prompt needs the image encoder, and the IP-Adapter was loaded without one; "
+            f"pass ip_adapter_image_embeds, or load the adapter again with its image_encoder_folder{by}"
+        )
+
     def prepare(self, components: Any, block_state: BlockState, projections: list[torch.nn.Module]) -> None:
         name = type(self).__name__
         if (
             getattr(components, "image_encoder", None) is None
             or getattr(components, "feature_extractor", None) is None
         ):
-            msg = (
-                f"{name}: an image prompt needs the image encoder, and the IP-Adapter was loaded without one; "
-                "pass ip_adapter_image_embeds, or load the adapter again with its image_encoder_folder"
-            )
-            raise ValueError(msg)
+            raise ValueError(self.no_image_encoder(components))
         if (
             block_state.ip_adapter_image_embeds is not None
             or block_state.negative_ip_adapter_image_embeds is not None

@@ -226,6 +226,31 @@ def test_an_adapter_without_image_encoder_takes_embeddings_only(repos):
         call(pipe, "sd", ip_adapter_image=make_image())
 
 
+def test_an_adapter_loaded_through_another_pipeline_is_said_so_naming_it(repos):
+    """B loads an IP-Adapter into a UNet shared with A: an image prompt on A is refused saying the adapter came
+    through another pipeline sharing the model, naming B and its image encoder (not "loaded without one"); the
+    table says who loaded it; once A loads it too, A's call runs."""
+    cm = ComponentsManager()
+    first, second = pipeline("sd", repos, cm), pipeline("sd", repos, cm)
+    second.load_ip_adapter(repos["sd"][1], **WEIGHTS)
+    label = f"StableDiffusionAutoBlocks@{id(second):#x}"
+    encoder_id = cm.get_id(second.image_encoder)
+    with pytest.raises(ValueError) as refused:
+        call(first, "sd", ip_adapter_image=make_image())
+    assert str(refused.value) == (
+        "IPAdapterImageStep: an image prompt needs the image encoder, and this pipeline holds none: the "
+        f"IP-Adapter in 'unet' was loaded through another pipeline sharing the model ({label}), with image "
+        f"encoder {encoder_id}. Call pipe.load_ip_adapter(...) on this pipeline too (the image encoder is "
+        "reused through the manager), or pass ip_adapter_image_embeds"
+    )
+    assert cm.get_model_info(cm.get_id(first.unet), "ip_adapter")["ip_adapter"]["loaded_by"] == label
+    assert f"; loaded by {label}" in next(line for line in str(cm).splitlines() if "IP-Adapter:" in line)
+    first.load_ip_adapter(repos["sd"][1], **WEIGHTS)
+    assert np.array_equal(
+        call(first, "sd", ip_adapter_image=make_image()), call(second, "sd", ip_adapter_image=make_image())
+    )
+
+
 def test_a_loaded_adapter_without_an_image_prompt_is_refused(repos):
     """A call without image prompt while an IP-Adapter is loaded says to pass one or unload it."""
     pipe = pipeline("sd", repos)

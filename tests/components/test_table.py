@@ -5,6 +5,7 @@ from diffusers import PNDMScheduler
 
 from components import ComponentsManager, tag_load_id
 from components.table import device_cell, manager_table, render_table
+from components.weight_marks import mark_modified
 from offload import Residency
 
 
@@ -141,3 +142,23 @@ def test_manager_table_formats_the_facts_it_is_given():
     }
     assert (rows[unet_id], rows[vae_id]) == ("gpu7(gpu7)", "cpu")
     assert asked == [unet_id, vae_id]
+
+
+def test_a_modified_model_is_marked_after_its_load_id_and_says_how():
+    """A model whose weights differ from its load ID's shows "(modified)" after the load ID and a "Modified"
+    line with each reason; an unmarked model's row is as before."""
+    cm = ComponentsManager()
+    model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    tag_load_id(model, "org/sd|unet|null|null")
+    tag_load_id(other, "org/sd|vae|null|null")
+    unet_id, vae_id = cm.add("unet", model), cm.add("vae", other)
+    mark_modified(model, "fused_lora", "LoRA ['style'] fused (lora_scale 1.0) by P")
+    mark_modified(model, "edited", "weights edited in place (refresh_host_copy)")
+    lines = str(cm).splitlines()
+    cells = {line.split(" | ")[0].strip(): line.split(" | ")[5].strip() for line in lines if " | " in line}
+    assert cells[unet_id] == "org/sd|unet|null|null (modified)"
+    assert cells[vae_id] == "org/sd|vae|null|null"
+    assert lines[-2:] == [
+        f"{unet_id}:",
+        "  Modified: LoRA ['style'] fused (lora_scale 1.0) by P; weights edited in place (refresh_host_copy)",
+    ]

@@ -426,7 +426,10 @@ def test_under_auto_offload_outputs_equal_the_plain_run_after_every_lora_call(re
     cm.offload_engine.shrink_victims = shrink
     refreshed = []
     refresh = cm.refresh_host_copy
-    cm.refresh_host_copy = lambda component_id: (refreshed.append(component_id), refresh(component_id))[1]
+    cm.refresh_host_copy = lambda component_id, **options: (
+        refreshed.append(component_id),
+        refresh(component_id, **options),
+    )[1]
     models = {cm.get_id(pipe.unet), cm.get_id(pipe.text_encoder)}
     calls = [
         lambda p: p.load_lora_weights(loras[0], adapter_name="a"),
