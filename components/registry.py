@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from .errors import ComponentNotFoundError
-from .load_id import get_load_id
+from .load_id import canonical_load_id, get_load_id
 from .reuse import LoadOptions
 from .search import compile_pattern
 
@@ -197,6 +197,7 @@ class Registry:
         """Ids matching a name pattern (``components.search``), a collection and a load ID (``None``: any)."""
         predicate = compile_pattern(names) if names is not None else None
         members = self._members(collection)
+        load_id = None if load_id is None else canonical_load_id(load_id)  # "tiny-sd|vae|..." finds its folder's
         return [
             component_id
             for component_id, entry in self.entries.items()
