@@ -188,8 +188,9 @@ class Registry:
 
     def find_reusable(self, load_id: str, options: LoadOptions) -> str | None:
         """The id of a component loaded from ``load_id`` that can serve a load with ``options``, or ``None``."""
+        load_id = canonical_load_id(load_id)
         for component_id, entry in self.entries.items():
-            if get_load_id(entry.component) == load_id and entry.options.serves(options, entry.component):
+            if self._loaded_from(entry, load_id) and entry.options.serves(options, entry.component):
                 return component_id
         return None
 
@@ -197,14 +198,23 @@ class Registry:
         """Ids matching a name pattern (``components.search``), a collection and a load ID (``None``: any)."""
         predicate = compile_pattern(names) if names is not None else None
         members = self._members(collection)
-        load_id = None if load_id is None else canonical_load_id(load_id)  # "tiny-sd|vae|..." finds its folder's
+        load_id = (
+            None if load_id is None else canonical_load_id(load_id)
+        )  # "tiny-sd|vae|..." finds its folder's
         return [
             component_id
             for component_id, entry in self.entries.items()
             if (predicate is None or predicate(entry.name))
             and (members is None or component_id in members)
-            and (load_id is None or get_load_id(entry.component) == load_id)
+            and (load_id is None or self._loaded_from(entry, load_id))
         ]
+
+    @staticmethod
+    def _loaded_from(entry: Entry, load_id: str) -> bool:
+        """Whether the entry's component was loaded from ``load_id`` (canonical): a tag spelled otherwise (the
+        peer tags what it loads with the repo as the user wrote it) names the same folder."""
+        tag = get_load_id(entry.component)
+        return tag is not None and canonical_load_id(tag) == load_id
 
     def ids_named(self, names: Iterable[str] | None, collection: str | None) -> list[str]:
         """Ids of the components with these exact names (all when ``None``), optionally in one collection."""

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import platform
-import uuid
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
+from ..output_folder import unwritable_reason
 from .entries import BatchEntry
 
 __all__ = ["LOGS", "MANIFEST", "OutputStore", "check_writable", "encode", "library_versions"]
@@ -66,19 +66,7 @@ def check_writable(folder: Path) -> None:
     Raises:
         PermissionError: it cannot be written (the message says why and what to change).
     """
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    problem = None
-    if not existing.is_dir():
-        problem = f"{existing} is a file, not a folder"
-    else:
-        probe = existing / f".modular-batch-probe-{uuid.uuid4().hex}{PARTIAL}"
-        try:
-            probe.write_bytes(b"")
-            probe.unlink(missing_ok=True)
-        except OSError as error:
-            problem = f"{type(error).__name__}: {error.strerror or error}"
+    problem = unwritable_reason(folder)
     if problem is not None:
         msg = f"output folder '{folder}' is not writable ({problem}); choose another 'output' or fix its permissions"
         raise PermissionError(msg)

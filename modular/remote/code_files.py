@@ -114,5 +114,7 @@ def read_code_files(folder: str, code_file: str, where: str) -> dict[str, bytes]
         if relative is None or relative in files:
             continue
         files[relative] = read_regular_file(os.path.join(folder, *relative.split("/")), where)
-        pending.extend(_module_file(folder, target) for target in _relative_targets(files[relative], relative))
+        pending.extend(
+            _module_file(folder, target) for target in _relative_targets(files[relative], relative)
+        )
     return files

@@ -198,7 +198,9 @@ def load_block(
     )
     config = read_config(snapshot)
     code_file, class_name = _class_reference(config, cls, snapshot.where)
-    if not trust_remote_code:  # before any code file is read: reading one is already trusting the repo's files
+    if (
+        not trust_remote_code
+    ):  # before any code file is read: reading one is already trusting the repo's files
         path = os.path.join(snapshot.folder, *code_file.split("/"))
         msg = (
             f"{snapshot.where} holds custom code: loading it runs {path} (class {class_name}). Read that "

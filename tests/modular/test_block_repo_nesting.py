@@ -1,6 +1,5 @@
 """Block repos whose code loads block repos: loads nest, threads load side by side, a cycle is an error."""
 
-import json
 import threading
 
 import pytest
@@ -91,7 +90,8 @@ def test_two_threads_load_different_repos_at_the_same_time(tmp_path):
     code = "import sys\nfrom modular import ModularPipelineBlocks\n\nsys.modules[{test!r}].BARRIER.wait()\n\n\nclass Outer(ModularPipelineBlocks):\n    name = {name!r}\n"
     # Different names: different content, so each has its own turn (one code is run once, by one thread).
     folders = [
-        write_repo(tmp_path / name, code.format(test=__name__, name=name), _config("Outer")) for name in ("one", "two")
+        write_repo(tmp_path / name, code.format(test=__name__, name=name), _config("Outer"))
+        for name in ("one", "two")
     ]
     results = {}
 

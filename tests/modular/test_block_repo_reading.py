@@ -75,7 +75,9 @@ def test_consent_is_checked_before_any_code_file_is_read(tmp_path):
 def test_an_imported_file_that_is_not_a_regular_file_is_a_clear_error(tmp_path, kind, message):
     """`from . import notes` with notes.py not a regular file names the file and what it is."""
     code = "from diffusers.modular_pipelines import ModularPipelineBlocks\nfrom . import notes\n\n\nclass Noted(ModularPipelineBlocks):\n    pass\n"
-    folder = _with_stray(write_repo(tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Noted"}}), kind)
+    folder = _with_stray(
+        write_repo(tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Noted"}}), kind
+    )
     with pytest.raises(BlockRepoError) as info:
         _load_within(30, folder, trust_remote_code=True)
     assert str(info.value).startswith(f"Block folder '{folder}': {folder / 'notes.py'} {message}")
@@ -96,7 +98,9 @@ def test_a_code_file_over_the_size_limit_is_refused_naming_file_and_limit(tmp_pa
     marker = tmp_path / "ran.txt"
     helper = f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n" + "#" * 2000 + "\n"
     code = "from diffusers.modular_pipelines import ModularPipelineBlocks\nfrom .big import *\n\n\nclass Big(ModularPipelineBlocks):\n    pass\n"
-    folder = write_repo(tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Big"}}, {"big.py": helper})
+    folder = write_repo(
+        tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Big"}}, {"big.py": helper}
+    )
     with pytest.raises(BlockRepoError) as info:
         ModularPipelineBlocks.from_pretrained(folder, trust_remote_code=True)
     assert str(info.value) == (
@@ -110,7 +114,9 @@ def test_only_the_named_module_and_its_relative_imports_are_read(tmp_path):
     """The content hash covers block.py and what it imports relatively; an unrelated file changing leaves it."""
     code = "from diffusers.modular_pipelines import ModularPipelineBlocks\nfrom .pkg.helpers import VALUE\n\n\nclass Valued(ModularPipelineBlocks):\n    value = VALUE\n"
     files = {"pkg/__init__.py": "", "pkg/helpers.py": "VALUE = 3\n", "unrelated.py": "X = 1\n"}
-    folder = write_repo(tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Valued"}}, files)
+    folder = write_repo(
+        tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Valued"}}, files
+    )
     first = ModularPipelineBlocks.from_pretrained(folder, trust_remote_code=True)
     assert first.value == 3
     (folder / "unrelated.py").write_text("X = 2\n")

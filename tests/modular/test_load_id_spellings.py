@@ -35,7 +35,9 @@ def test_a_control_repo_naming_the_base_absolutely_shares_with_a_relative_user(r
     """An index naming the base folder by its absolute path loads what the user loaded as 'tiny-sd' once."""
     control = tmp_path / "control"
     _loaded(repo, ComponentsManager()).save_pretrained(control, overwrite_modular_index=False)
-    assert json.loads((control / MODULAR_INDEX).read_text())["unet"][2]["pretrained_model_name_or_path"] == str(repo)
+    assert json.loads((control / MODULAR_INDEX).read_text())["unet"][2][
+        "pretrained_model_name_or_path"
+    ] == str(repo)
     monkeypatch.chdir(repo.parent)
     cm = ComponentsManager()
     user, controlled = _loaded("tiny-sd", cm), _loaded(control, cm)
