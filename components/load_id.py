@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-__all__ = ["LOAD_ID_FIELDS", "NULL_LOAD_ID", "decode_load_id", "format_load_id", "get_load_id", "tag_load_id"]
+__all__ = [
+    "LOAD_ID_FIELDS",
+    "NULL_LOAD_ID",
+    "canonical_load_id",
+    "canonical_repo",
+    "decode_load_id",
+    "format_load_id",
+    "get_load_id",
+    "tag_load_id",
+]
 
 #: The loading fields, in load-ID order.
 LOAD_ID_FIELDS = ("pretrained_model_name_or_path", "subfolder", "variant", "revision")
@@ -26,6 +36,30 @@ def format_load_id(
     """
     parts = (pretrained_model_name_or_path, subfolder, variant, revision)
     return "|".join(NULL_LOAD_ID if part is None else str(part) for part in parts)
+
+
+def canonical_repo(repo: str) -> str:
+    """The repo as load IDs name it: a local folder or file by its resolved real path, anything else unchanged.
+
+    ``"tiny-sd"``, ``"./tiny-sd"``, ``"tiny-sd/"``, its absolute path and a link to it are one folder, so they are
+    one load ID and its weights load once (tests/components/test_load_id_paths.py). A name that is no local path
+    (a hub repo id such as ``"org/name"``) stays as it is; a local path wins, as it does when loading.
+    """
+    expanded = os.path.expanduser(repo)
+    return os.path.realpath(expanded) if os.path.exists(expanded) else repo
+
+
+def canonical_load_id(load_id: str) -> str:
+    """``load_id`` with its repo part named as :func:`canonical_repo` names it (``"null"``, or a string that is
+    no load ID, unchanged: it matches nothing either way)."""
+    try:
+        fields = decode_load_id(load_id)
+    except (TypeError, ValueError):
+        return load_id
+    repo = fields["pretrained_model_name_or_path"]
+    if repo is None:
+        return load_id
+    return format_load_id(canonical_repo(repo), fields["subfolder"], fields["variant"], fields["revision"])
 
 
 def decode_load_id(load_id: str) -> dict[str, str | None]:

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from .errors import ComponentNotFoundError
-from .load_id import get_load_id
+from .load_id import canonical_load_id, get_load_id
 from .reuse import LoadOptions
 from .search import compile_pattern
 from .weight_marks import is_modified
@@ -193,10 +193,11 @@ class Registry:
         A model whose weights no longer are its load ID's (a fused LoRA, an edit; ``components.weight_marks``)
         serves no load: the request gets a fresh copy of the source.
         """
+        load_id = canonical_load_id(load_id)
         for component_id, entry in self.entries.items():
             if is_modified(entry.component):
                 continue
-            if get_load_id(entry.component) == load_id and entry.options.serves(options, entry.component):
+            if self._loaded_from(entry, load_id) and entry.options.serves(options, entry.component):
                 return component_id
         return None
 
@@ -204,13 +205,23 @@ class Registry:
         """Ids matching a name pattern (``components.search``), a collection and a load ID (``None``: any)."""
         predicate = compile_pattern(names) if names is not None else None
         members = self._members(collection)
+        load_id = (
+            None if load_id is None else canonical_load_id(load_id)
+        )  # "tiny-sd|vae|..." finds its folder's
         return [
             component_id
             for component_id, entry in self.entries.items()
             if (predicate is None or predicate(entry.name))
             and (members is None or component_id in members)
-            and (load_id is None or get_load_id(entry.component) == load_id)
+            and (load_id is None or self._loaded_from(entry, load_id))
         ]
+
+    @staticmethod
+    def _loaded_from(entry: Entry, load_id: str) -> bool:
+        """Whether the entry's component was loaded from ``load_id`` (canonical): a tag spelled otherwise (the
+        peer tags what it loads with the repo as the user wrote it) names the same folder."""
+        tag = get_load_id(entry.component)
+        return tag is not None and canonical_load_id(tag) == load_id
 
     def ids_named(self, names: Iterable[str] | None, collection: str | None) -> list[str]:
         """Ids of the components with these exact names (all when ``None``), optionally in one collection."""

@@ -12,7 +12,15 @@ import torch
 
 from .errors import RemoteCodeError
 from .importing import declared_remote_code, remote_code_refused, resolve_type_from_folder
-from .load_id import LOAD_ID_FIELDS, NULL_LOAD_ID, decode_load_id, format_load_id, get_load_id, tag_load_id
+from .load_id import (
+    LOAD_ID_FIELDS,
+    NULL_LOAD_ID,
+    canonical_repo,
+    decode_load_id,
+    format_load_id,
+    get_load_id,
+    tag_load_id,
+)
 from .load_kwargs import LOAD_OPTIONS, PASSED_ON_OPTIONS, split_load_kwargs
 from .loadable_type import check_loadable_type
 from .quantization import resolve_quantization
@@ -163,10 +171,17 @@ class ComponentSpec:
 
     @property
     def load_id(self) -> str:
-        """``"<repo>|<subfolder>|<variant>|<revision>"``, or ``"null"`` for a ``from_config`` spec."""
+        """``"<repo>|<subfolder>|<variant>|<revision>"``, or ``"null"`` for a ``from_config`` spec.
+
+        A local repo is named by its resolved real path (``components.load_id.canonical_repo``), however the spec
+        spells it; a hub repo id as it is.
+        """
         if self.default_creation_method == "from_config":
             return NULL_LOAD_ID
-        return format_load_id(self.pretrained_model_name_or_path, self.subfolder, self.variant, self.revision)
+        repo = self.pretrained_model_name_or_path
+        return format_load_id(
+            None if repo is None else canonical_repo(repo), self.subfolder, self.variant, self.revision
+        )
 
     @staticmethod
     def decode_load_id(load_id: str) -> dict[str, str | None]:

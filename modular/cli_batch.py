@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .batch import BatchOptions, RankInfo, load_job, plan_batch, run_batch
-from .batch.runner import OFFLOADS
+from .batch.runner import OFFLOADS, redo_lines
 from .cli_run import byte_size, positive_int
 
 __all__ = ["BATCH_DESCRIPTION", "add_batch_arguments", "batch_command"]
@@ -71,6 +71,8 @@ def _dry_run(args: argparse.Namespace, out: Callable[[str], Any]) -> int:
         f"{spec.source}: {len(job)} entries ({len(plan.finished)} done earlier, {len(plan.pending)} to run), "
         f"job seed {spec.seed}, {spec.format} files in {spec.output}"
     )
+    for line in redo_lines(job, plan.redo):
+        out(line)
     seen: dict[str, str] = {}
     for workflow in spec.workflows:
         count = sum(1 for entry in job.entries if entry.workflow.name == workflow.name)

@@ -31,9 +31,11 @@ from offload.strategy import strategy_name
 from offload.units import parse_bytes
 
 from . import cli_report
+from .cli_types import byte_size, names, positive_int, seed_number
 from .families import BlockFamily, available_families, family_for_index
 from .index import read_index
 from .jobs import Demo, Job, JobResult, JobRunner
+from .output_folder import unwritable_reason
 
 __all__ = [
     "RunOutcome",
@@ -42,6 +44,7 @@ __all__ = [
     "family_named",
     "positive_int",
     "run_command",
+    "seed_number",
     "tiny_repo",
 ]
 
@@ -80,35 +83,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _REAL_DEVICE_MARGIN = "3GB"  # the engine's default: room for activations on a real device
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        msg = f"must be a positive whole number (got {text!r})"
-        raise argparse.ArgumentTypeError(msg) from None
-    if value < 1:
-        msg = f"must be at least 1 (got {value})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
-def _names(text: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    if not names:
-        msg = f"must name components, e.g. text_encoder,vae (got {text!r})"
-        raise argparse.ArgumentTypeError(msg)
-    return names
-
-
-def byte_size(text: str) -> int:
-    """An argparse type: a size such as ``8GB``, ``512MB`` or ``1.5GiB``."""
-    try:
-        return parse_bytes(text, name="a size")
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of one job (also those after ``--then``)."""
     parser.add_argument("--prompt", help=f"what to draw (default {DEFAULT_PROMPT!r})")
@@ -120,7 +94,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps", type=positive_int, help="denoising steps, at least 1 (default: the pipeline's)"
     )
-    parser.add_argument("--seed", type=int, help="seed of the CPU generator (default 0)")
+    parser.add_argument(
+        "--seed", type=seed_number, help="seed of the CPU generator, 0 to 2**63-1 (default 0)"
+    )
     parser.add_argument("--height", type=positive_int, help="image height in pixels")
     parser.add_argument("--width", type=positive_int, help="image width in pixels")
     parser.add_argument("--guidance-scale", type=float, help="guidance scale")
@@ -132,7 +108,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", help="hub revision: branch, tag or commit")
     parser.add_argument(
         "--reuse",
-        type=_names,
+        type=names,
         metavar="NAME[,NAME...]",
         help="after --then: take these components from the previous job instead of loading them "
         "(e.g. text_encoder,text_encoder_2,tokenizer,tokenizer_2,vae,scheduler)",
@@ -344,6 +320,11 @@ def run_command(
 ) -> RunOutcome:
     """Run the jobs of one command line, printing a table after each and a summary at the end."""
     folder = Path(args.output or args.out or "out")
+    problem = unwritable_reason(folder)  # before anything loads: a run must not end unable to save
+    if problem is not None:
+        flag = "--out" if args.out and not args.output else "--output"
+        msg = f"{flag}: cannot write the images into {str(folder)!r} ({problem}); give {flag} a folder you can write"
+        raise NotADirectoryError(msg) if "not a folder" in problem else PermissionError(msg)
     with tempfile.TemporaryDirectory(prefix="modular-run-") as scratch:
         jobs, demo, tiny = _plan(args, thens, Path(scratch))
         if tiny:

@@ -109,7 +109,7 @@ class BatchEntry:
         """What makes this entry's image, as JSON values; a finished output's sidecar holds it, and an
         output is reused only while its sidecar's description equals the entry's."""
         spec = self.workflow
-        return {
+        described = {
             "index": self.index,
             "name": self.name,
             "workflow": spec.name,
@@ -127,6 +127,9 @@ class BatchEntry:
             "inputs": dict(spec.inputs),
             "images": dict(spec.images),
         }
+        if spec.image_sha256:  # the input images' content, not only their paths (only where there are any)
+            described["image_sha256"] = dict(spec.image_sha256)
+        return described
 
 
 def _fields(index: int, spec: WorkflowSpec, prompt: Prompt, number: int, size: Any, image: int, seed: int):

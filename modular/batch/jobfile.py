@@ -10,6 +10,7 @@ Every problem in the file is collected into one ``JobFileError``, raised before 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -65,7 +66,9 @@ class WorkflowSpec:
     """One table of ``workflows``: a repo's pipeline (pruned to ``workflow``) and how to call it.
 
     ``repo`` and ``images`` are as written in the job file (they go into each output's sidecar);
-    ``repo_path`` and ``image_paths`` are where they were found.
+    ``repo_path`` and ``image_paths`` are where they were found; ``image_sha256`` the sha256 of each image
+    file's bytes when the job was read (``None`` for a missing file), so that an output made from an image
+    that changed since is made again.
     """
 
     name: str
@@ -84,6 +87,18 @@ class WorkflowSpec:
     inputs: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_map)
     images: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_map)
     image_paths: Mapping[str, Path] = attrs.field(factory=dict, converter=_frozen_map)
+    image_sha256: Mapping[str, str | None] = attrs.field(factory=dict, converter=_frozen_map)
+
+
+def _file_sha256(path: Path) -> str | None:
+    """The sha256 of a file's bytes, or ``None`` when it is not a file (``check_batch`` names it then)."""
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @attrs.frozen
@@ -226,7 +241,11 @@ def _workflow(
     images = settings.get("images", {})
     image_paths = {key: (base / path).resolve() for key, path in images.items()}
     return WorkflowSpec(
-        name=name, repo_path=_local(base, settings["repo"]), image_paths=image_paths, **settings
+        name=name,
+        repo_path=_local(base, settings["repo"]),
+        image_paths=image_paths,
+        image_sha256={key: _file_sha256(path) for key, path in image_paths.items()},
+        **settings,
     )
 
 

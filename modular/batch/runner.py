@@ -2,7 +2,8 @@
 
 Every rank checks the job and binds its pipelines (index files read, inputs checked, no weights) before
 anything loads. Rank 0 then removes the temporary files a killed run left, finds the finished entries
-(``OutputStore.scan``) and tells the other ranks which entries are left; each rank takes every
+(``OutputStore.resume``: an output that is damaged, or was made from another entry or input image, is
+made again, and the run names it) and tells the other ranks which entries are left; each rank takes every
 ``world_size``-th of them, loads the components of a workflow through its own ``ComponentsManager``
 when its first entry needs them (on ``cuda:LOCAL_RANK``, or under auto offload when asked), and
 writes each output as it finishes. Rank 0 shows one bar for the whole job, waits for every rank's
@@ -38,9 +39,9 @@ from ..pipeline import ModularPipeline
 from .entries import BatchEntry, BatchJob
 from .jobfile import JobFileError, WorkflowSpec
 from .ranks import RankGroup, RankInfo, split_entries
-from .store import LOGS, OutputStore, check_writable, encode, library_versions
+from .store import LOGS, OutputStore, check_name_lengths, check_writable, encode, library_versions
 
-__all__ = ["BatchOptions", "BatchPlan", "BatchResult", "check_batch", "plan_batch", "run_batch"]
+__all__ = ["BatchOptions", "BatchPlan", "BatchResult", "check_batch", "plan_batch", "redo_lines", "run_batch"]
 
 OFFLOADS = ("none", "auto", "sim")
 _CUDA_MARGIN = "3GB"  # the engine's default: room for activations on a real device
@@ -69,14 +70,16 @@ class BatchOptions:
 
 @attrs.frozen
 class BatchPlan:
-    """What a run would do: the finished entries (their sidecars), the rest and each rank's share, and
-    per workflow the components its pipeline loads, as ``(name, class name, load ID)``."""
+    """What a run would do: the finished entries (their sidecars), the rest and each rank's share, per
+    workflow the components its pipeline loads, as ``(name, class name, load ID)``, and why each output
+    found but not kept (damaged, or made from another entry or input image) is made again."""
 
     job: BatchJob
     finished: Mapping[int, Mapping[str, Any]]
     pending: tuple[BatchEntry, ...]
     shares: tuple[tuple[BatchEntry, ...], ...]
     components: Mapping[str, tuple[tuple[str, str, str], ...]]
+    redo: Mapping[int, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -159,15 +162,26 @@ def _components(pipe: ModularPipeline) -> tuple[tuple[str, str, str], ...]:
     return tuple(rows)
 
 
+def _check_output(job: BatchJob) -> None:
+    """The output folder takes files, and every entry's file names (temporary ones too) fit its file system."""
+    check_writable(job.output)
+    check_name_lengths(job.entries, job.output, job.spec.format, job.spec.source)
+
+
+def redo_lines(job: BatchJob, redo: Mapping[int, str]) -> list[str]:
+    """One line per output found but not kept: the entry, its name, and why it is made again."""
+    return [f"entry {i} {job.entries[i].name}: {reason}; it runs again" for i, reason in sorted(redo.items())]
+
+
 def plan_batch(job: BatchJob, world_size: int = 1) -> BatchPlan:
     """What ``run_batch`` would run on ``world_size`` ranks, without loading or writing anything."""
-    check_writable(job.output)
+    _check_output(job)
     pipes, _ = check_batch(job)
-    finished = OutputStore(job.output, job.spec.format).scan(job.entries)
+    finished, redo = OutputStore(job.output, job.spec.format).resume(job.entries)
     pending = tuple(entry for entry in job.entries if entry.index not in finished)
     shares = tuple(tuple(split_entries(pending, rank, world_size)) for rank in range(world_size))
     components = {name: _components(pipe) for name, pipe in pipes.items()}
-    return BatchPlan(job, finished, pending, shares, components)
+    return BatchPlan(job, finished, pending, shares, components, redo)
 
 
 def _enable_offload(manager: ComponentsManager, options: BatchOptions, info: RankInfo) -> str:
@@ -280,7 +294,7 @@ def run_batch(
     info = info or RankInfo.from_env()
     say = report if report is not None and info.rank == 0 else (lambda line: None)
     started = time.perf_counter()
-    check_writable(job.output)
+    _check_output(job)
     manager = ComponentsManager()
     pipes, images = check_batch(job, manager)
     where = _enable_offload(manager, options, info)
@@ -289,10 +303,11 @@ def run_batch(
     worker = _Worker(job, pipes, images, manager, info)
     with RankGroup(info) as group:
         earlier: dict[int, Any] = {}
+        redo: dict[int, str] = {}
         run_id = ""
         if info.rank == 0:  # one rank decides what is left, before any rank writes
             store.remove_partial_files()
-            earlier = store.scan(job.entries)
+            earlier, redo = store.resume(job.entries)
             run_id = f"{datetime.datetime.now():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
         run_id, finished = group.broadcast((run_id, sorted(earlier)))
         group.start_counting(run_id)
@@ -302,6 +317,8 @@ def run_batch(
         mine = split_entries(pending, info.rank, info.world_size)
         mine.sort(key=lambda entry: (order[entry.workflow.name], entry.index))  # fewer pipeline switches
         plural = "s" if info.world_size > 1 else ""
+        for line in redo_lines(job, redo):
+            say(line)
         say(
             f"{job.spec.source}: {len(job)} entries, {len(done)} done earlier, {len(pending)} to run on "
             f"{info.world_size} rank{plural} ({where}) -> {job.output}"
@@ -311,6 +328,8 @@ def run_batch(
             _rank_log(job.output, info, run_id) as log,
             _bar(len(job), len(done), info, options.progress) as bar,
         ):
+            for line in redo_lines(job, redo):
+                log.info(line)
             log.info(f"{len(mine)} of {len(pending)} entries to run ({len(done)} done earlier) on {where}")
 
             def progress(count: int) -> None:

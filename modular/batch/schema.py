@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..jobs import seed_problem
+
 __all__ = ["COUNT_KEYS", "DTYPES", "FORMATS", "PROMPT_KEYS", "SHARED", "TOP", "WORKFLOW", "got"]
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -66,6 +68,10 @@ def _sizes(value: Any) -> tuple[tuple[int, int], ...]:
 def _seeds(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or not value or not all(_is_int(item) for item in value):
         raise ValueError(f"must be a non-empty list of whole numbers {got(value)}")
+    for number, item in enumerate(value):
+        problem = seed_problem(item)  # checked here: the generator would refuse it only after loading
+        if problem is not None:
+            raise ValueError(f"item {number} {problem}")
     return tuple(value)
 
 

@@ -4,7 +4,8 @@ An entry's output ``<name>.png`` (or ``.npy``) and its sidecar ``<name>.png.json
 a temporary file ``.<file>.<rank>-<pid>.partial`` in the same folder, flushed to disk and renamed over
 the final name (``os.replace``), image first, sidecar last. So a kill at any point leaves, for each
 entry, no file, a complete image without a sidecar (it runs again), or both; an entry counts as done
-only when its sidecar describes the entry as it is now and its image has the recorded size. A
+only when its sidecar describes the entry as it is now (its input images' sha256 included) and its
+image has the recorded size and sha256; any other output found is made again, and the run says why. A
 leftover ``.partial`` file is removed when the job starts again. ``manifest.json``, the job's entries
 with their status, is written the same way when every rank has finished.
 """
@@ -16,7 +17,6 @@ import io
 import json
 import os
 import platform
-import uuid
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -25,13 +25,26 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
+from ..output_folder import unwritable_reason
 from .entries import BatchEntry
+from .jobfile import JobFileError
 
-__all__ = ["LOGS", "MANIFEST", "OutputStore", "check_writable", "encode", "library_versions"]
+__all__ = [
+    "LOGS",
+    "MANIFEST",
+    "OutputStore",
+    "check_name_lengths",
+    "check_writable",
+    "encode",
+    "library_versions",
+]
 
 MANIFEST = "manifest.json"
 LOGS = "logs"
 PARTIAL = ".partial"
+# Room kept in a temporary file's name for its tag "<rank>-<pid>": a rank of up to 8 digits, a pid of up to 7.
+TAG_ROOM = 16
+_DEFAULT_NAME_MAX = 255  # where the file system does not say (os.pathconf unavailable)
 _LIBRARIES = ("modular-pipelines", "torch", "diffusers", "transformers", "accelerate", "numpy", "pillow")
 
 
@@ -66,22 +79,46 @@ def check_writable(folder: Path) -> None:
     Raises:
         PermissionError: it cannot be written (the message says why and what to change).
     """
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    problem = None
-    if not existing.is_dir():
-        problem = f"{existing} is a file, not a folder"
-    else:
-        probe = existing / f".modular-batch-probe-{uuid.uuid4().hex}{PARTIAL}"
-        try:
-            probe.write_bytes(b"")
-            probe.unlink(missing_ok=True)
-        except OSError as error:
-            problem = f"{type(error).__name__}: {error.strerror or error}"
+    problem = unwritable_reason(folder)
     if problem is not None:
         msg = f"output folder '{folder}' is not writable ({problem}); choose another 'output' or fix its permissions"
         raise PermissionError(msg)
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name the file system of ``folder`` (or the nearest folder above it that exists) takes."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return int(os.pathconf(existing, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):
+        return _DEFAULT_NAME_MAX
+
+
+def check_name_lengths(entries: Iterable[BatchEntry], folder: Path, fmt: str, source: str) -> None:
+    """Check that every entry's files, their temporary names included, fit the output folder's file system.
+
+    The longest name an entry writes is its sidecar's temporary file ``.<name>.<fmt>.json.<rank>-<pid>.partial``.
+
+    Raises:
+        JobFileError: an entry's name is too long (the first such entry is named, with the count of the rest).
+    """
+    limit = _name_max(folder)
+    too_long = []
+    for entry in entries:
+        longest = len(f".{entry.name}.{fmt}.json.{PARTIAL}") + TAG_ROOM
+        if longest > limit:
+            too_long.append((entry, longest))
+    if too_long:
+        entry, longest = too_long[0]
+        more = f" (and {len(too_long) - 1} more entries)" if len(too_long) > 1 else ""
+        msg = (
+            f"entry {entry.index} writes '{entry.name}.{fmt}', whose temporary sidecar file "
+            f"'.{entry.name}.{fmt}.json.<rank>-<pid>{PARTIAL}' may be {longest} characters long, more than the "
+            f"{limit} the file system of {folder} takes{more}; shorten 'output_name' or the prompt's 'name'"
+        )
+        raise JobFileError(source, [msg])
 
 
 def _write_atomically(path: Path, data: bytes, tag: str) -> None:
@@ -136,25 +173,59 @@ class OutputStore:
             path.unlink(missing_ok=True)
         return leftovers
 
+    def examine(self, entry: BatchEntry) -> tuple[dict[str, Any] | None, str | None]:
+        """``(sidecar, None)`` when the entry's output is complete and made from this same entry; else
+        ``(None, why it must be made again)``, or ``(None, None)`` when nothing of it was finished."""
+        sidecar_path, path = self.sidecar_path(entry), self.path(entry)
+        if not sidecar_path.exists():
+            return None, None  # never finished (an image without its sidecar was cut short)
+        try:
+            sidecar = json.loads(sidecar_path.read_text())
+        except (OSError, ValueError) as error:
+            return None, f"its sidecar {sidecar_path.name} cannot be read ({type(error).__name__})"
+        if not isinstance(sidecar, dict):
+            return None, f"its sidecar {sidecar_path.name} is not a JSON object"
+        described = _json_value(entry.describe())
+        recorded = sidecar.get("entry")
+        if recorded != described:
+            recorded = recorded if isinstance(recorded, dict) else {}
+            changed = sorted(
+                key for key in {*described, *recorded} if described.get(key) != recorded.get(key)
+            )
+            if changed == ["image_sha256"]:
+                images = described["image_sha256"]
+                keys = sorted(k for k in images if images[k] != recorded.get("image_sha256", {}).get(k))
+                return None, f"its input image file(s) {keys} changed since it was made"
+            return None, f"the entry changed since its output was made ({', '.join(changed)})"
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None, f"its output {path.name} is missing"
+        if len(data) != sidecar.get("bytes") or hashlib.sha256(data).hexdigest() != sidecar.get("sha256"):
+            return (
+                None,
+                f"its output {path.name} does not match the size and sha256 its sidecar recorded (damaged)",
+            )
+        return sidecar, None
+
     def finished(self, entry: BatchEntry) -> dict[str, Any] | None:
         """The entry's sidecar when its output is complete and was made from this same entry, else None."""
-        try:
-            sidecar = json.loads(self.sidecar_path(entry).read_text())
-            size = self.path(entry).stat().st_size
-        except (OSError, ValueError):
-            return None
-        if not isinstance(sidecar, dict) or sidecar.get("entry") != _json_value(entry.describe()):
-            return None
-        return sidecar if sidecar.get("bytes") == size else None
+        return self.examine(entry)[0]
+
+    def resume(self, entries: Iterable[BatchEntry]) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """The sidecar of every finished entry, and why each output found but not kept is made again, by index."""
+        found, redo = {}, {}
+        for entry in entries:
+            sidecar, reason = self.examine(entry)
+            if sidecar is not None:
+                found[entry.index] = sidecar
+            elif reason is not None:
+                redo[entry.index] = reason
+        return found, redo
 
     def scan(self, entries: Iterable[BatchEntry]) -> dict[int, dict[str, Any]]:
         """The sidecar of every finished entry, by index."""
-        found = {}
-        for entry in entries:
-            sidecar = self.finished(entry)
-            if sidecar is not None:
-                found[entry.index] = sidecar
-        return found
+        return self.resume(entries)[0]
 
     def write(self, entry: BatchEntry, data: bytes, record: Mapping[str, Any]) -> dict[str, Any]:
         """Write the output, then its sidecar (the entry's description, ``record``, size and sha256)."""

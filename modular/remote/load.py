@@ -15,15 +15,17 @@ import inspect
 import json
 import os
 import posixpath
-import threading
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from components.repo import subfolder_escape
 
 from ..errors import BlockCodeError, BlockRepoError
 from .code import RepoModules, parts_of
+from .code_files import read_code_files
+from .nesting import BlockRepoCycleError, loading_turn
 from .source import CONFIG_NAME, BlockSource, RepoSnapshot, read_repo
 
 if TYPE_CHECKING:
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["load_block", "read_config"]
 
 AUTO_MAP_KEY = "ModularPipelineBlocks"
-_lock = threading.Lock()  # one repo's modules are executed and registered at a time
 
 
 def read_config(snapshot: RepoSnapshot) -> dict[str, Any]:
@@ -106,14 +107,21 @@ def _top_level_names(tree: ast.Module) -> tuple[set[str], list[str], bool]:
     return names, classes, star
 
 
-def _check_class_is_defined(snapshot: RepoSnapshot, code_file: str, class_name: str) -> None:
-    """Without running the file: it exists, parses, and binds ``class_name``."""
-    if code_file not in snapshot.files:
+def _read_code(snapshot: RepoSnapshot, code_file: str) -> RepoSnapshot:
+    """The snapshot with the files the code can run read in: ``code_file`` and what it imports relatively."""
+    if not os.path.lexists(os.path.join(snapshot.folder, *code_file.split("/"))):
+        folder = snapshot.folder
+        present = sorted(n for n in os.listdir(folder) if n.endswith(".py")) if os.path.isdir(folder) else []
         msg = (
             f"{snapshot.where}: {CONFIG_NAME} names the code file {code_file!r}, which is not in the repo "
-            f"(Python files there: {sorted(snapshot.files)}). Add the file or fix auto_map."
+            f"(Python files there: {present}). Add the file or fix auto_map."
         )
         raise BlockRepoError(msg)
+    return attrs.evolve(snapshot, files=read_code_files(snapshot.folder, code_file, snapshot.where))
+
+
+def _check_class_is_defined(snapshot: RepoSnapshot, code_file: str, class_name: str) -> None:
+    """Without running the file: it parses, and binds ``class_name``."""
     path = os.path.join(snapshot.folder, *code_file.split("/"))
     try:
         tree = ast.parse(snapshot.files[code_file], filename=path)
@@ -190,23 +198,29 @@ def load_block(
     )
     config = read_config(snapshot)
     code_file, class_name = _class_reference(config, cls, snapshot.where)
-    _check_class_is_defined(snapshot, code_file, class_name)
-    if not trust_remote_code:
+    if (
+        not trust_remote_code
+    ):  # before any code file is read: reading one is already trusting the repo's files
         path = os.path.join(snapshot.folder, *code_file.split("/"))
         msg = (
             f"{snapshot.where} holds custom code: loading it runs {path} (class {class_name}). Read that "
             f"file; if you trust it, pass trust_remote_code=True."
         )
         raise BlockRepoError(msg)
+    snapshot = _read_code(snapshot, code_file)
+    _check_class_is_defined(snapshot, code_file, class_name)
     _check_requirements(config.get("requirements"), snapshot.where)
     content_hash = snapshot.content_hash
     parts = parts_of(code_file)
     modules = RepoModules(snapshot.files, snapshot.folder, content_hash)
-    with _lock:
+    # The repo's own turn, not a global lock: its code may load other block repos (tests/modular/test_block_repo_nesting.py).
+    with loading_turn(content_hash, snapshot.where):
         module = modules.registered(parts)
         if module is None:
             try:
                 module = modules.run(parts)
+            except BlockRepoCycleError:
+                raise  # already names the whole chain
             except Exception as error:
                 msg = f"{snapshot.where}: {code_file} failed to import: {type(error).__name__}: {error}"
                 raise BlockCodeError(msg) from error
@@ -226,6 +240,8 @@ def load_block(
         _check_block_kwargs(block_cls, kwargs, snapshot.where)
         try:
             block = block_cls(**kwargs)
+        except BlockRepoCycleError:
+            raise
         except Exception as error:
             msg = f"{snapshot.where}: building {class_name}(**{kwargs!r}) failed: {type(error).__name__}: {error}"
             raise BlockCodeError(msg) from error

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from pathlib import Path
 
 import attrs
 from huggingface_hub import constants
@@ -14,6 +13,7 @@ from components.errors import RepoNotFoundError, SubfolderOutsideRepoError
 from components.repo import download_snapshot, subfolder_escape
 
 from ..errors import BlockRepoError
+from .code_files import read_regular_file
 
 __all__ = ["CONFIG_NAME", "BlockSource", "RepoSnapshot", "read_repo"]
 
@@ -32,7 +32,8 @@ class BlockSource:
         repo: The hub repo id, or the absolute path of the local folder.
         revision: The revision asked for (``None``: the default branch; always ``None`` for a folder).
         commit: The hub commit the code was read from; ``None`` for a local folder.
-        content_hash: sha256 over ``modular_config.json`` and every ``.py`` file of the repo, as read.
+        content_hash: sha256 over ``modular_config.json`` and the ``.py`` files the code runs (the module
+            ``auto_map`` names and what it imports relatively), as read.
         code_file: The file that defines the class, relative to the repo (``"block.py"``).
         class_name: The block's class name.
         subfolder: The folder inside the repo that holds the block (``""``: the root).
@@ -57,7 +58,8 @@ class RepoSnapshot:
         commit: The hub commit, ``None`` for a local folder.
         folder: The local folder the files were read from (a hub snapshot folder for a repo id).
         config: The bytes of ``modular_config.json``, ``None`` when the repo has none.
-        files: ``relative/path.py -> bytes`` of every Python file.
+        files: ``relative/path.py -> bytes`` of the Python files the code runs; empty until consent was checked
+            and ``modular/remote/code_files.py`` read them.
         where: Names the repo in messages: ``"Block repo 'org/name' (revision 'v2', commit 1a2b...)"``.
     """
 
@@ -76,16 +78,6 @@ class RepoSnapshot:
             digest.update(f"{name}\0{len(data)}\0".encode())
             digest.update(data)
         return digest.hexdigest()
-
-
-def _python_files(folder: str) -> dict[str, bytes]:
-    files = {}
-    for path in sorted(Path(folder).rglob("*.py")):
-        relative = path.relative_to(folder)
-        if any(part.startswith(".") or part == "__pycache__" for part in relative.parts):
-            continue
-        files[relative.as_posix()] = path.read_bytes()
-    return files
 
 
 def _hub_snapshot(
@@ -119,7 +111,7 @@ def read_repo(
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
 ) -> RepoSnapshot:
-    """Read a block repo's config and Python files from a local folder or a hub revision.
+    """Read a block repo's config from a local folder or a hub revision; no code file is read yet.
 
     Raises:
         BlockRepoError: ``revision`` given for a local folder (a folder has no revisions to pin).
@@ -160,8 +152,7 @@ def read_repo(
     if subfolder:
         where = f"{where}, subfolder {subfolder!r}"
     config_path = os.path.join(folder, CONFIG_NAME)
-    config = Path(config_path).read_bytes() if os.path.isfile(config_path) else None
-    files = _python_files(folder) if os.path.isdir(folder) else {}
+    config = read_regular_file(config_path, where) if os.path.lexists(config_path) else None
     return RepoSnapshot(
-        repo=label, revision=revision, commit=commit, folder=folder, config=config, files=files, where=where
+        repo=label, revision=revision, commit=commit, folder=folder, config=config, files={}, where=where
     )

@@ -242,3 +242,68 @@ def test_inputs_may_not_set_what_the_job_sets_itself(repo, tmp_path):
         "job: workflows[0]: 'inputs' sets 'num_inference_steps', which the job sets through its key 'steps'; "
         "use that key"
     )
+
+
+@pytest.mark.parametrize("where", ["workflow", "top"])
+def test_a_seed_outside_the_generators_range_is_refused_by_the_job_check(
+    repo, tmp_path, capsys, no_model_loads, where
+):
+    """ "seeds": [1, 2**64] is one line naming the table, the key and the item, before any model loads."""
+    job = _job(repo)
+    del job["images_per_prompt"]
+    (job["workflows"][0] if where == "workflow" else job)["seeds"] = [1, 2**64]
+    prefix = "workflows[0]: " if where == "workflow" else ""
+    _refused(
+        capsys,
+        tmp_path,
+        job,
+        f"JobFileError: {tmp_path / 'job.json'}: {prefix}'seeds' item 1 must be from 0 to 2**63-1 = "
+        f"9223372036854775807 (got {2**64})",
+    )
+
+
+def test_an_output_name_too_long_for_the_file_system_is_refused_by_the_job_check(
+    repo, tmp_path, capsys, no_model_loads
+):
+    """A prompt name that makes a file name (with its temporary suffix) past PC_NAME_MAX is one line naming the entry."""
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    # The image's own name fits ("<name>.png"), its sidecar's temporary name does not.
+    name = "n" * (limit - len("sd--32x32-0.png") - 1)
+    job = _job(repo, prompts=[{"prompt": "a cat", "name": name}], images_per_prompt=1)
+    entry_name = f"sd-{name}-32x32-0"
+    longest = len(f".{entry_name}.png.json..partial") + 16
+    _refused(
+        capsys,
+        tmp_path,
+        job,
+        f"JobFileError: {tmp_path / 'job.json'}: entry 0 writes '{entry_name}.png', whose temporary sidecar file "
+        f"'.{entry_name}.png.json.<rank>-<pid>.partial' may be {longest} characters long, more than the {limit} "
+        f"the file system of {tmp_path / 'out'} takes; shorten 'output_name' or the prompt's 'name'",
+    )
+    with pytest.raises(JobFileError, match="entry 0 writes"):
+        plan_batch(load_job(job, base=tmp_path))
+
+
+def test_an_output_made_from_an_input_image_that_changed_is_made_again(repo, tmp_path):
+    """The sidecar records the input images' sha256: an image file changed in place makes its entries run again."""
+    import PIL.Image
+
+    from modular.batch import OutputStore
+
+    PIL.Image.new("RGB", (32, 32), "red").save(tmp_path / "cat.png")
+    job_table = _job(repo, images_per_prompt=1, prompts=["a cat"])
+    del job_table["sizes"]  # image-to-image takes its size from the image
+    job_table["workflows"][0].update(workflow="image2image", images={"image": "cat.png"})
+    job = load_job(job_table, base=tmp_path)
+    store = OutputStore(job.output, "png")
+    store.write(job.entries[0], b"an image", {})
+    assert sorted(store.scan(job.entries)) == [0]
+    PIL.Image.new("RGB", (32, 32), "blue").save(tmp_path / "cat.png")  # same path, other content
+    changed = load_job(job_table, base=tmp_path)
+    assert store.resume(changed.entries) == (
+        {},
+        {0: "its input image file(s) ['image'] changed since it was made"},
+    )
+    plan = plan_batch(changed)
+    assert [entry.index for entry in plan.pending] == [0]
+    assert plan.redo == {0: "its input image file(s) ['image'] changed since it was made"}

@@ -170,3 +170,25 @@ def test_auto_offload_on_a_simulated_device_gives_the_same_images(repo, referenc
     assert _sidecars(tmp_path / "out")["sd-p00000-32x32-0.npy.json"]["device"] == (
         "a simulated device under auto offload"
     )
+
+
+def test_a_damaged_output_is_made_again_at_resume_and_named(repo, reference, tmp_path):
+    """An output whose bytes no longer match its sidecar's sha256 (same size) runs again; the run names it."""
+    path = _job_file(tmp_path, repo)
+    job = load_job(path)
+    job.output.mkdir()
+    for name in ("sd-p00000-32x32-0.npy", "sd-p00000-32x32-1.npy"):
+        (job.output / name).write_bytes((reference / name).read_bytes())
+        (job.output / f"{name}.json").write_text((reference / f"{name}.json").read_text())
+    damaged = bytearray((job.output / "sd-p00000-32x32-1.npy").read_bytes())
+    damaged[-1] ^= 0xFF  # one flipped byte: same size, other content
+    (job.output / "sd-p00000-32x32-1.npy").write_bytes(bytes(damaged))
+    said = []
+    result = run_batch(job, BatchOptions(progress=False), info=RankInfo(), report=said.append)
+    assert result.ran == (1, 2, 3, 4, 5) and result.earlier == 1
+    assert said[0] == (
+        "entry 1 sd-p00000-32x32-1: its output sd-p00000-32x32-1.npy does not match the size and sha256 its "
+        "sidecar recorded (damaged); it runs again"
+    )
+    assert _arrays(job.output).keys() == _arrays(reference).keys()
+    assert all(torch.equal(a, b) for a, b in zip(_arrays(job.output).values(), _arrays(reference).values()))

@@ -1,5 +1,6 @@
 """The command line: `modular run` (the main job) and `modular inspect`."""
 
+import os
 import subprocess
 import sys
 
@@ -430,3 +431,75 @@ def test_reuse_takes_components_from_the_previous_job(tmp_path, picture, capsys)
     assert capsys.readouterr().err == (
         "modular: error: ValueError: job 'flux' reuses ['vae'], but it is the first job: nothing ran before it\n"
     )
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fail the test if any pipeline loads components."""
+    from modular.pipeline import ModularPipeline
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(ModularPipeline, "load_components", refuse)
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_an_output_that_cannot_hold_images_is_refused_before_anything_loads(
+    where, tmp_path, capsys, no_model_loads
+):
+    """--output naming a file, or a folder under a file, is one line and exit status 2; nothing runs."""
+    (tmp_path / "taken").write_text("a file")
+    output = tmp_path / "taken" if where == "file" else tmp_path / "taken" / "images"
+    argv = ["run", "--family", "stable-diffusion", "--output", str(output), "--quiet", "--steps", "1"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"modular: error: NotADirectoryError: --output: cannot write the images into {str(output)!r} "
+        f"({tmp_path / 'taken'} is a file, not a folder); give --output a folder you can write\n"
+    )
+    assert (tmp_path / "taken").read_text() == "a file"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_an_output_folder_without_permission_is_refused_before_anything_loads(
+    tmp_path, capsys, no_model_loads
+):
+    """--output in a read-only folder is one PermissionError line; nothing runs."""
+    (tmp_path / "locked").mkdir(mode=0o555)
+    try:
+        argv = [
+            "run",
+            "--family",
+            "stable-diffusion",
+            "--output",
+            str(tmp_path / "locked" / "out"),
+            "--quiet",
+        ]
+        assert main(argv) == 2
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+    assert capsys.readouterr().err.startswith(
+        f"modular: error: PermissionError: --output: cannot write the images into '{tmp_path / 'locked' / 'out'}'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("seed", "reason"),
+    [
+        (
+            "99999999999999999999999",
+            "must be from 0 to 2**63-1 = 9223372036854775807 (got 99999999999999999999999)",
+        ),
+        ("-1", "must be from 0 to 2**63-1 = 9223372036854775807 (got -1)"),
+        ("1.5", "must be a whole number (got '1.5')"),
+    ],
+)
+def test_a_seed_outside_the_generators_range_is_refused_when_parsed(seed, reason, tmp_path, capsys):
+    """--seed past 2**63-1 (or negative) is refused by argument parsing: exit status 2, nothing generated."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--seed", seed, "--out", str(tmp_path / "out"), "--quiet"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"modular run: error: argument --seed: {reason}"
+    assert not (tmp_path / "out").exists()
