@@ -10,6 +10,7 @@ from diffusers.image_processor import VaeImageProcessor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from blocks.common.batch import check_generators, repeat_images
+from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
 from blocks.common.params import BATCH_INPUTS, DTYPE, HEIGHT_WIDTH_OUTPUTS, tensor_output
 from blocks.common.prompts import check_prompt_or_embeds
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
@@ -78,6 +79,8 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     inputs = [
         *PROMPT_INPUTS,
         InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
+        # Its "scale" is the LoRA scale, for the text encoder too (as in the classic pipeline).
+        InputParam.template("cross_attention_kwargs"),
     ]
 
     intermediate_outputs = [
@@ -131,6 +134,13 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     @torch.no_grad()
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
+        scale = lora_scale_from(block_state.cross_attention_kwargs, "cross_attention_kwargs", type(self).__name__)
+        with lora_scaled_encoders([components.text_encoder], scale):
+            self._encode_prompts(components, block_state)
+        self.set_block_state(state, block_state)
+        return components, state
+
+    def _encode_prompts(self, components, block_state) -> None:
         prompt, prompt_embeds = block_state.prompt, block_state.prompt_embeds
         check_prompt_or_embeds(self, prompt, prompt_embeds)
         device = components._execution_device
@@ -150,8 +160,6 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
                 negative_prompt_embeds = self._encode(components, negative_text, device, None)
             negative_prompt_embeds = negative_prompt_embeds.to(dtype=dtype, device=device)
         block_state.negative_prompt_embeds = negative_prompt_embeds
-        self.set_block_state(state, block_state)
-        return components, state
 
 
 class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):

@@ -9,8 +9,10 @@ from ..lora_helpers import (
     CASES,
     CLIP_TARGETS,
     DENOISER_TARGETS,
+    SCALES,
     assert_case_matches_classic,
     assert_parity_through,
+    assert_scale_matches_classic,
     kohya_copy,
     loras_fixture,
     ours_and_classic,
@@ -67,3 +69,9 @@ def test_a_state_dict_loads_as_the_classic_pipeline_loads_it(sd_repo, loras):
     images = assert_parity_through(ours, classic, [lambda pipe: pipe.load_lora_weights(state_dict)], INPUTS)
     assert not same(images[0], run(SD.load_pipeline(sd_repo), INPUTS))
     assert list(state_dict) == keys
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_lora_scale_scales_the_text_encoder_as_the_classic_pipeline(sd_repo, loras, scale):
+    """cross_attention_kwargs={"scale": s} scales the LoRA in the text encoder too: the classic images."""
+    assert_scale_matches_classic(SD, sd_repo, loras[0], "cross_attention_kwargs", scale, INPUTS)
