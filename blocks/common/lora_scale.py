@@ -45,7 +45,9 @@ def _lock_of(model: torch.nn.Module) -> threading.RLock:
         return lock
 
 
-def lora_scale_from(attention_kwargs: Mapping[str, Any] | None, input_name: str, block_name: str) -> float | None:
+def lora_scale_from(
+    attention_kwargs: Mapping[str, Any] | None, input_name: str, block_name: str
+) -> float | None:
     """The LoRA scale a call gives in `attention_kwargs` (its ``"scale"``), or None when it gives none.
 
     Raises:
@@ -82,7 +84,12 @@ def lora_scaled_encoders(encoders: Iterable[torch.nn.Module | None], scale: floa
         if scale is None or scale == 1.0:
             yield
             return
-        saved = [(layer, dict(layer.scaling)) for _, layers in held for layer in layers if hasattr(layer, "scaling")]
+        saved = [
+            (layer, dict(layer.scaling))
+            for _, layers in held
+            for layer in layers
+            if hasattr(layer, "scaling")
+        ]
         try:
             for encoder, _ in held:
                 scale_lora_layers(encoder, scale)  # the classic pipelines' own arithmetic: bit for bit

@@ -190,7 +190,9 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         self._check(block_state)
-        scale = lora_scale_from(block_state.joint_attention_kwargs, "joint_attention_kwargs", type(self).__name__)
+        scale = lora_scale_from(
+            block_state.joint_attention_kwargs, "joint_attention_kwargs", type(self).__name__
+        )
         encoders = [getattr(components, "text_encoder", None), getattr(components, "text_encoder_2", None)]
         with lora_scaled_encoders(encoders, scale):
             self._encode_prompts(components, block_state)

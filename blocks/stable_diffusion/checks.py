@@ -36,7 +36,13 @@ from .timesteps import (
     StableDiffusionInpaintSetTimestepsStep,
     kept_steps,
 )
-from .utils import MODEL_NAME, default_size, strength_input, vae_scale_factor
+from .utils import (
+    MODEL_NAME,
+    default_size,
+    guidance_scale,
+    strength_input,
+    vae_scale_factor,
+)
 
 __all__ = [
     "StableDiffusionCheckInputsStep",
@@ -90,7 +96,7 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
     def check_prompts(self, components: Any, bs: BlockState, problems: InputProblems) -> None:
         """No empty prompt list; with guidance, a negative prompt of the prompt's type and count."""
         check_prompt(problems, "prompt", bs.prompt)
-        if bs.guidance_scale > 1 and bs.negative_prompt_embeds is None:
+        if guidance_scale(components, bs.guidance_scale) > 1 and bs.negative_prompt_embeds is None:
             check_one_per_prompt(problems, "negative_prompt", bs.negative_prompt, bs.prompt, same_type=True)
 
     def size_multiple(self, scale: int) -> int:

@@ -20,6 +20,8 @@ from .utils import (
     MODEL_NAME,
     default_size,
     encode_vae_image,
+    guidance_scale,
+    guidance_scale_input,
     image_processor_for_vae,
     strength_input,
 )
@@ -57,7 +59,7 @@ PROMPT_INPUTS = (
     InputParam.template("negative_prompt"),
     InputParam.template("prompt_embeds"),
     InputParam.template("negative_prompt_embeds"),
-    InputParam.template("guidance_scale"),
+    guidance_scale_input(),
 )
 
 
@@ -134,7 +136,9 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     @torch.no_grad()
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
-        scale = lora_scale_from(block_state.cross_attention_kwargs, "cross_attention_kwargs", type(self).__name__)
+        scale = lora_scale_from(
+            block_state.cross_attention_kwargs, "cross_attention_kwargs", type(self).__name__
+        )
         with lora_scaled_encoders([components.text_encoder], scale):
             self._encode_prompts(components, block_state)
         self.set_block_state(state, block_state)
@@ -153,7 +157,7 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
         block_state.prompt_embeds = prompt_embeds.to(dtype=dtype, device=device)
 
         negative_prompt_embeds = block_state.negative_prompt_embeds
-        if block_state.guidance_scale > 1:
+        if guidance_scale(components, block_state.guidance_scale) > 1:
             if negative_prompt_embeds is None:
                 negative_text = self._negative_text(prompt, block_state.negative_prompt, batch_size)
                 # The negative prompt is never clip-skipped, as in the classic pipeline.

@@ -27,7 +27,7 @@ from .timesteps import (
     StableDiffusionXLInpaintSetTimestepsStep,
     is_fraction,
 )
-from .utils import MODEL_NAME, guidance_scale_input
+from .utils import MODEL_NAME, guidance_scale, guidance_scale_input
 
 __all__ = [
     "StableDiffusionXLCheckInputsStep",
@@ -46,7 +46,7 @@ class _SDXLRules:
         """No empty prompt list; with guidance, each negative prompt a string or one entry per prompt."""
         check_prompt(problems, "prompt", bs.prompt)
         check_prompt(problems, "prompt_2", bs.prompt_2)
-        if bs.guidance_scale > 1 and bs.negative_prompt_embeds is None:
+        if guidance_scale(components, bs.guidance_scale) > 1 and bs.negative_prompt_embeds is None:
             for name in ("negative_prompt", "negative_prompt_2"):
                 check_one_per_prompt(problems, name, getattr(bs, name), bs.prompt, one_for_all=True)
 

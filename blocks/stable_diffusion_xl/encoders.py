@@ -17,7 +17,7 @@ from blocks.stable_diffusion.encoders import (
 from blocks.stable_diffusion.utils import default_size, image_processor_for_vae, with_strength_default
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input
+from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale, guidance_scale_input
 
 __all__ = [
     "PROMPT_2",
@@ -170,7 +170,7 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
             pooled = encoded_pooled if pooled is None else pooled
 
         negative_embeds, negative_pooled = bs.negative_prompt_embeds, bs.negative_pooled_prompt_embeds
-        if bs.guidance_scale > 1 and negative_embeds is None:
+        if guidance_scale(components, bs.guidance_scale) > 1 and negative_embeds is None:
             if bs.negative_prompt is None and components.force_zeros_for_empty_prompt:
                 negative_embeds, negative_pooled = torch.zeros_like(prompt_embeds), torch.zeros_like(pooled)
             else:
@@ -184,7 +184,7 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         device, dtype = components._execution_device, components.text_encoder_2.dtype
         bs.prompt_embeds = prompt_embeds.to(dtype=dtype, device=device)
         bs.pooled_prompt_embeds = pooled
-        if bs.guidance_scale > 1:
+        if guidance_scale(components, bs.guidance_scale) > 1:
             bs.negative_prompt_embeds = negative_embeds.to(dtype=dtype, device=device)
             bs.negative_pooled_prompt_embeds = negative_pooled
 
