@@ -194,7 +194,9 @@ def lora_scalings(pipe) -> dict[str, list[dict]]:
     """Every LoRA layer's per-adapter scale, per model of `pipe` (ours or a classic one)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    models = {name: getattr(pipe, name, None) for name in ("unet", "transformer", "text_encoder", "text_encoder_2")}
+    models = {
+        name: getattr(pipe, name, None) for name in ("unet", "transformer", "text_encoder", "text_encoder_2")
+    }
     return {
         name: [dict(layer.scaling) for layer in model.modules() if isinstance(layer, BaseTunerLayer)]
         for name, model in models.items()

@@ -116,7 +116,9 @@ def test_two_threads_at_two_scales_on_one_text_encoder_each_get_their_own(sd_rep
     the shared text encoder is scaled for one encoding at a time (the LoRA covers only the text encoder, so
     the UNet's own per-forward scaling is not involved)."""
     pipe = SD.load_pipeline(sd_repo)
-    lora = make_lora(tmp_path / "te", StableDiffusionPipeline, {"text_encoder": (pipe.text_encoder, CLIP_TARGETS)})
+    lora = make_lora(
+        tmp_path / "te", StableDiffusionPipeline, {"text_encoder": (pipe.text_encoder, CLIP_TARGETS)}
+    )
     pipe.load_lora_weights(lora)
     calls = {scale: {**INPUTS, "cross_attention_kwargs": {"scale": scale}} for scale in (0.5, 1.3)}
     expected = {scale: run(pipe, inputs) for scale, inputs in calls.items()}
