@@ -58,6 +58,9 @@ _VAE_CHANNELS = (3, 4)
 class StableDiffusionCheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and output type before any model runs."""
 
+    # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
+    same_dtype_models = ("text_encoder", "unet")
+
     model_name = MODEL_NAME
 
     description = (

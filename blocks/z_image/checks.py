@@ -37,6 +37,9 @@ __all__ = ["ZImageCheckInputsStep", "ZImageImg2ImgCheckInputsStep"]
 class ZImageCheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and output type before any model runs."""
 
+    # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
+    same_dtype_models = ("text_encoder", "transformer")
+
     model_name = MODEL_NAME
 
     description = (
