@@ -59,7 +59,7 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and output type before any model runs."""
 
     # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
-    same_dtype_models = ("text_encoder", "unet")
+    same_dtype_models: tuple[str, ...] = ("text_encoder", "unet")
 
     model_name = MODEL_NAME
 

@@ -42,7 +42,10 @@ class SchedulerFix:
 
 _STEPS_OFFSET = SchedulerFix("steps_offset", 1, lambda value: value != 1, 1)
 #: StableDiffusionPipeline's and StableDiffusionImg2ImgPipeline's fixes.
-TEXT2IMAGE_SCHEDULER_FIXES = (_STEPS_OFFSET, SchedulerFix("clip_sample", False, lambda value: value is True, False))
+TEXT2IMAGE_SCHEDULER_FIXES = (
+    _STEPS_OFFSET,
+    SchedulerFix("clip_sample", False, lambda value: value is True, False),
+)
 #: StableDiffusionInpaintPipeline's fixes.
 INPAINT_SCHEDULER_FIXES = (
     _STEPS_OFFSET,
@@ -61,10 +64,9 @@ def fix_outdated_scheduler(scheduler: Any, fixes: tuple[SchedulerFix, ...], clas
             changes[fix.key] = fix.fixed
             msg = (
                 f"The scheduler config ({type(scheduler).__name__}) sets {fix.key}={value!r}, which is outdated; "
-                f"using {fix.key}={fix.fixed!r} as diffusers' {classic} does. Set \"{fix.key}\": "
+                f'using {fix.key}={fix.fixed!r} as diffusers\' {classic} does. Set "{fix.key}": '
                 f"{str(fix.fixed).lower()} in the repo's scheduler/scheduler_config.json to silence this."
             )
             warnings.warn(msg, FutureWarning, stacklevel=3)
     if changes:
         scheduler.register_to_config(**changes)
-

@@ -40,7 +40,7 @@ class _SDXLRules:
     """SDXL's prompt inputs and rules, mixed into each of Stable Diffusion's check steps."""
 
     # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
-    same_dtype_models = ("text_encoder", "text_encoder_2", "unet")
+    same_dtype_models: tuple[str, ...] = ("text_encoder", "text_encoder_2", "unet")
 
     def prompt_inputs(self) -> list[InputParam]:
         return [*PROMPT_INPUTS, guidance_scale_input()]

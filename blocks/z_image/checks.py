@@ -38,7 +38,7 @@ class ZImageCheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and output type before any model runs."""
 
     # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
-    same_dtype_models = ("text_encoder", "transformer")
+    same_dtype_models: tuple[str, ...] = ("text_encoder", "transformer")
 
     model_name = MODEL_NAME
 
