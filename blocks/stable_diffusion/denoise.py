@@ -166,12 +166,9 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
     def call_guider(self, components, block_state):
         """The call's copy of the guider (made at the first step and checked against the UNet)."""
         if "call_guider" not in block_state:
+            scale = guidance_scale(components, block_state.guidance_scale)
             guider = call_guider(
-                components.guider,
-                guidance_scale(components, block_state.guidance_scale),
-                guidance_on=do_classifier_free_guidance(
-                    components, guidance_scale(components, block_state.guidance_scale)
-                ),
+                components.guider, scale, guidance_on=do_classifier_free_guidance(components, scale)
             )
             if block_state.guidance_rescale is not None and hasattr(guider, "guidance_rescale"):
                 guider.guidance_rescale = block_state.guidance_rescale

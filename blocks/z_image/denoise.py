@@ -140,13 +140,8 @@ class ZImageLoopDenoiser(ModularPipelineBlocks):
     def call_guider(self, components, block_state):
         """The call's copy of the guider (made at the first step and checked against the transformer)."""
         if "call_guider" not in block_state:
-            guider = call_guider(
-                components.guider,
-                guidance_scale(components, block_state.guidance_scale),
-                guidance_on=do_classifier_free_guidance(
-                    guidance_scale(components, block_state.guidance_scale)
-                ),
-            )
+            scale = guidance_scale(components, block_state.guidance_scale)
+            guider = call_guider(components.guider, scale, guidance_on=do_classifier_free_guidance(scale))
             check_guider(guider, components.transformer, "transformer", type(self).__name__)
             block_state.call_guider = guider
         return block_state.call_guider
