@@ -15,6 +15,13 @@ every pipeline of the manager. Two rules keep that safe:
 - the encoding holds the encoder's lock while it runs, at any scale, whenever the encoder has LoRA layers: a
   thread encoding at scale 1.3 and one at 0.5 (or at none) on one shared encoder take turns, so neither sees
   the other's scale. Encoders without LoRA layers take no lock.
+
+The denoiser scales itself inside each forward (diffusers' ``apply_lora_scale``), as in the classic pipelines,
+so its images match theirs; but after a forward at scale 0 diffusers resets every layer to the adapter's base
+scale, dropping the weight ``set_adapters`` gave it, for every later call. ``denoiser_weights_kept_at_scale_zero``
+puts the denoiser's layer scales back after a denoising loop at scale 0 (any other scale is undone by diffusers
+itself). Two threads calling one shared denoiser at different scales at the same moment are not kept apart:
+its scaling happens inside diffusers' forward (docs/adapters.md says so).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import torch
 from diffusers.utils import scale_lora_layers
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-__all__ = ["lora_scale_from", "lora_scaled_encoders"]
+__all__ = ["denoiser_weights_kept_at_scale_zero", "lora_scale_from", "lora_scaled_encoders"]
 
 # One lock per encoder object, shared by every pipeline that holds it; dropped with the encoder.
 _locks: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
@@ -98,3 +105,28 @@ def lora_scaled_encoders(encoders: Iterable[torch.nn.Module | None], scale: floa
             for layer, scaling in saved:
                 layer.scaling.clear()
                 layer.scaling.update(scaling)
+
+
+@contextlib.contextmanager
+def denoiser_weights_kept_at_scale_zero(
+    denoisers: Iterable[object], attention_kwargs: Mapping[str, Any] | None
+) -> Iterator[None]:
+    """Inside, a denoising loop runs; with a LoRA scale of 0 in `attention_kwargs`, the LoRA layers of the
+    `denoisers` (the torch modules among them) get their scales back on leaving, even by an error."""
+    scale = attention_kwargs.get("scale") if isinstance(attention_kwargs, Mapping) else None
+    if scale is None or isinstance(scale, bool) or scale != 0:
+        yield
+        return
+    saved = [
+        (layer, dict(layer.scaling))
+        for model in denoisers
+        if isinstance(model, torch.nn.Module)
+        for layer in _lora_layers(model)
+        if hasattr(layer, "scaling")
+    ]
+    try:
+        yield
+    finally:
+        for layer, scaling in saved:
+            layer.scaling.clear()
+            layer.scaling.update(scaling)
