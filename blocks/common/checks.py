@@ -44,6 +44,7 @@ __all__ = [
     "check_output_type",
     "check_prompt",
     "check_reference_image",
+    "check_same_dtype",
     "check_size",
     "check_steps_left",
     "check_strength",
@@ -97,9 +98,15 @@ class CheckInputsStep(ModularPipelineBlocks):
     the offload manager lists the models in the order they *run*, and this block runs none. It writes
     nothing into the state. It raises one ValueError (TypeError when every problem is a wrong type)
     that lists every problem found.
+
+    Attributes:
+        same_dtype_models: The models that run on each other's outputs without a cast (the text encoders and
+            the denoiser); loaded in different dtypes they are refused here (``check_same_dtype``), before the
+            first of them runs, rather than failing inside the denoiser after the text encoder ran.
     """
 
     intermediate_outputs = []
+    same_dtype_models: tuple[str, ...] = ()
 
     def check(self, components: Any, block_state: BlockState, problems: InputProblems) -> None:
         """Add to `problems` what is wrong with the inputs in `block_state`."""
@@ -110,6 +117,7 @@ class CheckInputsStep(ModularPipelineBlocks):
     def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
         problems = InputProblems()
         self.check(components, self.get_block_state(state), problems)
+        check_same_dtype(problems, components, self.same_dtype_models)
         problems.raise_for(type(self).__name__)
         return components, state
 
@@ -338,6 +346,27 @@ def check_latent_memory(
             f"{_bytes_text(count)} ({dims} x {element} bytes), over the limit of {_bytes_text(limit)}; "
             "lower num_images_per_prompt, the number of prompts, or height and width"
         )
+
+
+def check_same_dtype(problems: InputProblems, components: Any, names: tuple[str, ...]) -> None:
+    """The loaded models among `names` share one floating dtype; a problem naming each model and its dtype, and
+    the fix, when they do not (a torchao-quantized model loaded without ``torch_dtype`` is bfloat16 while the
+    others load in float32: tests/modular/test_quantized_pipelines.py)."""
+    dtypes: dict[str, torch.dtype] = {}
+    for name in names:
+        model = getattr(components, name, None)
+        dtype = getattr(model, "dtype", None) if isinstance(model, torch.nn.Module) else None
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            dtypes[name] = dtype
+    if len(set(dtypes.values())) <= 1:
+        return
+    listed = ", ".join(f"{name} ({dtype})" for name, dtype in dtypes.items())
+    kinds = sorted({str(dtype) for dtype in dtypes.values()})
+    problems.add(
+        f"the models {listed} are loaded in different dtypes, and each runs on the others' outputs; load them "
+        f"in one: pipe.load_components(torch_dtype=...) with one of {kinds} for all of them (a torchao-quantized "
+        "model loaded without torch_dtype is torch.bfloat16)"
+    )
 
 
 def model_dtype(components: Any, name: str) -> torch.dtype:

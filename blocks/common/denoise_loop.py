@@ -8,6 +8,8 @@ import torch
 
 from modular import InputParam, LoopSequentialPipelineBlocks, OutputParam, PipelineState
 
+from .lora_scale import denoiser_weights_kept_at_scale_zero
+
 __all__ = ["TimestepLoopBlocks"]
 
 
@@ -43,7 +45,13 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
     @torch.no_grad()
     def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
         block_state = self.get_block_state(state)
-        with self.progress_bar(total=block_state.num_inference_steps) as progress_bar:
+        denoisers = [getattr(components, spec.name, None) for spec in self.loop_expected_components]
+        values = block_state.__dict__
+        attention_kwargs = values.get("cross_attention_kwargs") or values.get("joint_attention_kwargs")
+        with (
+            denoiser_weights_kept_at_scale_zero(denoisers, attention_kwargs),
+            self.progress_bar(total=block_state.num_inference_steps) as progress_bar,
+        ):
             for i, t in enumerate(block_state.timesteps):
                 components, block_state = self.loop_step(components, block_state, i=i, t=t)
                 progress_bar.update()

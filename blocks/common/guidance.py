@@ -41,6 +41,7 @@ __all__ = [
     "call_guider",
     "check_guider",
     "check_guider_kind",
+    "guidance_scale_of",
     "guided_prediction",
     "guider_spec",
     "neutral_scale",
@@ -67,6 +68,17 @@ def guider_spec(**config: Any) -> ComponentSpec:
         config=FrozenDict(config),
         default_creation_method="from_config",
     )
+
+
+def guidance_scale_of(components: Any, given: float | None, default: float) -> float:
+    """The call's classifier-free guidance scale: `given` when the caller passed one (for that call only), else
+    the ``guider`` component's own (so ``update_components(guider=ClassifierFreeGuidance(guidance_scale=3.0))``
+    sets the scale of every call that passes none), else `default`, the family's classic scale, for blocks run
+    without a guider. Every block that reads ``guidance_scale`` reads it through here, so they agree."""
+    if given is not None:
+        return given
+    scale = getattr(getattr(components, GUIDER, None), "guidance_scale", None)
+    return default if scale is None else scale
 
 
 def neutral_scale(guider: BaseGuidance) -> float:

@@ -42,6 +42,9 @@ __all__ = ["FluxCheckInputsStep", "FluxImg2ImgCheckInputsStep", "FluxControlChec
 class FluxCheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, packed latents and the transformer before any model runs."""
 
+    # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
+    same_dtype_models: tuple[str, ...] = ("text_encoder", "text_encoder_2", "transformer")
+
     model_name = MODEL_NAME
     # Latents the transformer reads per token: 1, or 2 for a control transformer (latents + control).
     inputs_per_latent = 1

@@ -10,6 +10,7 @@ from diffusers import AutoencoderKL
 from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
 
 from blocks.common.batch import check_generators
+from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
 from blocks.common.params import BATCH_INPUTS, DTYPE, tensor_input, tensor_output
 from blocks.common.prompts import as_list, check_prompt_or_embeds
 from blocks.common.vae import encode_shifted_latents, retrieve_latents, shift_and_scale
@@ -79,6 +80,12 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
                 "negative_pooled_prompt_embeds", "Precomputed pooled CLIP embeddings of the negative prompt."
             ),
             TRUE_CFG_SCALE,
+            # Its "scale" is the LoRA scale, for the text encoders too (as in the classic pipelines).
+            InputParam(
+                "joint_attention_kwargs",
+                type_hint=dict,
+                description="Extra keyword arguments for the attention processors.",
+            ),
             InputParam(
                 "max_sequence_length",
                 type_hint=int,
@@ -183,6 +190,16 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         self._check(block_state)
+        scale = lora_scale_from(
+            block_state.joint_attention_kwargs, "joint_attention_kwargs", type(self).__name__
+        )
+        encoders = [getattr(components, "text_encoder", None), getattr(components, "text_encoder_2", None)]
+        with lora_scaled_encoders(encoders, scale):
+            self._encode_prompts(components, block_state)
+        self.set_block_state(state, block_state)
+        return components, state
+
+    def _encode_prompts(self, components, block_state) -> None:
         device = components._execution_device
         max_length = block_state.max_sequence_length
         if block_state.prompt_embeds is None:
@@ -218,8 +235,6 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
         block_state.text_ids = torch.zeros(embeds.shape[1], 3).to(
             device=device, dtype=components.text_encoder.dtype
         )
-        self.set_block_state(state, block_state)
-        return components, state
 
 
 CONTROL_IMAGE = InputParam.template(

@@ -27,6 +27,8 @@ from .utils import (
     default_size,
     do_classifier_free_guidance,
     encode_vae_image,
+    guidance_scale,
+    guidance_scale_input,
     repeat_to_batch,
     strength_input,
     vae_scale_factor,
@@ -148,7 +150,7 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
         InputParam.template("width"),
         *BATCH_INPUTS,
         DTYPE,
-        InputParam.template("guidance_scale"),
+        guidance_scale_input(),
     ]
 
     intermediate_outputs = [
@@ -213,7 +215,7 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
             masked_image_latents = encode_vae_image(components.vae, masked_image, generator)
         mask = repeat_to_batch(mask, total, "mask_image")
         masked_image_latents = repeat_to_batch(masked_image_latents, total, "image")
-        if do_classifier_free_guidance(components, block_state.guidance_scale):
+        if do_classifier_free_guidance(components, guidance_scale(components, block_state.guidance_scale)):
             mask = torch.cat([mask] * 2)
             masked_image_latents = torch.cat([masked_image_latents] * 2)
         masked_image_latents = masked_image_latents.to(device=device, dtype=dtype)

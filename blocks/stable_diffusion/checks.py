@@ -36,7 +36,13 @@ from .timesteps import (
     StableDiffusionInpaintSetTimestepsStep,
     kept_steps,
 )
-from .utils import MODEL_NAME, default_size, strength_input, vae_scale_factor
+from .utils import (
+    MODEL_NAME,
+    default_size,
+    guidance_scale,
+    strength_input,
+    vae_scale_factor,
+)
 
 __all__ = [
     "StableDiffusionCheckInputsStep",
@@ -51,6 +57,9 @@ _VAE_CHANNELS = (3, 4)
 
 class StableDiffusionCheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and output type before any model runs."""
+
+    # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
+    same_dtype_models: tuple[str, ...] = ("text_encoder", "unet")
 
     model_name = MODEL_NAME
 
@@ -90,7 +99,7 @@ class StableDiffusionCheckInputsStep(CheckInputsStep):
     def check_prompts(self, components: Any, bs: BlockState, problems: InputProblems) -> None:
         """No empty prompt list; with guidance, a negative prompt of the prompt's type and count."""
         check_prompt(problems, "prompt", bs.prompt)
-        if bs.guidance_scale > 1 and bs.negative_prompt_embeds is None:
+        if guidance_scale(components, bs.guidance_scale) > 1 and bs.negative_prompt_embeds is None:
             check_one_per_prompt(problems, "negative_prompt", bs.negative_prompt, bs.prompt, same_type=True)
 
     def size_multiple(self, scale: int) -> int:

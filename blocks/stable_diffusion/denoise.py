@@ -24,7 +24,14 @@ from modular import (
     ModularPipelineBlocks,
 )
 
-from .utils import MODEL_NAME, SCHEDULER, do_classifier_free_guidance, extra_step_kwargs
+from .utils import (
+    MODEL_NAME,
+    SCHEDULER,
+    do_classifier_free_guidance,
+    extra_step_kwargs,
+    guidance_scale,
+    guidance_scale_input,
+)
 
 __all__ = [
     "StableDiffusionLoopBeforeDenoiser",
@@ -129,7 +136,7 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
     inputs = [
         InputParam.template("prompt_embeds", required=True),
         InputParam.template("negative_prompt_embeds"),
-        InputParam.template("guidance_scale"),
+        guidance_scale_input(),
         InputParam(
             "guidance_rescale",
             type_hint=float,
@@ -150,7 +157,7 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
             return None
         if "timestep_cond" not in block_state:
             batch = block_state.latents.shape[0]
-            scale = torch.tensor(block_state.guidance_scale - 1).repeat(batch)
+            scale = torch.tensor(guidance_scale(components, block_state.guidance_scale) - 1).repeat(batch)
             block_state.timestep_cond = guidance_scale_embedding(scale, proj_dim, torch.float32).to(
                 device=block_state.latents.device, dtype=block_state.latents.dtype
             )
@@ -159,10 +166,9 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
     def call_guider(self, components, block_state):
         """The call's copy of the guider (made at the first step and checked against the UNet)."""
         if "call_guider" not in block_state:
+            scale = guidance_scale(components, block_state.guidance_scale)
             guider = call_guider(
-                components.guider,
-                block_state.guidance_scale,
-                guidance_on=do_classifier_free_guidance(components, block_state.guidance_scale),
+                components.guider, scale, guidance_on=do_classifier_free_guidance(components, scale)
             )
             if block_state.guidance_rescale is not None and hasattr(guider, "guidance_rescale"):
                 guider.guidance_rescale = block_state.guidance_rescale
@@ -177,7 +183,9 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
         diffusers' PAG guider then takes its perturbed pass's inputs from the second slot, and the classic PAG
         pipeline runs that pass on the prompt (test_pag_without_classifier_free_guidance_equals_the_classic_pag_pipeline).
         """
-        guided = do_classifier_free_guidance(components, block_state.guidance_scale)
+        guided = do_classifier_free_guidance(
+            components, guidance_scale(components, block_state.guidance_scale)
+        )
         name = type(self).__name__
         image_embeds = denoiser_ip_embeds(components, block_state, "unet", name)
         negative_image_embeds = image_embeds
@@ -258,7 +266,7 @@ class StableDiffusionInpaintLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
         InputParam("mask", type_hint=torch.Tensor, required=True, description="The mask at latent size."),
         InputParam("image_latents", type_hint=torch.Tensor, description="Scaled VAE latents of the image."),
         InputParam("noise", type_hint=torch.Tensor, description="The noise the latents started from."),
-        InputParam.template("guidance_scale"),
+        guidance_scale_input(),
     ]
 
     def __call__(self, components, block_state, i, t):
@@ -266,7 +274,7 @@ class StableDiffusionInpaintLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
         if components.unet.config.in_channels != 4:
             return components, block_state
         mask = block_state.mask
-        if do_classifier_free_guidance(components, block_state.guidance_scale):
+        if do_classifier_free_guidance(components, guidance_scale(components, block_state.guidance_scale)):
             mask, _ = mask.chunk(2)
         kept = block_state.image_latents
         if i < len(block_state.timesteps) - 1:

@@ -10,6 +10,7 @@ from diffusers.image_processor import VaeImageProcessor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from blocks.common.batch import check_generators, repeat_images
+from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
 from blocks.common.params import BATCH_INPUTS, DTYPE, HEIGHT_WIDTH_OUTPUTS, tensor_output
 from blocks.common.prompts import check_prompt_or_embeds
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
@@ -19,6 +20,8 @@ from .utils import (
     MODEL_NAME,
     default_size,
     encode_vae_image,
+    guidance_scale,
+    guidance_scale_input,
     image_processor_for_vae,
     strength_input,
 )
@@ -56,7 +59,7 @@ PROMPT_INPUTS = (
     InputParam.template("negative_prompt"),
     InputParam.template("prompt_embeds"),
     InputParam.template("negative_prompt_embeds"),
-    InputParam.template("guidance_scale"),
+    guidance_scale_input(),
 )
 
 
@@ -78,6 +81,8 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     inputs = [
         *PROMPT_INPUTS,
         InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
+        # Its "scale" is the LoRA scale, for the text encoder too (as in the classic pipeline).
+        InputParam.template("cross_attention_kwargs"),
     ]
 
     intermediate_outputs = [
@@ -131,6 +136,15 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     @torch.no_grad()
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
+        scale = lora_scale_from(
+            block_state.cross_attention_kwargs, "cross_attention_kwargs", type(self).__name__
+        )
+        with lora_scaled_encoders([components.text_encoder], scale):
+            self._encode_prompts(components, block_state)
+        self.set_block_state(state, block_state)
+        return components, state
+
+    def _encode_prompts(self, components, block_state) -> None:
         prompt, prompt_embeds = block_state.prompt, block_state.prompt_embeds
         check_prompt_or_embeds(self, prompt, prompt_embeds)
         device = components._execution_device
@@ -143,15 +157,13 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
         block_state.prompt_embeds = prompt_embeds.to(dtype=dtype, device=device)
 
         negative_prompt_embeds = block_state.negative_prompt_embeds
-        if block_state.guidance_scale > 1:
+        if guidance_scale(components, block_state.guidance_scale) > 1:
             if negative_prompt_embeds is None:
                 negative_text = self._negative_text(prompt, block_state.negative_prompt, batch_size)
                 # The negative prompt is never clip-skipped, as in the classic pipeline.
                 negative_prompt_embeds = self._encode(components, negative_text, device, None)
             negative_prompt_embeds = negative_prompt_embeds.to(dtype=dtype, device=device)
         block_state.negative_prompt_embeds = negative_prompt_embeds
-        self.set_block_state(state, block_state)
-        return components, state
 
 
 class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):

@@ -8,6 +8,7 @@ from blocks.common.params import BATCH_SIZE, SIGMAS, TIMESTEPS_OUTPUTS
 from blocks.common.timesteps import StrengthTimestepsStep
 from modular import InputParam, ModularPipelineBlocks
 
+from .outdated_configs import INPAINT_SCHEDULER_FIXES, TEXT2IMAGE_SCHEDULER_FIXES, fix_outdated_scheduler
 from .utils import (
     IMG2IMG_STRENGTH,
     INPAINT_STRENGTH,
@@ -72,8 +73,13 @@ class StableDiffusionSetTimestepsStep(ModularPipelineBlocks):
 
     intermediate_outputs = list(TIMESTEPS_OUTPUTS)
 
+    # The classic pipeline of this workflow and the fixes it makes to an outdated scheduler config.
+    classic_pipeline = "StableDiffusionPipeline"
+    scheduler_fixes = TEXT2IMAGE_SCHEDULER_FIXES
+
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
+        fix_outdated_scheduler(components.scheduler, self.scheduler_fixes, self.classic_pipeline)
         block_state.timesteps, block_state.num_inference_steps = set_scheduler_timesteps(
             components.scheduler,
             block_state.num_inference_steps,
@@ -105,7 +111,12 @@ class StableDiffusionImg2ImgSetTimestepsStep(StrengthTimestepsStep):
         InputParam.template("num_images_per_prompt"),
     ]
 
+    # The classic pipeline of this workflow and the fixes it makes to an outdated scheduler config.
+    classic_pipeline = "StableDiffusionImg2ImgPipeline"
+    scheduler_fixes = TEXT2IMAGE_SCHEDULER_FIXES
+
     def set_timesteps(self, components, block_state) -> int:
+        fix_outdated_scheduler(components.scheduler, self.scheduler_fixes, self.classic_pipeline)
         _, steps = set_scheduler_timesteps(
             components.scheduler,
             block_state.num_inference_steps,
@@ -123,5 +134,7 @@ class StableDiffusionInpaintSetTimestepsStep(StableDiffusionImg2ImgSetTimestepsS
     """Img2img timesteps with inpainting's default strength of 1.0 (start from pure noise)."""
 
     default_strength = INPAINT_STRENGTH
+    classic_pipeline = "StableDiffusionInpaintPipeline"
+    scheduler_fixes = INPAINT_SCHEDULER_FIXES
 
     inputs = with_strength_default(StableDiffusionImg2ImgSetTimestepsStep.inputs, INPAINT_STRENGTH)

@@ -11,6 +11,7 @@ import attrs
 import torch
 from diffusers import SchedulerMixin
 
+from blocks.common.guidance import guidance_scale_of
 from blocks.common.vae import processor_for_vae, sample_latents, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
@@ -21,6 +22,9 @@ __all__ = [
     "image_processor_for_vae",
     "default_size",
     "do_classifier_free_guidance",
+    "GUIDANCE_SCALE",
+    "guidance_scale",
+    "guidance_scale_input",
     "encode_vae_image",
     "extra_step_kwargs",
     "repeat_to_batch",
@@ -53,6 +57,27 @@ def default_size(components: Any, height: int | None, width: int | None) -> tupl
         return height, width
     pixels = components.unet.config.sample_size * vae_scale_factor(components)
     return height or pixels, width or pixels
+
+
+GUIDANCE_SCALE = 7.5  # the classic pipelines' default, and the default guider's
+
+
+def guidance_scale_input(default_guider_scale: float = GUIDANCE_SCALE) -> InputParam:
+    """``guidance_scale``, defaulting to the guider's own (``guidance_scale_of``): a guider swapped in with
+    ``update_components`` keeps its scale unless a call passes one."""
+    return InputParam.template(
+        "guidance_scale",
+        default=None,
+        description=(
+            "Classifier-free guidance scale; 1.0 or less turns guidance off. Default: the guider's own "
+            f"({default_guider_scale} for the default guider); a value given here holds for this call only."
+        ),
+    )
+
+
+def guidance_scale(components: Any, given: float | None) -> float:
+    """The call's guidance scale: `given`, else the guider's own (``guidance_scale_of``)."""
+    return guidance_scale_of(components, given, GUIDANCE_SCALE)
 
 
 def do_classifier_free_guidance(components: Any, guidance_scale: float) -> bool:

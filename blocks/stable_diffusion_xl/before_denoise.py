@@ -31,7 +31,7 @@ from blocks.stable_diffusion.utils import (
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .timesteps import DENOISING_START
-from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input
+from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale, guidance_scale_input
 
 __all__ = [
     "StableDiffusionXLPrepareLatentsStep",
@@ -156,7 +156,7 @@ class StableDiffusionXLInpaintPrepareLatentsStep(StableDiffusionInpaintPrepareLa
         bs.latents, bs.noise = self._initial(components, bs, total, strength)
 
         device, dtype = components._execution_device, bs.dtype
-        guided = do_classifier_free_guidance(components, bs.guidance_scale)
+        guided = do_classifier_free_guidance(components, guidance_scale(components, bs.guidance_scale))
         scale = vae_scale_factor(components)
         mask = torch.nn.functional.interpolate(
             bs.mask_condition, size=(bs.height // scale, bs.width // scale)
@@ -267,7 +267,7 @@ class StableDiffusionXLPrepareAdditionalConditioningStep(ModularPipelineBlocks):
             negative = _time_ids(components, negative_values, pooled, dtype, self)
         total = bs.batch_size * bs.num_images_per_prompt
         device = components._execution_device
-        if do_classifier_free_guidance(components, bs.guidance_scale):
+        if do_classifier_free_guidance(components, guidance_scale(components, bs.guidance_scale)):
             # The classic pipeline repeats the [negative, positive] pair per image, so the guidance batch
             # [uncond..., cond...] sees the rows n, p, n, p, ...; halves of that keep its result bit for bit
             # (they differ from n..., p... only when negative sizes are given).
@@ -342,7 +342,7 @@ class StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep(ModularPipelineB
         device = components._execution_device
         bs.add_time_ids = ids.repeat(total, 1).to(device)
         bs.negative_add_time_ids = None
-        if do_classifier_free_guidance(components, bs.guidance_scale):
+        if do_classifier_free_guidance(components, guidance_scale(components, bs.guidance_scale)):
             bs.negative_add_time_ids = negative.repeat(total, 1).to(device)
         self.set_block_state(state, bs)
         return components, state

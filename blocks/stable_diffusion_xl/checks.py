@@ -27,7 +27,7 @@ from .timesteps import (
     StableDiffusionXLInpaintSetTimestepsStep,
     is_fraction,
 )
-from .utils import MODEL_NAME, guidance_scale_input
+from .utils import MODEL_NAME, guidance_scale, guidance_scale_input
 
 __all__ = [
     "StableDiffusionXLCheckInputsStep",
@@ -39,6 +39,9 @@ __all__ = [
 class _SDXLRules:
     """SDXL's prompt inputs and rules, mixed into each of Stable Diffusion's check steps."""
 
+    # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
+    same_dtype_models: tuple[str, ...] = ("text_encoder", "text_encoder_2", "unet")
+
     def prompt_inputs(self) -> list[InputParam]:
         return [*PROMPT_INPUTS, guidance_scale_input()]
 
@@ -46,7 +49,7 @@ class _SDXLRules:
         """No empty prompt list; with guidance, each negative prompt a string or one entry per prompt."""
         check_prompt(problems, "prompt", bs.prompt)
         check_prompt(problems, "prompt_2", bs.prompt_2)
-        if bs.guidance_scale > 1 and bs.negative_prompt_embeds is None:
+        if guidance_scale(components, bs.guidance_scale) > 1 and bs.negative_prompt_embeds is None:
             for name in ("negative_prompt", "negative_prompt_2"):
                 check_one_per_prompt(problems, name, getattr(bs, name), bs.prompt, one_for_all=True)
 

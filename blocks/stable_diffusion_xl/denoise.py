@@ -19,7 +19,7 @@ from blocks.stable_diffusion.denoise import (
 from blocks.stable_diffusion.utils import do_classifier_free_guidance
 from modular import InputParam
 
-from .utils import MODEL_NAME, guidance_scale_input, with_sdxl_guidance
+from .utils import MODEL_NAME, guidance_scale, guidance_scale_input, with_sdxl_guidance
 
 # The classic SDXL pipelines' guidance: classifier-free, scale 5.0 (the call's guidance_scale sets it per call).
 SDXL_GUIDER_SPEC = guider_spec(guidance_scale=5.0)
@@ -81,7 +81,9 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
         """Per UNet input, its (conditional, unconditional) value on the execution device, made once per call."""
         if "condition_inputs" not in block_state:
             inputs = super().condition_inputs(components, block_state)
-            guided = do_classifier_free_guidance(components, block_state.guidance_scale)
+            guided = do_classifier_free_guidance(
+                components, guidance_scale(components, block_state.guidance_scale)
+            )
             device = components._execution_device
             pairs = {
                 "text_embeds": (block_state.pooled_prompt_embeds, block_state.negative_pooled_prompt_embeds),

@@ -7,6 +7,7 @@ import torch
 from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 from blocks.common.batch import check_generators, repeat_images
+from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
 from blocks.common.params import BATCH_INPUTS, DTYPE, tensor_input, tensor_output
 from blocks.common.prompts import as_list, check_prompt_or_embeds
 from blocks.stable_diffusion.encoders import (
@@ -16,7 +17,7 @@ from blocks.stable_diffusion.encoders import (
 from blocks.stable_diffusion.utils import default_size, image_processor_for_vae, with_strength_default
 from modular import ComponentSpec, ConfigSpec, InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale_input
+from .utils import INPAINT_STRENGTH, MODEL_NAME, encode_image_latents, guidance_scale, guidance_scale_input
 
 __all__ = [
     "PROMPT_2",
@@ -88,6 +89,8 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         tensor_input(_NEG_POOLED, "Precomputed pooled negative embeddings."),
         guidance_scale_input(),
         InputParam("clip_skip", type_hint=int, description="Number of final CLIP layers to skip."),
+        # Its "scale" is the LoRA scale, for the text encoders too (as in the classic pipeline).
+        InputParam.template("cross_attention_kwargs"),
     ]
 
     intermediate_outputs = [
@@ -144,6 +147,14 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
     def __call__(self, components, state):
         bs = self.get_block_state(state)
         self._check(bs)
+        scale = lora_scale_from(bs.cross_attention_kwargs, "cross_attention_kwargs", type(self).__name__)
+        encoders = [getattr(components, encoder, None) for _, encoder in self.encoder_names]
+        with lora_scaled_encoders(encoders, scale):
+            self._encode_prompts(components, bs)
+        self.set_block_state(state, bs)
+        return components, state
+
+    def _encode_prompts(self, components, bs) -> None:
         prompt = bs.prompt
         batch_size = len(as_list(prompt, 1)) if prompt is not None else bs.prompt_embeds.shape[0]
         prompt_embeds, pooled = bs.prompt_embeds, bs.pooled_prompt_embeds
@@ -159,7 +170,7 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
             pooled = encoded_pooled if pooled is None else pooled
 
         negative_embeds, negative_pooled = bs.negative_prompt_embeds, bs.negative_pooled_prompt_embeds
-        if bs.guidance_scale > 1 and negative_embeds is None:
+        if guidance_scale(components, bs.guidance_scale) > 1 and negative_embeds is None:
             if bs.negative_prompt is None and components.force_zeros_for_empty_prompt:
                 negative_embeds, negative_pooled = torch.zeros_like(prompt_embeds), torch.zeros_like(pooled)
             else:
@@ -173,11 +184,9 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
         device, dtype = components._execution_device, components.text_encoder_2.dtype
         bs.prompt_embeds = prompt_embeds.to(dtype=dtype, device=device)
         bs.pooled_prompt_embeds = pooled
-        if bs.guidance_scale > 1:
+        if guidance_scale(components, bs.guidance_scale) > 1:
             bs.negative_prompt_embeds = negative_embeds.to(dtype=dtype, device=device)
             bs.negative_pooled_prompt_embeds = negative_pooled
-        self.set_block_state(state, bs)
-        return components, state
 
 
 class StableDiffusionXLRefinerTextEncoderStep(StableDiffusionXLTextEncoderStep):

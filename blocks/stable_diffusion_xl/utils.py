@@ -8,13 +8,16 @@ from typing import Any
 
 import torch
 
+from blocks.common.guidance import guidance_scale_of
 from blocks.common.vae import sample_latents
+from blocks.stable_diffusion.utils import guidance_scale_input as sd_guidance_scale_input
 from modular import InputParam
 
 __all__ = [
     "MODEL_NAME",
     "IMG2IMG_STRENGTH",
     "INPAINT_STRENGTH",
+    "guidance_scale",
     "guidance_scale_input",
     "with_sdxl_guidance",
     "latents_stats",
@@ -30,9 +33,17 @@ IMG2IMG_STRENGTH = 0.3
 INPAINT_STRENGTH = 0.9999
 
 
+GUIDANCE_SCALE = 5.0  # the classic SDXL pipelines' default, and the default guider's
+
+
 def guidance_scale_input() -> InputParam:
-    """``guidance_scale`` with SDXL's default of 5.0 (both classic SDXL pipelines use it)."""
-    return InputParam.template("guidance_scale", default=5.0)
+    """``guidance_scale``, defaulting to the guider's own (5.0 for SDXL's default guider)."""
+    return sd_guidance_scale_input(GUIDANCE_SCALE)
+
+
+def guidance_scale(components: Any, given: float | None) -> float:
+    """The call's guidance scale: `given`, else the guider's own (``guidance_scale_of``)."""
+    return guidance_scale_of(components, given, GUIDANCE_SCALE)
 
 
 def with_sdxl_guidance(params: Iterable[InputParam]) -> list[InputParam]:

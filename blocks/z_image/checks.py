@@ -29,13 +29,16 @@ from modular import BlockState, InputParam
 
 from .encoders import PROMPT_INPUTS
 from .timesteps import SIGMAS, STRENGTH, STRENGTH_INPUT
-from .utils import DEFAULT_SIZE, MODEL_NAME, do_classifier_free_guidance
+from .utils import DEFAULT_SIZE, MODEL_NAME, do_classifier_free_guidance, guidance_scale
 
 __all__ = ["ZImageCheckInputsStep", "ZImageImg2ImgCheckInputsStep"]
 
 
 class ZImageCheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and output type before any model runs."""
+
+    # The text encoders' embeddings reach the denoiser in their own dtype, uncast: these must agree.
+    same_dtype_models: tuple[str, ...] = ("text_encoder", "transformer")
 
     model_name = MODEL_NAME
 
@@ -67,7 +70,10 @@ class ZImageCheckInputsStep(CheckInputsStep):
     def check(self, components: Any, block_state: BlockState, problems: InputProblems) -> None:
         bs = block_state
         check_prompt(problems, "prompt", bs.prompt)
-        if do_classifier_free_guidance(bs.guidance_scale) and bs.negative_prompt_embeds is None:
+        if (
+            do_classifier_free_guidance(guidance_scale(components, bs.guidance_scale))
+            and bs.negative_prompt_embeds is None
+        ):
             check_one_per_prompt(problems, "negative_prompt", bs.negative_prompt, bs.prompt)
         check_counts(problems, bs)
         multiple = vae_scale_factor(components) * 2

@@ -29,6 +29,7 @@ from .utils import (
     SCHEDULER,
     do_classifier_free_guidance,
     embeds_input,
+    guidance_scale,
     guidance_scale_input,
 )
 
@@ -75,7 +76,7 @@ class ZImageLoopBeforeDenoiser(ModularPipelineBlocks):
     def __call__(self, components, block_state, i, t):
         latents = block_state.latents
         timestep = (1000 - t.expand(latents.shape[0])) / 1000
-        scale = block_state.guidance_scale
+        scale = guidance_scale(components, block_state.guidance_scale)
         truncation = block_state.cfg_truncation
         if (
             do_classifier_free_guidance(scale)
@@ -139,11 +140,8 @@ class ZImageLoopDenoiser(ModularPipelineBlocks):
     def call_guider(self, components, block_state):
         """The call's copy of the guider (made at the first step and checked against the transformer)."""
         if "call_guider" not in block_state:
-            guider = call_guider(
-                components.guider,
-                block_state.guidance_scale,
-                guidance_on=do_classifier_free_guidance(block_state.guidance_scale),
-            )
+            scale = guidance_scale(components, block_state.guidance_scale)
+            guider = call_guider(components.guider, scale, guidance_on=do_classifier_free_guidance(scale))
             check_guider(guider, components.transformer, "transformer", type(self).__name__)
             block_state.call_guider = guider
         return block_state.call_guider
@@ -155,7 +153,7 @@ class ZImageLoopDenoiser(ModularPipelineBlocks):
         guider.guidance_scale = scale if do_classifier_free_guidance(scale) else neutral_scale(guider)
         guider.set_state(step=i, num_inference_steps=len(block_state.timesteps), timestep=t)
         # Without guidance the prompt stands in for the negative (PAG's perturbed pass reads that slot).
-        guided = do_classifier_free_guidance(block_state.guidance_scale)
+        guided = do_classifier_free_guidance(guidance_scale(components, block_state.guidance_scale))
         negative = block_state.negative_prompt_embeds if guided else block_state.prompt_embeds
         inputs = {"cap_feats": (block_state.prompt_embeds, negative)}
 

@@ -16,6 +16,7 @@ from .utils import (
     MODEL_NAME,
     do_classifier_free_guidance,
     embeds_input,
+    guidance_scale,
     guidance_scale_input,
     image_processor_for_vae,
     resolve_size,
@@ -112,7 +113,7 @@ class ZImageTextEncoderStep(ModularPipelineBlocks):
         block_state = self.get_block_state(state)
         prompt, prompt_embeds = block_state.prompt, block_state.prompt_embeds
         check_prompt_or_embeds(self, prompt, prompt_embeds)
-        guided = do_classifier_free_guidance(block_state.guidance_scale)
+        guided = do_classifier_free_guidance(guidance_scale(components, block_state.guidance_scale))
         negative_prompt_embeds = block_state.negative_prompt_embeds
         device = components._execution_device
         if prompt is None:

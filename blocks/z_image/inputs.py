@@ -7,7 +7,7 @@ import torch
 from blocks.common.params import BATCH_SIZE_OUTPUT, DTYPE_OUTPUT
 from modular import InputParam, ModularPipelineBlocks, OutputParam
 
-from .utils import MODEL_NAME, do_classifier_free_guidance, embeds_input, guidance_scale_input
+from .utils import MODEL_NAME, do_classifier_free_guidance, embeds_input, guidance_scale, guidance_scale_input
 
 __all__ = ["ZImageInputStep"]
 
@@ -47,7 +47,7 @@ class ZImageInputStep(ModularPipelineBlocks):
             msg = f"{type(self).__name__}: prompt_embeds is an empty list; pass one tensor per prompt"
             raise ValueError(msg)
         negative = block_state.negative_prompt_embeds
-        if do_classifier_free_guidance(block_state.guidance_scale):
+        if do_classifier_free_guidance(guidance_scale(components, block_state.guidance_scale)):
             if negative is None or len(negative) != len(prompt_embeds):
                 got = "none" if negative is None else len(negative)
                 msg = (

@@ -8,6 +8,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.image_processor import VaeImageProcessor
 
+from blocks.common.guidance import guidance_scale_of
 from blocks.common.vae import processor_for_vae, vae_scale_factor
 from modular import ComponentSpec, InputParam
 
@@ -21,6 +22,7 @@ __all__ = [
     "resolve_size",
     "default_sigmas",
     "do_classifier_free_guidance",
+    "guidance_scale",
     "guidance_scale_input",
     "embeds_input",
 ]
@@ -77,12 +79,21 @@ GUIDANCE_SCALE = 5.0  # the classic pipelines' default
 
 
 def guidance_scale_input() -> InputParam:
-    """``guidance_scale`` with Z-Image's default (5.0) and meaning (0 turns guidance off)."""
+    """``guidance_scale`` with Z-Image's meaning (0 turns guidance off), defaulting to the guider's own (5.0 for
+    the default guider; ``guidance_scale``)."""
     return InputParam.template(
         "guidance_scale",
-        default=GUIDANCE_SCALE,
-        description="Classifier-free guidance scale: pred = pos + scale * (pos - neg); 0 turns guidance off.",
+        default=None,
+        description=(
+            "Classifier-free guidance scale: pred = pos + scale * (pos - neg); 0 turns guidance off. Default: "
+            f"the guider's own ({GUIDANCE_SCALE} for the default guider); a value given here holds for this call only."
+        ),
     )
+
+
+def guidance_scale(components: Any, given: float | None) -> float:
+    """The call's guidance scale: `given`, else the guider's own (``guidance_scale_of``)."""
+    return guidance_scale_of(components, given, GUIDANCE_SCALE)
 
 
 def do_classifier_free_guidance(guidance_scale: float) -> bool:

@@ -184,3 +184,35 @@ def assert_case_matches_classic(harness, repo, loras, case, weights, components,
     baseline = run(ours, inputs)
     steps = lora_cases(*loras, weights, components)[case]
     assert_case_effects(case, baseline, assert_parity_through(ours, classic, steps, inputs))
+
+
+#: The LoRA scales a call gives (``cross_attention_kwargs={"scale": s}``): off, part, and past one.
+SCALES = [0.0, 0.5, 1.3]
+
+
+def lora_scalings(pipe) -> dict[str, list[dict]]:
+    """Every LoRA layer's per-adapter scale, per model of `pipe` (ours or a classic one)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    models = {
+        name: getattr(pipe, name, None) for name in ("unet", "transformer", "text_encoder", "text_encoder_2")
+    }
+    return {
+        name: [dict(layer.scaling) for layer in model.modules() if isinstance(layer, BaseTunerLayer)]
+        for name, model in models.items()
+        if isinstance(model, torch.nn.Module)
+    }
+
+
+def assert_scale_matches_classic(harness, repo, lora: Path, kwargs_name: str, scale: float, inputs) -> None:
+    """A call with ``{kwargs_name: {"scale": scale}}`` gives the classic pipeline's images (the LoRA scaled in the
+    text encoders as in the denoiser), the scale changes them, and every LoRA layer's scale is as before after."""
+    ours, classic = ours_and_classic(harness, repo)
+    for pipe in (ours, classic):
+        pipe.load_lora_weights(lora, adapter_name="a")
+    before = lora_scalings(ours)
+    scaled = {**inputs, kwargs_name: {"scale": scale}}
+    mine = run(ours, scaled)
+    assert_identical(mine, run(classic, scaled))
+    assert not same(mine, run(ours, inputs))
+    assert lora_scalings(ours) == before

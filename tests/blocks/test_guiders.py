@@ -144,6 +144,52 @@ def test_a_guider_with_another_scale_changes_nothing_when_the_call_gives_the_sca
     assert not torch.equal(run(sd, guidance_scale=2.0), expected)
 
 
+def test_a_swapped_in_guiders_own_scale_is_the_calls_default(sd):
+    """A call that passes no guidance_scale guides at the swapped-in guider's scale (3.0: what guidance_scale=3.0
+    gives with the default guider), not the default guider's 7.5."""
+    expected = run(sd, guidance_scale=3.0)
+    sd.update_components(guider=ClassifierFreeGuidance(guidance_scale=3.0))
+    assert torch.equal(run(sd), expected)
+
+
+@pytest.mark.parametrize("family", ["sd", "sdxl"])
+def test_a_given_guidance_scale_holds_for_that_call_only(request, family):
+    """With a guider of scale 3.0, a call giving guidance_scale=6.0 guides at 6.0, and the next call without one
+    at 3.0 again; the guider keeps 3.0 (SD and SDXL)."""
+    pipe = request.getfixturevalue(family)
+    at_six, at_three = run(pipe, guidance_scale=6.0), run(pipe, guidance_scale=3.0)
+    pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=3.0))
+    assert torch.equal(run(pipe, guidance_scale=6.0), at_six)
+    assert torch.equal(run(pipe), at_three)
+    assert pipe.guider.guidance_scale == 3.0
+
+
+def test_a_guiders_own_rescale_is_the_calls_default(sd):
+    """guidance_rescale defaults to the guider's own too: a guider with guidance_rescale=0.7 gives what the call's
+    guidance_rescale=0.7 gives, and a call's 0.0 turns it off for that call only."""
+    rescaled, plain = run(sd, guidance_rescale=0.7), run(sd)
+    sd.update_components(guider=ClassifierFreeGuidance(guidance_scale=7.5, guidance_rescale=0.7))
+    assert torch.equal(run(sd), rescaled)
+    assert torch.equal(run(sd, guidance_rescale=0.0), plain)
+    assert sd.guider.guidance_rescale == 0.7
+
+
+def test_a_pag_guiders_own_scale_is_the_calls_default(sd):
+    """A PAG guider's classifier-free scale (4.0) is the default of calls that pass none (SD's classic PAG
+    pipeline at guidance_scale=4.0)."""
+    classic = classic_pag(sd)
+    theirs = classic(
+        prompt="a cat",
+        num_inference_steps=STEPS,
+        output_type="latent",
+        generator=seeded(0),
+        guidance_scale=4.0,
+        pag_scale=3.0,
+    ).images
+    sd.update_components(guider=pag(guidance_scale=4.0))
+    assert torch.equal(run(sd), theirs)
+
+
 # ----- PAG against the classic PAG pipelines -----
 
 

@@ -235,3 +235,23 @@ def test_a_gguf_transformer_runs_in_the_pipeline_shown_and_offloaded(tmp_path):
     assert torch.equal(pipe(generator=torch.Generator().manual_seed(0), output="images", **inputs), ours)
     assert any(entry.evicted for entry in cm.offload_log)
     assert cm.offload_engine.nbytes(transformer_id) == module_nbytes(transformer)
+
+
+def test_a_torchao_model_in_bfloat16_among_float32_ones_is_refused_before_any_model_runs(repo):
+    """torchao loads the UNet in bfloat16 when no torch_dtype is given, the text encoder loads in float32: the
+    call is refused before the text encoder runs, naming both models, their dtypes and the fix."""
+    pipe = ModularPipeline.from_pretrained(repo, components_manager=ComponentsManager())
+    pipe.load_components(quantization_config={"unet": diffusers.TorchAoConfig(Int8WeightOnlyConfig())})
+    pipe.set_progress_bar_config(disable=True)
+    assert (pipe.unet.dtype, pipe.text_encoder.dtype) == (torch.bfloat16, torch.float32)
+    encoded = []
+    pipe.text_encoder.register_forward_hook(lambda *args: encoded.append(True))
+    with pytest.raises(ValueError) as info:
+        run(pipe)
+    assert str(info.value).startswith(
+        "StableDiffusionCheckInputsStep: the models text_encoder (torch.float32), unet (torch.bfloat16) are loaded "
+        "in different dtypes, and each runs on the others' outputs; load them in one: "
+        "pipe.load_components(torch_dtype=...) with one of ['torch.bfloat16', 'torch.float32'] for all of them "
+        "(a torchao-quantized model loaded without torch_dtype is torch.bfloat16)"
+    )
+    assert encoded == []

@@ -9,7 +9,9 @@ from ..lora_helpers import (
     CASES,
     CLIP_TARGETS,
     DENOISER_TARGETS,
+    SCALES,
     assert_case_matches_classic,
+    assert_scale_matches_classic,
     loras_fixture,
     text2image_inputs,
 )
@@ -42,3 +44,9 @@ def test_fuse_lora_fuses_every_model_holding_a_lora(flux_repo, loras):
         True,
         True,
     ]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_lora_scale_scales_the_text_encoder_as_the_classic_pipeline(flux_repo, loras, scale):
+    """joint_attention_kwargs={"scale": s} scales the LoRA in the CLIP text encoder too: the classic images."""
+    assert_scale_matches_classic(FLUX, flux_repo, loras[0], "joint_attention_kwargs", scale, INPUTS)

@@ -56,7 +56,7 @@ def test_doc_lists_components_inputs_and_workflows():
     helpers.assert_doc_names(
         StableDiffusionAutoBlocks().doc,
         (*SD.components, "image_processor", "mask_processor"),
-        "guidance_scale (float, default: 7.5)",
+        "guidance_scale (float): Classifier-free guidance scale; 1.0 or less turns guidance off. Default: the guider's own (7.5 for the default guider)",
         "inpainting: mask_image, image, prompt",
     )
 

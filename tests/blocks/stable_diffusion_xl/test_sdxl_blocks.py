@@ -67,7 +67,7 @@ def test_doc_lists_components_inputs_and_workflows():
     helpers.assert_doc_names(
         StableDiffusionXLAutoBlocks().doc,
         ("unet", "vae", "text_encoder", "text_encoder_2", "tokenizer_2", "scheduler"),
-        "guidance_scale (float, default: 5.0)",
+        "guidance_scale (float): Classifier-free guidance scale; 1.0 or less turns guidance off. Default: the guider's own (5.0 for the default guider)",
         "aesthetic_score (float, default: 6.0)",
         "image2image: image, prompt",
         "inpainting: mask_image, image, prompt",

@@ -7,7 +7,9 @@ from ..lora_helpers import (
     CASES,
     CLIP_TARGETS,
     DENOISER_TARGETS,
+    SCALES,
     assert_case_matches_classic,
+    assert_scale_matches_classic,
     loras_fixture,
     text2image_inputs,
 )
@@ -37,3 +39,9 @@ def test_one_file_goes_into_the_unet_and_both_text_encoders(sdxl_repo, loras):
     pipe = SDXL.load_pipeline(sdxl_repo)
     pipe.load_lora_weights(loras[0], adapter_name="style")
     assert pipe.get_list_adapters() == dict.fromkeys(MODELS, ["style"])
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_lora_scale_scales_both_text_encoders_as_the_classic_pipeline(sdxl_repo, loras, scale):
+    """cross_attention_kwargs={"scale": s} scales the LoRA in both text encoders too: the classic images."""
+    assert_scale_matches_classic(SDXL, sdxl_repo, loras[0], "cross_attention_kwargs", scale, INPUTS)

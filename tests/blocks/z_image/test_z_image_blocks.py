@@ -57,7 +57,7 @@ def test_doc_lists_components_inputs_and_workflows():
     helpers.assert_doc_names(
         ZImageAutoBlocks().doc,
         (*COMPONENTS, "image_processor"),
-        "guidance_scale (float, default: 5.0)",
+        "Default: the guider's own (5.0 for the default guider)",
         "strength (float, default: 0.6)",
         "image2image: image, prompt",
     )

@@ -75,6 +75,22 @@ def test_the_calls_guidance_scale_sets_the_guiders_scale(pipe):
     assert (guider.guidance_scale, guider.get_state()) == (2.0, state)
 
 
+def test_a_swapped_in_guiders_own_scale_is_the_calls_default(pipe):
+    """A call without guidance_scale guides at the swapped-in guider's scale (2.0), cfg_truncation included; a
+    call's guidance_scale holds for that call only."""
+    expected, truncated, at_four = (
+        run(pipe, guidance_scale=2.0),
+        run(pipe, guidance_scale=2.0, cfg_truncation=0.1),
+        run(pipe, guidance_scale=4.0),
+    )
+    pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=2.0, use_original_formulation=True))
+    assert torch.equal(run(pipe), expected)
+    assert torch.equal(run(pipe, cfg_truncation=0.1), truncated)
+    assert torch.equal(run(pipe, guidance_scale=4.0), at_four)
+    assert torch.equal(run(pipe), expected)
+    assert pipe.guider.guidance_scale == 2.0
+
+
 def _pag():
     return PerturbedAttentionGuidance(
         guidance_scale=4.0,
