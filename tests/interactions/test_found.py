@@ -1,0 +1,105 @@
+"""What the interaction machine found, each as the shortest sequence that shows it (issue 20).
+
+Each test is a strict xfail while its bug is open: once the fix merges it passes, the xfail turns into a
+failure, and the marker comes off (with the machine's ``OPEN_BUGS`` entry that steps around it).
+"""
+
+import math
+
+import pytest
+import torch
+
+from components import ComponentsManager
+from offload import SimulatedDevice, module_nbytes
+
+from .checks import assert_claims_true, assert_weights_readable, plain_tensors
+from .world import Side, generate, load_pipeline
+
+
+def host_budget_side(files, tmp_path) -> Side:
+    """The three pipelines under auto offload on a device and a host budget that each hold the largest model
+    alone, after one call of each: models off the device drop their host copies (their weights on disk)."""
+    side = Side(files)
+    largest = max(module_nbytes(model) for model in side.models().values())
+    side.cm.enable_auto_cpu_offload(
+        device=SimulatedDevice(largest),
+        memory_reserve_margin=0,
+        host_budget=largest,
+        spill_folder=tmp_path / "spill",
+    )
+    side.outputs()
+    on_disk = [cid for cid in side.models() if side.cm.get_model_info(cid, "device")["device"] == "disk"]
+    assert on_disk  # the setting the bug needs
+    return side
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: state_dict() of a model on disk returns its NaN placeholders")
+def test_state_dict_under_a_host_budget_reads_real_weights(files, tmp_path):
+    """Under a host budget, every registered model's state_dict() holds its real (finite) weights."""
+    side = host_budget_side(files, tmp_path)
+    try:
+        assert_weights_readable(side)
+    finally:
+        side.close()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: save_pretrained under host_budget writes NaN placeholders")
+def test_save_under_a_host_budget_loads_back_to_the_same_output(files, tmp_path):
+    """A pipeline saved under a host budget loads back, on a fresh manager, to the output it gives."""
+    side = host_budget_side(files, tmp_path)
+    try:
+        pipe = side.pipes["sd_a"]
+        expected = generate(pipe, "sd")
+        pipe.save_pretrained(tmp_path / "saved")
+        assert torch.equal(generate(load_pipeline(tmp_path / "saved", ComponentsManager()), "sd"), expected)
+    finally:
+        side.close()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: after fuse_lora then unload_lora_weights the model is still "
+                   "said to hold the repo's weights, and is reused as them")
+def test_a_fused_then_unloaded_model_is_not_said_to_hold_its_source(files):
+    """After fuse_lora() then unload_lora_weights(), a model whose weights differ from its repo's is not
+    presented as the repo's weights (model info, reuse by load ID)."""
+    side = Side(files)
+    pipe = side.pipes["sd_a"]
+    pipe.load_lora_weights(files.loras["sd"]["a"], adapter_name="a")
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    assert_claims_true(side)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 20: save_pretrained with a LoRA loaded or fused fails inside transformers ('The version of PEFT "
+    "you are using is not compatible'), naming neither the LoRA nor a fix",
+)
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_pipeline_saved_with_a_lora_loads_back_or_is_refused_clearly(files, tmp_path, fused):
+    """save_pretrained with a LoRA loaded either writes a folder that loads back to the base weights' output
+    (fused: the fused weights', the output now), or refuses with an error that names the LoRA, writing
+    nothing."""
+    side = Side(files)
+    pipe = side.pipes["sd_a"]
+    pipe.load_lora_weights(files.loras["sd"]["a"], adapter_name="a")
+    if fused:
+        pipe.fuse_lora()
+        expected = generate(pipe, "sd")
+    else:
+        pipe.disable_lora()
+        expected = generate(pipe, "sd")
+        pipe.enable_lora()
+    try:
+        pipe.save_pretrained(tmp_path / "saved")
+    except (ValueError, TypeError, RuntimeError) as error:
+        assert "lora" in str(error).lower(), error
+        assert not (tmp_path / "saved").exists()
+        return
+    reloaded = generate(load_pipeline(tmp_path / "saved", ComponentsManager()), "sd")
+    assert torch.equal(reloaded, expected)
+
+
+def test_plain_tensors_finds_a_nan_placeholder():
+    """The readable-weights check sees a NaN placeholder as the host tier makes it (a broadcast NaN)."""
+    placeholder = torch.full((), math.nan).expand(3, 4)
+    assert not all(torch.isfinite(t).all() for t in plain_tensors(placeholder))
