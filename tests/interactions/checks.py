@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-import os
 import functools
+import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -136,7 +136,9 @@ def assert_sides_agree(main: Side, shadow: Side) -> None:
             if not isinstance(obj, torch.nn.Module):
                 continue
             main_id, shadow_id = main.cm.get_id(obj), shadow.cm.get_id(other.components[name])
-            assert (main_id is None) == (shadow_id is None), f"{pipe_name}.{name}: registered on one side only"
+            assert (main_id is None) == (shadow_id is None), (
+                f"{pipe_name}.{name}: registered on one side only"
+            )
             if main_id is None or shadow_id is None:
                 continue
             mine, theirs = told(main, main_id), told(shadow, shadow_id)

@@ -58,6 +58,10 @@ from .world import (
 OPEN_BUGS: dict[str, str] = {
     # Item 1: state_dict(), save_pretrained ... of a model whose host copy is dropped read its NaN placeholders.
     "placeholder_reads": "test_found.py::test_state_dict_under_a_host_budget_reads_real_weights",
+    # Item 2: fuse_lora / unfuse_lora on a model whose host copy is on disk crash inside torch.
+    "fuse_on_disk": "test_found.py::test_fuse_lora_on_a_model_on_disk_fuses_as_without_offload",
+    # Several devices: cm.offload_log raises RuntimeError instead of giving one log for the manager.
+    "log_with_devices": "test_found.py::test_the_offload_log_reads_with_several_devices",
     # Item 3: a model fused then unloaded is still said to hold its repo's weights (and reused as them).
     "fused_marks": "test_found.py::test_a_fused_then_unloaded_model_is_not_said_to_hold_its_source",
     # Item 4: save_pretrained with a LoRA loaded or fused fails inside transformers with a PEFT-version error.
@@ -68,6 +72,7 @@ OPEN_BUGS: dict[str, str] = {
 def open_bug(name: str) -> bool:
     """Whether the bug ``name`` of ``OPEN_BUGS`` is still open (the machine then steps around it)."""
     return name in OPEN_BUGS
+
 
 FRACTIONS = st.sampled_from([0.3, 0.6, 0.9, 1.5, 4.0])  # of the largest model: < 1 streams it
 
@@ -167,6 +172,8 @@ class InteractionMachine(RuleBasedStateMachine):
     @rule(data=st.data(), scale=st.sampled_from([0.5, 1.0]))
     def fuse_lora(self, data, scale):
         name = data.draw(st.sampled_from(self.with_lora(fused=False)), label="pipeline")
+        if open_bug("fuse_on_disk"):
+            self.read_back(name)
         self.both(f"{name}.fuse_lora({scale})", lambda side: side.pipes[name].fuse_lora(lora_scale=scale))
         pipe, cm = self.main.pipes[name], self.main.cm
         self.fused |= {cm.get_id(pipe.components[key]) for key in LORA_TARGETS[self.family(name)]} - {None}
@@ -175,6 +182,8 @@ class InteractionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def unfuse_lora(self, data):
         name = data.draw(st.sampled_from(self.with_lora(fused=True)), label="pipeline")
+        if open_bug("fuse_on_disk"):
+            self.read_back(name)
         self.both(f"{name}.unfuse_lora()", lambda side: side.pipes[name].unfuse_lora())
 
     @precondition(lambda self: self.with_lora())
@@ -187,7 +196,9 @@ class InteractionMachine(RuleBasedStateMachine):
     @rule(data=st.data(), adapter=st.sampled_from(LORA_NAMES))
     def delete_adapter(self, data, adapter):
         name = data.draw(st.sampled_from(self.with_lora()), label="pipeline")
-        self.both(f"{name}.delete_adapters({adapter!r})", lambda side: side.pipes[name].delete_adapters(adapter))
+        self.both(
+            f"{name}.delete_adapters({adapter!r})", lambda side: side.pipes[name].delete_adapters(adapter)
+        )
 
     # ----- IP-Adapter -----
     @precondition(lambda self: self.with_ip_adapter(False))
@@ -195,13 +206,17 @@ class InteractionMachine(RuleBasedStateMachine):
     def load_ip_adapter(self, data):
         name = data.draw(st.sampled_from(self.with_ip_adapter(False)), label="pipeline")
         repo = self.files.ip_adapters[self.family(name)]
-        self.both(f"{name}.load_ip_adapter()", lambda side: side.pipes[name].load_ip_adapter(repo, **IP_WEIGHTS))
+        self.both(
+            f"{name}.load_ip_adapter()", lambda side: side.pipes[name].load_ip_adapter(repo, **IP_WEIGHTS)
+        )
 
     @precondition(lambda self: self.with_ip_adapter(True))
     @rule(data=st.data(), scale=st.sampled_from([0.0, 0.6]))
     def set_ip_adapter_scale(self, data, scale):
         name = data.draw(st.sampled_from(self.with_ip_adapter(True)), label="pipeline")
-        self.both(f"{name}.set_ip_adapter_scale({scale})", lambda side: side.pipes[name].set_ip_adapter_scale(scale))
+        self.both(
+            f"{name}.set_ip_adapter_scale({scale})", lambda side: side.pipes[name].set_ip_adapter_scale(scale)
+        )
 
     @precondition(lambda self: self.with_ip_adapter(True))
     @rule(data=st.data())
@@ -210,7 +225,9 @@ class InteractionMachine(RuleBasedStateMachine):
         self.both(f"{name}.unload_ip_adapter()", lambda side: side.pipes[name].unload_ip_adapter())
 
     # ----- loading, sharing, lifetime -----
-    @precondition(lambda self: torchao_config() is not None and any(PIPELINES[n] == "sd" for n in self.live()))
+    @precondition(
+        lambda self: torchao_config() is not None and any(PIPELINES[n] == "sd" for n in self.live())
+    )
     @rule(data=st.data())
     def load_quantized_unet(self, data):
         name = data.draw(st.sampled_from([n for n in self.live() if PIPELINES[n] == "sd"]), label="pipeline")
@@ -295,7 +312,9 @@ class InteractionMachine(RuleBasedStateMachine):
             shadow_pipe.enable_lora()
         if open_bug("placeholder_reads"):
             self.read_back(name)
-        saved = self.on_main(f"{name}.save_pretrained({folder.name})", lambda side: side.pipes[name].save_pretrained(folder))
+        saved = self.on_main(
+            f"{name}.save_pretrained({folder.name})", lambda side: side.pipes[name].save_pretrained(folder)
+        )
         if saved.error is not None:  # a refusal is allowed with a LoRA (naming it), and writes nothing
             assert issubclass(saved.error, (ValueError, TypeError, RuntimeError)), saved
             assert name in self.with_lora(), f"{name}.save_pretrained refused without a LoRA: {saved}"
@@ -357,7 +376,9 @@ class InteractionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fuse_without_lora(self, data):
         name = data.draw(st.sampled_from(sorted(set(self.live()) - set(self.with_lora()))), label="pipeline")
-        self.refused(f"{name}.fuse_lora() without LoRA", ValueError, lambda side: side.pipes[name].fuse_lora())
+        self.refused(
+            f"{name}.fuse_lora() without LoRA", ValueError, lambda side: side.pipes[name].fuse_lora()
+        )
 
     @precondition(lambda self: self.with_lora())
     @rule(data=st.data())
@@ -404,6 +425,10 @@ class InteractionMachine(RuleBasedStateMachine):
         assert not differ, f"after {self.trace}: outputs differ from the shadow's: {differ}"
         assert_claims_true(self.main, skip=on_disk | (self.fused if open_bug("fused_marks") else set()))
         assert_sides_agree(self.main, self.shadow)
+        cm = self.main.cm
+        if cm.auto_offload_enabled and not (open_bug("log_with_devices") and len(cm.offload_engines) > 1):
+            assert cm.offload_log is not None
+            str(cm.offload_log)
 
     def on_disk(self) -> set[str]:
         """Ids of the models whose host copy is dropped under the host budget now (their slots hold
@@ -413,7 +438,7 @@ class InteractionMachine(RuleBasedStateMachine):
 
     def read_back(self, name: str) -> None:
         """Read the models of pipeline ``name`` back from disk, as docs/offload.md tells a user to before
-        reading their weights (needed only while ``placeholder_reads`` is open)."""
+        reading or changing their weights (needed only while ``placeholder_reads`` or ``fuse_on_disk`` is open)."""
         cm, pipe = self.main.cm, self.main.pipes[name]
         ids = {cm.get_id(obj) for obj in pipe.components.values() if isinstance(obj, torch.nn.Module)}
         for engine in cm.offload_engines:

@@ -36,7 +36,10 @@ transformers.utils.logging.disable_progress_bar()
 PIPELINES = {"sd_a": "sd", "sd_b": "sd", "flux": "flux"}
 DENOISER = {"sd": "unet", "flux": "transformer"}
 #: The models a family's LoRA files cover.
-LORA_TARGETS = {"sd": {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS}, "flux": {"transformer": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS}}
+LORA_TARGETS = {
+    "sd": {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
+    "flux": {"transformer": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
+}
 LORA_WRITER = {"sd": StableDiffusionPipeline, "flux": FluxPipeline}
 LORA_NAMES = ("a", "b")
 IP_WEIGHTS = {"subfolder": "models", "weight_name": "ip-adapter.safetensors"}
