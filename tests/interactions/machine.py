@@ -131,10 +131,12 @@ class InteractionMachine(RuleBasedStateMachine):
         return sorted(self.shadow.live())
 
     def with_lora(self, fused: bool | None = None) -> list[str]:
-        """Live pipelines whose shadow holds LoRA adapters (``fused``: only those with, or without, a fused one)."""
+        """Live pipelines whose shadow models hold LoRA adapters (``fused``: only those with, or without, a
+        fused one)."""
         names = []
         for name, pipe in self.shadow.live().items():
-            adapters = lora_info(pipe.components[DENOISER[self.family(name)]]) or []
+            models = [pipe.components.get(key) for key in LORA_TARGETS[self.family(name)]]
+            adapters = [a for model in models if model is not None for a in lora_info(model) or []]
             if adapters and (fused is None or any(a["fused"] for a in adapters) == fused):
                 names.append(name)
         return names
@@ -330,11 +332,12 @@ class InteractionMachine(RuleBasedStateMachine):
 
     # ----- offload settings (the side under test only) -----
     def model_sizes(self) -> dict[str, int]:
-        return {cid: module_nbytes(model) for cid, model in self.main.models().items()}
+        """The registered models' sizes, read from the shadow's (whose weights are never on disk)."""
+        return {cid: module_nbytes(model) for cid, model in self.shadow.models().items()}
 
     def smallest_room(self) -> int:
         """The least device room every registered model can run in (its base and two streamed groups)."""
-        return max(smallest_layout(split_groups(m), 2).footprint for m in self.main.models().values())
+        return max(smallest_layout(split_groups(m), 2).footprint for m in self.shadow.models().values())
 
     @rule(
         devices=st.integers(1, 2),
