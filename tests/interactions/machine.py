@@ -64,8 +64,10 @@ OPEN_BUGS: dict[str, str] = {
     "log_with_devices": "test_found.py::test_the_offload_log_reads_with_several_devices",
     # Item 3: a model fused then unloaded is still said to hold its repo's weights (and reused as them).
     "fused_marks": "test_found.py::test_a_fused_then_unloaded_model_is_not_said_to_hold_its_source",
-    # Item 4: save_pretrained with a LoRA loaded or fused fails inside transformers with a PEFT-version error.
-    "lora_save": "test_found.py::test_a_pipeline_saved_with_a_lora_loads_back_or_is_refused_clearly",
+    # Item 4: save_pretrained with a LoRA loaded or fused fails inside transformers with a PEFT-version error
+    # (a LoRA'd text encoder), or writes a folder that does not load ("Tensor on device meta": a LoRA'd UNet).
+    "lora_save": "test_found.py::test_a_pipeline_saved_with_a_lora_loads_back_or_is_refused_clearly, "
+    "test_found.py::test_a_pipeline_saved_with_a_unet_lora_loads_back",
 }
 
 
@@ -305,6 +307,8 @@ class InteractionMachine(RuleBasedStateMachine):
     def save_and_reload(self, data):
         name = data.draw(st.sampled_from(self.with_ip_adapter(False)), label="pipeline")
         folder = self.folder(f"saved-{name}")
+        if open_bug("lora_save") and name in self.with_lora():
+            return
         shadow_pipe = self.shadow.pipes[name]
         unfused = name in self.with_lora(fused=False)
         if unfused:  # saved as plain base weights: the output without the LoRA layers
