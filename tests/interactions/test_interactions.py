@@ -18,7 +18,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .machine import InteractionMachine
 
-EXAMPLES = int(os.environ.get("INTERACTIONS_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("INTERACTIONS_EXAMPLES", "10"))
 STEPS = int(os.environ.get("INTERACTIONS_STEPS", "8"))
 SEED = os.environ.get("INTERACTIONS_SEED")
 
