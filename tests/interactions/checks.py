@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -24,7 +25,8 @@ from components.load_id import get_load_id
 from .world import Side
 
 #: The model-info fields whose values must not depend on offload; compared between the two sides.
-TOLD_FIELDS = ("class_name", "dtype", "load_id", "adapters", "lora", "ip_adapter", "quantization")
+TOLD_FIELDS = ("class_name", "dtype", "load_id", "adapters", "lora", "ip_adapter", "quantization", "modified")
+_OBJECT_ADDRESS = re.compile(r"@0x[0-9a-f]+")
 
 
 def plain_tensors(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -61,10 +63,10 @@ def source_folder(load_id: str | None) -> str | None:
 
 
 def claims_source_weights(info: dict[str, Any]) -> bool:
-    """Whether the model info says the model holds its source's weights as loaded: no fused LoRA adapter
-    and no quantization. (A fix that adds a mark for changed weights extends this.)"""
+    """Whether the model info says the model holds its source's weights as loaded: not marked modified (a
+    fused LoRA, even once unloaded; an edit told to the manager), no fused LoRA adapter and no quantization."""
     fused = any(adapter["fused"] for adapter in info["lora"] or [])
-    return not fused and info["quantization"] is None
+    return not info["modified"] and not fused and info["quantization"] is None
 
 
 def base_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -92,7 +94,7 @@ def assert_claims_true(side: Side, skip: Collection[str] = ()) -> None:
     for component_id, model in side.models().items():
         if component_id in skip:
             continue
-        info = side.cm.get_model_info(component_id, ["lora", "quantization", "load_id"])
+        info = side.cm.get_model_info(component_id, ["lora", "quantization", "load_id", "modified"])
         folder = source_folder(info["load_id"])
         if folder is None or not claims_source_weights(info):
             continue
@@ -112,7 +114,11 @@ def told(side: Side, component_id: str) -> dict[str, Any]:
     if info["lora"]:
         info["lora"] = [{k: v for k, v in adapter.items() if k != "loaded_by"} for adapter in info["lora"]]
     if info["ip_adapter"]:
-        info["ip_adapter"] = {k: v for k, v in info["ip_adapter"].items() if k != "image_encoder"}
+        info["ip_adapter"] = {
+            k: v for k, v in info["ip_adapter"].items() if k not in ("image_encoder", "loaded_by")
+        }
+    if info["modified"]:  # its reasons name the pipeline that changed it, by its object's address
+        info["modified"] = [_OBJECT_ADDRESS.sub("", reason) for reason in info["modified"]]
     return info
 
 

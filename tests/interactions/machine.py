@@ -55,27 +55,6 @@ from .world import (
 
 #: Combinations the machine does not draw while the bug they hit is open (issue 20), each with the strict-xfail
 #: test that shows it (tests/interactions/test_found.py). Remove an entry once its fix is merged.
-OPEN_BUGS: dict[str, str] = {
-    # Item 1: state_dict(), save_pretrained ... of a model whose host copy is dropped read its NaN placeholders.
-    "placeholder_reads": "test_found.py::test_state_dict_under_a_host_budget_reads_real_weights",
-    # Item 2: fuse_lora / unfuse_lora on a model whose host copy is on disk crash inside torch.
-    "fuse_on_disk": "test_found.py::test_fuse_lora_on_a_model_on_disk_fuses_as_without_offload",
-    # Several devices: cm.offload_log raises RuntimeError instead of giving one log for the manager.
-    "log_with_devices": "test_found.py::test_the_offload_log_reads_with_several_devices",
-    # Item 3: a model fused then unloaded is still said to hold its repo's weights (and reused as them).
-    "fused_marks": "test_found.py::test_a_fused_then_unloaded_model_is_not_said_to_hold_its_source",
-    # Item 4: save_pretrained with a LoRA loaded or fused fails inside transformers with a PEFT-version error
-    # (a LoRA'd text encoder), or writes a folder that does not load ("Tensor on device meta": a LoRA'd UNet).
-    "lora_save": "test_found.py::test_a_pipeline_saved_with_a_lora_loads_back_or_is_refused_clearly, "
-    "test_found.py::test_a_pipeline_saved_with_a_unet_lora_loads_back",
-}
-
-
-def open_bug(name: str) -> bool:
-    """Whether the bug ``name`` of ``OPEN_BUGS`` is still open (the machine then steps around it)."""
-    return name in OPEN_BUGS
-
-
 FRACTIONS = st.sampled_from([0.3, 0.6, 0.9, 1.5, 4.0])  # of the largest model: < 1 streams it
 
 
@@ -104,7 +83,6 @@ class InteractionMachine(RuleBasedStateMachine):
         self.scratch = Path(tempfile.mkdtemp(prefix="interactions-"))
         self.counter = itertools.count()
         self.trace = []
-        self.fused: set[str] = set()  # ids (side under test) of models a LoRA was ever fused into
 
     # ----- how rules run -----
     def both(self, label: str, operation: Callable[[Side], Any]) -> Outcome:
@@ -176,18 +154,12 @@ class InteractionMachine(RuleBasedStateMachine):
     @rule(data=st.data(), scale=st.sampled_from([0.5, 1.0]))
     def fuse_lora(self, data, scale):
         name = data.draw(st.sampled_from(self.with_lora(fused=False)), label="pipeline")
-        if open_bug("fuse_on_disk"):
-            self.read_back(name)
         self.both(f"{name}.fuse_lora({scale})", lambda side: side.pipes[name].fuse_lora(lora_scale=scale))
-        pipe, cm = self.main.pipes[name], self.main.cm
-        self.fused |= {cm.get_id(pipe.components[key]) for key in LORA_TARGETS[self.family(name)]} - {None}
 
     @precondition(lambda self: self.with_lora(fused=True))
     @rule(data=st.data())
     def unfuse_lora(self, data):
         name = data.draw(st.sampled_from(self.with_lora(fused=True)), label="pipeline")
-        if open_bug("fuse_on_disk"):
-            self.read_back(name)
         self.both(f"{name}.unfuse_lora()", lambda side: side.pipes[name].unfuse_lora())
 
     @precondition(lambda self: self.with_lora())
@@ -307,8 +279,6 @@ class InteractionMachine(RuleBasedStateMachine):
     def save_and_reload(self, data):
         name = data.draw(st.sampled_from(self.with_ip_adapter(False)), label="pipeline")
         folder = self.folder(f"saved-{name}")
-        if open_bug("lora_save") and name in self.with_lora():
-            return
         shadow_pipe = self.shadow.pipes[name]
         unfused = name in self.with_lora(fused=False)
         if unfused:  # saved as plain base weights: the output without the LoRA layers
@@ -316,15 +286,13 @@ class InteractionMachine(RuleBasedStateMachine):
         expected = outcome(lambda: generate(shadow_pipe, self.family(name)))
         if unfused:
             shadow_pipe.enable_lora()
-        if open_bug("placeholder_reads"):
-            self.read_back(name)
         saved = self.on_main(
             f"{name}.save_pretrained({folder.name})", lambda side: side.pipes[name].save_pretrained(folder)
         )
         if saved.error is not None:  # a refusal is allowed with a LoRA (naming it), and writes nothing
             assert issubclass(saved.error, (ValueError, TypeError, RuntimeError)), saved
             assert name in self.with_lora(), f"{name}.save_pretrained refused without a LoRA: {saved}"
-            assert open_bug("lora_save") or "lora" in saved.message.lower(), f"unclear refusal: {saved}"
+            assert "lora" in saved.message.lower(), f"unclear refusal: {saved}"
             assert not folder.exists(), f"save_pretrained raised {saved} but left {folder}"
             return
         self.saved.append((name, folder, expected))
@@ -424,33 +392,17 @@ class InteractionMachine(RuleBasedStateMachine):
     @invariant()
     def holds(self):
         """The invariants, in this order: a placeholder read is reported as itself, not as a wrong claim."""
-        on_disk = self.on_disk() if open_bug("placeholder_reads") else set()
-        assert_weights_readable(self.main, skip=on_disk)
+        assert_weights_readable(self.main)
         expected, got = self.expected_outputs(), self.main.outputs()
         assert set(got) == set(expected)
         differ = {name: (got[name], expected[name]) for name in got if not got[name].same_as(expected[name])}
         assert not differ, f"after {self.trace}: outputs differ from the shadow's: {differ}"
-        assert_claims_true(self.main, skip=on_disk | (self.fused if open_bug("fused_marks") else set()))
+        assert_claims_true(self.main)
         assert_sides_agree(self.main, self.shadow)
         cm = self.main.cm
-        if cm.auto_offload_enabled and not (open_bug("log_with_devices") and len(cm.offload_engines) > 1):
+        if cm.auto_offload_enabled:
             assert cm.offload_log is not None
             str(cm.offload_log)
-
-    def on_disk(self) -> set[str]:
-        """Ids of the models whose host copy is dropped under the host budget now (their slots hold
-        placeholders)."""
-        cm = self.main.cm
-        return {cid for cid in self.main.models() if cm.get_model_info(cid, "device")["device"] == "disk"}
-
-    def read_back(self, name: str) -> None:
-        """Read the models of pipeline ``name`` back from disk, as docs/offload.md tells a user to before
-        reading or changing their weights (needed only while ``placeholder_reads`` or ``fuse_on_disk`` is open)."""
-        cm, pipe = self.main.cm, self.main.pipes[name]
-        ids = {cm.get_id(obj) for obj in pipe.components.values() if isinstance(obj, torch.nn.Module)}
-        for engine in cm.offload_engines:
-            for component_id in ids & set(engine.attached_ids()):
-                engine.load_host_copy(component_id)
 
     def teardown(self):
         try:

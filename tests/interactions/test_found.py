@@ -1,7 +1,7 @@
 """What the interaction machine found, each as the shortest sequence that shows it (issue 20).
 
-Each test is a strict xfail while its bug is open: once the fix merges it passes, the xfail turns into a
-failure, and the marker comes off (with the machine's ``OPEN_BUGS`` entry that steps around it).
+Each failed before its fix (they ran as strict xfails until then); now they keep it fixed, and the machine
+draws the same operations without stepping around them.
 """
 
 import math
@@ -39,9 +39,6 @@ def host_budget_on(side: Side, tmp_path) -> Side:
     return side
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 20: state_dict() of a model on disk returns its NaN placeholders"
-)
 def test_state_dict_under_a_host_budget_reads_real_weights(files, tmp_path):
     """Under a host budget, every registered model's state_dict() holds its real (finite) weights."""
     side = host_budget_side(files, tmp_path)
@@ -51,7 +48,6 @@ def test_state_dict_under_a_host_budget_reads_real_weights(files, tmp_path):
         side.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: save_pretrained under host_budget writes NaN placeholders")
 def test_save_under_a_host_budget_loads_back_to_the_same_output(files, tmp_path):
     """A pipeline saved under a host budget loads back, on a fresh manager, to the output it gives."""
     side = host_budget_side(files, tmp_path)
@@ -64,11 +60,6 @@ def test_save_under_a_host_budget_loads_back_to_the_same_output(files, tmp_path)
         side.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 20: fuse_lora on a model whose host copy is on disk crashes inside torch ('more than one "
-    "element of the written-to tensor refers to a single memory location')",
-)
 def test_fuse_lora_on_a_model_on_disk_fuses_as_without_offload(files, tmp_path):
     """A LoRA loaded, then the host budget drops the text encoder's host copy: fuse_lora works and the outputs
     equal those of the same operations without offload."""
@@ -84,11 +75,6 @@ def test_fuse_lora_on_a_model_on_disk_fuses_as_without_offload(files, tmp_path):
         main.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 20: after fuse_lora then unload_lora_weights the model is still "
-    "said to hold the repo's weights, and is reused as them",
-)
 def test_a_fused_then_unloaded_model_is_not_said_to_hold_its_source(files):
     """After fuse_lora() then unload_lora_weights(), a model whose weights differ from its repo's is not
     presented as the repo's weights (model info, reuse by load ID)."""
@@ -100,11 +86,6 @@ def test_a_fused_then_unloaded_model_is_not_said_to_hold_its_source(files):
     assert_claims_true(side)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 20: save_pretrained with a LoRA loaded or fused fails inside transformers ('The version of PEFT "
-    "you are using is not compatible'), naming neither the LoRA nor a fix",
-)
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_pipeline_saved_with_a_lora_loads_back_or_is_refused_clearly(files, tmp_path, fused):
     """save_pretrained with a LoRA loaded either writes a folder that loads back to the base weights' output
@@ -130,11 +111,6 @@ def test_a_pipeline_saved_with_a_lora_loads_back_or_is_refused_clearly(files, tm
     assert torch.equal(reloaded, expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 20: save_pretrained with a LoRA in the UNet writes peft key names; the folder loads to "
-    "'Tensor on device meta is not on the expected device cpu'",
-)
 def test_a_pipeline_saved_with_a_unet_lora_loads_back(files, tmp_path):
     """A LoRA over the UNet alone, loaded, then save_pretrained: the folder loads back on a fresh manager to
     the base weights' output (found by the machine: a LoRA loaded through another pipeline sharing the UNet)."""
@@ -154,7 +130,6 @@ def test_a_pipeline_saved_with_a_unet_lora_loads_back(files, tmp_path):
     assert torch.equal(generate(load_pipeline(tmp_path / "saved", ComponentsManager()), "sd"), expected)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: with several devices cm.offload_log raises RuntimeError")
 def test_the_offload_log_reads_with_several_devices(files):
     """With two simulated devices, after a call, cm.offload_log is one log that prints."""
     side = Side(files)
