@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import os
+import weakref
 from typing import Any
 
 import attrs
@@ -12,6 +14,7 @@ import torch
 from components import ComponentsManager, ComponentSpec
 from components.load_id import LOAD_ID_FIELDS
 from components.remote_code import RemoteCodeConsent
+from offload import DiskCopyError
 
 from .block import ModularPipelineBlocks
 from .call_components import CallComponents, fresh_state
@@ -28,6 +31,11 @@ from .replacement import check_replacements
 from .state import PipelineState
 
 __all__ = ["ModularPipeline"]
+
+logger = logging.getLogger(__name__)
+
+# Every live pipeline: unload_components asks whether another one still runs a model it drops.
+_LIVE_PIPELINES: weakref.WeakSet[ModularPipeline] = weakref.WeakSet()
 
 
 class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
@@ -64,6 +72,7 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         self._specs: dict[str, ComponentSpec] = {spec.name: spec for spec in blocks.expected_components}
         self._config: dict[str, Any] = {spec.name: spec.default for spec in blocks.expected_configs}
         self._components: dict[str, Any] = dict.fromkeys(self._specs)
+        _LIVE_PIPELINES.add(self)
         self._blocks_class_name = type(blocks).__name__
         self._workflow: str | None = None
         self.pretrained_model_name_or_path = None
@@ -268,7 +277,11 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         self._plans.forget()
 
     def unload_components(self, names: list[str] | str) -> None:
-        """Drop components from the pipeline and from the manager, so their memory can be freed."""
+        """Drop components from the pipeline and from the manager, so their memory can be freed.
+
+        A model another pipeline still runs (the manager shares it) leaves with its weights: one whose host
+        copy is on disk under ``host_budget`` is read back first, so that pipeline's calls go on as before.
+        """
         names = [names] if isinstance(names, str) else list(names)
         for name in names:
             if name not in self._specs:
@@ -281,7 +294,7 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
             if cm is not None and obj is not None:
                 component_id = cm.get_id(obj)
                 if component_id is not None:
-                    cm.remove(component_id)
+                    _remove(cm, component_id, shared=_run_elsewhere(obj, self))
         self._plans.forget()
 
     @property
@@ -377,3 +390,25 @@ def _spec_for(declared: ComponentSpec, obj: Any) -> ComponentSpec:
         changes.update(dict.fromkeys(LOAD_ID_FIELDS))
         changes["subfolder"] = ""
     return attrs.evolve(declared, **changes)
+
+
+def _run_elsewhere(obj: Any, pipe: ModularPipeline) -> bool:
+    """Whether a live pipeline other than ``pipe`` holds ``obj`` as one of its components."""
+    return any(
+        other is not pipe and any(component is obj for component in other._components.values())
+        for other in list(_LIVE_PIPELINES)
+    )
+
+
+def _remove(cm: ComponentsManager, component_id: str, shared: bool) -> None:
+    """Unregister a component a pipeline drops. Removal reads nothing back (a model whose host copy is on disk
+    leaves as meta tensors), right for a model nobody runs any more; a ``shared`` one, which another pipeline
+    still runs, leaves with its weights read back, so that pipeline goes on as before."""
+    if shared:
+        try:
+            with cm.host_weights(component_id):
+                cm.remove(component_id)
+            return
+        except DiskCopyError as error:  # its file is gone: nothing to read back, so it leaves without
+            logger.warning("%s leaves without its weights on disk (%s)", component_id, error)
+    cm.remove(component_id)

@@ -151,3 +151,17 @@ def test_unload_components_of_a_model_on_disk_reads_nothing(repo, tmp_path):
     assert all(param.device.type == "meta" for param in text_encoder.parameters())
     pipe.load_components("text_encoder", torch_dtype=torch.float32)
     assert torch.equal(tiny_sd_images(pipe), tiny_sd_images(tiny_sd_pipeline(repo, ComponentsManager())))
+
+
+def test_unloading_a_model_another_pipeline_runs_leaves_it_running(repo, tmp_path):
+    """B.unload_components of a UNet that A shares, while its host copy is on disk, reads it back for A: A's
+    next call gives the images it gave before (removal reads nothing back only for a model nobody runs)."""
+    cm = ComponentsManager()
+    first, second = tiny_sd_pipeline(repo, cm), tiny_sd_pipeline(repo, cm)
+    assert first.unet is second.unet
+    before = under_a_host_budget(first, cm, tmp_path)
+    unet = first.unet
+    second.unload_components("unet")
+    assert cm.get_id(unet) is None and second.unet is None
+    assert all(param.device.type == "cpu" for param in unet.parameters()) and finite(unet)
+    assert torch.equal(tiny_sd_images(first), before)
