@@ -6,7 +6,6 @@ import torch
 from diffusers import StableDiffusionPipeline
 from safetensors.torch import load_file
 
-from blocks.stable_diffusion import make_tiny_repo
 from components.peer_pipelines import PlannedPeerPipeline
 from modular import ComponentsManager
 from offload import SimulatedDevice, module_nbytes
@@ -15,11 +14,6 @@ from tests.blocks.lora_helpers import CLIP_TARGETS, DENOISER_TARGETS, make_lora
 from .tiny_sd import tiny_sd_images, tiny_sd_pipeline
 
 MODELS = ("unet", "vae", "text_encoder")
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
 
 
 @pytest.fixture(scope="module")

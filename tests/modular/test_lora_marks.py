@@ -4,23 +4,11 @@ as the source's weights."""
 import pytest
 import torch
 
-from blocks.stable_diffusion import make_tiny_repo
 from components.model_info import lora_layers
 from components.weight_marks import FUSED_LORA, MODIFIED
 from modular import ComponentsManager
 
-from .tiny_lora import tiny_sd_lora
 from .tiny_sd import tiny_sd_images, tiny_sd_pipeline
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
-
-
-@pytest.fixture(scope="module")
-def lora(repo, tmp_path_factory):
-    return tiny_sd_lora(repo, tmp_path_factory.mktemp("lora") / "style")
 
 
 @pytest.fixture(scope="module")

@@ -1,26 +1,13 @@
 """save_pretrained of a pipeline holding a LoRA writes plain weights that load back: the base weights when the
 LoRA is only loaded, the fused ones when it is fused."""
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
-from blocks.stable_diffusion import make_tiny_repo
 from components.model_info import lora_layers
 from modular import ComponentsManager
 
-from .tiny_lora import tiny_sd_lora
 from .tiny_sd import tiny_sd_images, tiny_sd_pipeline
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
-
-
-@pytest.fixture(scope="module")
-def lora(repo, tmp_path_factory):
-    return tiny_sd_lora(repo, tmp_path_factory.mktemp("lora") / "style")
 
 
 def _saved_keys(folder):

@@ -10,26 +10,14 @@ import torch
 from diffusers.loaders import StableDiffusionLoraLoaderMixin
 
 import blocks.stable_diffusion.tiny as sd_tiny
-from blocks.stable_diffusion import make_tiny_repo
 from modular import ComponentsManager
 from offload import OffloadTimeoutError
 
-from .tiny_lora import tiny_sd_lora
 from .tiny_sd import tiny_sd_pipeline
 
 IP = {"subfolder": "models", "weight_name": "ip-adapter.safetensors"}
 #: How long the running call pauses in its first UNet forward, for a change that does not wait to get in.
 PAUSE = 0.5
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
-
-
-@pytest.fixture(scope="module")
-def lora(repo, tmp_path_factory):
-    return tiny_sd_lora(repo, tmp_path_factory.mktemp("lora") / "style")
 
 
 @pytest.fixture(scope="module")
