@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from .load_id import canonical_repo
+
 __all__ = ["RemoteCodeConsent", "check_consent", "consent_covers", "consent_for_pipeline", "refusal_hint"]
 
 #: What ``trust_remote_code=`` accepts.
@@ -19,9 +21,7 @@ RemoteCodeConsent = bool | str | os.PathLike | Sequence[str | os.PathLike]
 
 def _norm(repo: str | os.PathLike) -> str:
     """A repo as consent compares it: a hub id as written, a local folder by its resolved path."""
-    text = os.fspath(repo)
-    expanded = os.path.expanduser(text)
-    return os.path.realpath(expanded) if os.path.isdir(expanded) else text
+    return canonical_repo(os.fspath(repo))  # as load IDs name it: one folder however spelled
 
 
 def check_consent(consent: object, caller: str) -> None:
