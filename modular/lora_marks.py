@@ -33,7 +33,8 @@ def mark_unfused(models: Iterable[torch.nn.Module | None]) -> None:
     for model in models:
         if model is None or any(layer.merged_adapters for layer in lora_layers(model)):
             continue  # still fused (or never was): the mark stays as it is
-        wrapped = {name for name, module in model.named_modules() if module in set(lora_layers(model))}
+        layers = {id(layer) for layer in lora_layers(model)}  # once: the walk is over every module
+        wrapped = {name for name, module in model.named_modules() if id(module) in layers}
         touched = {
             key: tensor
             for key, tensor in plain_state_dict(model).items()
