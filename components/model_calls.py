@@ -16,12 +16,12 @@ manager's ``wait_timeout``), then ``offload.OffloadTimeoutError``, as ``cm.remov
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from offload.calls import wait_while_busy
 from offload.errors import OffloadTimeoutError
 
 __all__ = ["DEFAULT_WAIT_TIMEOUT", "MODEL_CALLS", "ModelCalls"]
@@ -57,17 +57,15 @@ class ModelCalls:
         keys = _keys(models)
         me = threading.get_ident()
         with self._changed:
-            deadline = time.monotonic() + timeout
-            while busy := [k for k in keys if self._blocks_call(k, me)]:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    msg = (
-                        f"{what} waited {timeout:g} s for a change of {len(busy)} of its models (LoRA, "
-                        "IP-Adapter, removal) in another thread to end, and did not start. Let the change "
-                        "finish first, or raise wait_timeout (components_manager.wait_timeout = ...)."
-                    )
-                    raise OffloadTimeoutError(msg)
-                self._changed.wait(remaining)
+            if busy := wait_while_busy(
+                self._changed, lambda: [k for k in keys if self._blocks_call(k, me)], timeout
+            ):
+                msg = (
+                    f"{what} waited {timeout:g} s for a change of {len(busy)} of its models (LoRA, "
+                    "IP-Adapter, removal) in another thread to end, and did not start. Let the change "
+                    "finish first, or raise wait_timeout (components_manager.wait_timeout = ...)."
+                )
+                raise OffloadTimeoutError(msg)
             self._running.update(keys)
             self._by_thread.setdefault(me, Counter()).update(keys)
         try:
@@ -109,17 +107,17 @@ class ModelCalls:
                 raise RuntimeError(msg)
             self._pending.update(keys)
             try:
-                deadline = time.monotonic() + timeout
-                while busy := [k for k in keys if self._running[k] or self._changer.get(k, (me, 0))[0] != me]:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        msg = (
-                            f"{what} waited {timeout:g} s for the running calls of {len(busy)} of its models in "
-                            "other threads to finish; nothing was changed. Let those calls finish first, or "
-                            "raise wait_timeout (components_manager.wait_timeout = ...)."
-                        )
-                        raise OffloadTimeoutError(msg)
-                    self._changed.wait(remaining)
+
+                def held() -> list[int]:
+                    return [k for k in keys if self._running[k] or self._changer.get(k, (me, 0))[0] != me]
+
+                if busy := wait_while_busy(self._changed, held, timeout):
+                    msg = (
+                        f"{what} waited {timeout:g} s for the running calls of {len(busy)} of its models in "
+                        "other threads to finish; nothing was changed. Let those calls finish first, or "
+                        "raise wait_timeout (components_manager.wait_timeout = ...)."
+                    )
+                    raise OffloadTimeoutError(msg)
             except BaseException:
                 self._pending.subtract(keys)
                 self._pending = +self._pending

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 
@@ -20,7 +19,14 @@ import attrs
 from offload import messages
 from offload.errors import OffloadTimeoutError
 
-__all__ = ["CallTracker", "Waiter", "check_wait_timeout"]
+__all__ = ["CallTracker", "Waiter", "check_wait_timeout", "wait_while_busy"]
+
+
+def wait_while_busy(condition: threading.Condition, busy: Callable[[], list], timeout: float) -> list:
+    """Wait on ``condition`` (held by the caller) until ``busy()`` is empty, at most ``timeout`` seconds; return
+    what is still busy then (empty: free). ``threading.Condition.wait_for`` does the waiting."""
+    condition.wait_for(lambda: not busy(), timeout)
+    return busy()
 
 
 def check_wait_timeout(value: object) -> float:
@@ -111,12 +117,10 @@ class CallTracker:
             raise RuntimeError(msg)
         self._closing.update(model_ids)
         try:
-            deadline = time.monotonic() + timeout
-            while busy := [m for m in model_ids if self.running[m]]:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise OffloadTimeoutError(messages.busy_timeout(what, timeout, busy))
-                self._changed.wait(remaining)
+            if busy := wait_while_busy(
+                self._changed, lambda: [m for m in model_ids if self.running[m]], timeout
+            ):
+                raise OffloadTimeoutError(messages.busy_timeout(what, timeout, busy))
         finally:
             self._closing.subtract(model_ids)
             self._closing = +self._closing  # drop the zeros
