@@ -149,12 +149,10 @@ def test_a_change_from_another_pipeline_waits_for_the_running_call(repo, lora, i
     assert done["a"] < done["b"]  # A's last UNet step ran before B's change returned
 
 
-def test_a_call_started_during_a_change_waits_for_all_of_it(repo, lora, monkeypatch):
-    """A call that starts while B's fuse_lora has fused the UNet but not yet the text encoder runs once both are
-    fused: its output equals a call after the change, never the half-fused mix."""
-    cm = ComponentsManager()
-    a, b = tiny_sd_pipeline(repo, cm), tiny_sd_pipeline(repo, cm)
-    b.load_lora_weights(lora, adapter_name="x")
+def fuse_halfway_in_a_thread(pipe, lora, monkeypatch) -> threading.Thread:
+    """Start ``pipe.fuse_lora`` in a thread that fuses the UNet, pauses, then fuses the text encoder; return once
+    the UNet is fused (the thread, to join, still has the text encoder to do)."""
+    pipe.load_lora_weights(lora, adapter_name="x")
     fuse, halfway = StableDiffusionLoraLoaderMixin.fuse_lora, threading.Event()
 
     def fuse_in_two_halves(self, components, **options):
@@ -164,9 +162,18 @@ def test_a_call_started_during_a_change_waits_for_all_of_it(repo, lora, monkeypa
         fuse(self, components=["text_encoder"], **options)
 
     monkeypatch.setattr(StableDiffusionLoraLoaderMixin, "fuse_lora", fuse_in_two_halves)
-    changer = threading.Thread(target=b.fuse_lora, kwargs={"lora_scale": 0.5})
+    changer = threading.Thread(target=pipe.fuse_lora, kwargs={"lora_scale": 0.5})
     changer.start()
     assert halfway.wait(10)
+    return changer
+
+
+def test_a_call_started_during_a_change_waits_for_all_of_it(repo, lora, monkeypatch):
+    """A call that starts while B's fuse_lora has fused the UNet but not yet the text encoder runs once both are
+    fused: its output equals a call after the change, never the half-fused mix."""
+    cm = ComponentsManager()
+    a, b = tiny_sd_pipeline(repo, cm), tiny_sd_pipeline(repo, cm)
+    changer = fuse_halfway_in_a_thread(b, lora, monkeypatch)
     during = run(a)
     changer.join()
     after = run(a)
@@ -224,19 +231,7 @@ def test_a_save_started_during_a_change_writes_all_of_it(repo, lora, monkeypatch
     saved folder loads back to the fully fused outputs."""
     cm = ComponentsManager()
     a, b = tiny_sd_pipeline(repo, cm), tiny_sd_pipeline(repo, cm)
-    b.load_lora_weights(lora, adapter_name="x")
-    fuse, halfway = StableDiffusionLoraLoaderMixin.fuse_lora, threading.Event()
-
-    def fuse_in_two_halves(self, components, **options):
-        fuse(self, components=["unet"], **options)
-        halfway.set()
-        time.sleep(PAUSE)
-        fuse(self, components=["text_encoder"], **options)
-
-    monkeypatch.setattr(StableDiffusionLoraLoaderMixin, "fuse_lora", fuse_in_two_halves)
-    changer = threading.Thread(target=b.fuse_lora, kwargs={"lora_scale": 0.5})
-    changer.start()
-    assert halfway.wait(10)
+    changer = fuse_halfway_in_a_thread(b, lora, monkeypatch)
     a.save_pretrained(tmp_path / "saved")
     changer.join()
     assert torch.equal(run(tiny_sd_pipeline(tmp_path / "saved", ComponentsManager())), run(a))
