@@ -3,10 +3,12 @@
 import json
 import sys
 import textwrap
+import threading
 
 import pytest
 from huggingface_hub import constants
 
+from modular import ModularPipelineBlocks
 from tests.components.hub_cache import add_to_hub_cache
 
 # A block as a user of the peer (diffusers' Modular Diffusers) publishes it: it imports the peer's names.
@@ -120,3 +122,23 @@ def hub(hub_commits, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return commits
+
+
+def load_within(seconds, folder, **kwargs):
+    """``ModularPipelineBlocks.from_pretrained(folder, **kwargs)``'s block or error; a load still running after
+    ``seconds`` fails the test (a hang) instead of hanging it."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = ModularPipelineBlocks.from_pretrained(folder, **kwargs)
+        except BaseException as error:  # handed to the test thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds}s: the load hangs"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -7,7 +7,7 @@ import pytest
 from modular import ModularPipelineBlocks
 from modular.remote.nesting import BlockRepoCycleError
 
-from .block_repos import DESCRIPTION, write_repo
+from .block_repos import DESCRIPTION, load_within, write_repo
 
 # Reached by the repos' code through sys.modules: both threads' repo code meet here while they run.
 BARRIER = threading.Barrier(2, timeout=20)
@@ -28,31 +28,12 @@ def _outer_code(inner_folder, where):
     )
 
 
-def _within(seconds, call):
-    """`call()`'s result or error, failing the test if it has not returned within `seconds` (a hang)."""
-    outcome = {}
-
-    def target():
-        try:
-            outcome["value"] = call()
-        except BaseException as error:  # handed to the test thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds}s: the load hangs"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
 @pytest.mark.parametrize("where", ["module", "init"])
 def test_a_block_repo_whose_code_loads_another_loads_both(tmp_path, where):
     """A repo loading another in its module or its block's __init__ returns both blocks instead of hanging."""
     inner = write_repo(tmp_path / "inner")
     outer = write_repo(tmp_path / "outer", _outer_code(inner, where), _config("Outer"))
-    block = _within(30, lambda: ModularPipelineBlocks.from_pretrained(outer, trust_remote_code=True))
+    block = load_within(30, outer, trust_remote_code=True)
     assert type(block).__name__ == "Outer"
     assert block.inner.description == DESCRIPTION
     assert block.inner.source.repo == str(inner)
@@ -63,7 +44,7 @@ def test_a_block_repo_that_loads_itself_is_a_clear_error(tmp_path):
     folder = tmp_path / "selfish"
     write_repo(folder, _outer_code(folder, "module"), _config("Outer"))
     with pytest.raises(BlockRepoCycleError) as info:
-        _within(30, lambda: ModularPipelineBlocks.from_pretrained(folder, trust_remote_code=True))
+        load_within(30, folder, trust_remote_code=True)
     where = f"Block folder '{folder}'"
     assert str(info.value) == (
         f"{where} is loaded again while its own code is loading it: {where} -> {where}. A block repo's code must "
@@ -79,7 +60,7 @@ def test_two_repos_loading_each_other_is_a_clear_error(tmp_path):
     write_repo(first, _outer_code(second, "module"), _config("Outer"))
     write_repo(second, _outer_code(first, "init"), _config("Outer"))
     with pytest.raises(BlockRepoCycleError, match="while its own code is loading it") as info:
-        _within(30, lambda: ModularPipelineBlocks.from_pretrained(first, trust_remote_code=True))
+        load_within(30, first, trust_remote_code=True)
     a, b = f"Block folder '{first}'", f"Block folder '{second}'"
     assert f": {a} -> {b} -> {a}." in str(info.value)
 

@@ -1,35 +1,15 @@
 """What a block repo load reads: consent first, then only the named module and its relative imports, safely."""
 
 import os
-import threading
 
 import pytest
 
 from modular import BlockRepoError, ModularPipelineBlocks
 from modular.remote import code_files
 
-from .block_repos import DESCRIPTION, write_repo
+from .block_repos import DESCRIPTION, load_within, write_repo
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and symlinks (POSIX)")
-
-
-def _load_within(seconds, folder, **kwargs):
-    """The block loaded from `folder`, or its error; a load still running after `seconds` fails the test."""
-    outcome = {}
-
-    def target():
-        try:
-            outcome["value"] = ModularPipelineBlocks.from_pretrained(folder, **kwargs)
-        except BaseException as error:  # handed to the test thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds}s: the load hangs"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def _with_stray(folder, kind):
@@ -50,7 +30,7 @@ def _with_stray(folder, kind):
 def test_a_stray_python_name_the_code_does_not_import_is_never_read(tmp_path, kind):
     """A FIFO, a /dev/zero link, a directory or a dangling link named notes.py beside the block is not touched."""
     folder = _with_stray(write_repo(tmp_path / "repo"), kind)
-    block = _load_within(30, folder, trust_remote_code=True)
+    block = load_within(30, folder, trust_remote_code=True)
     assert block.description == DESCRIPTION
 
 
@@ -60,7 +40,7 @@ def test_consent_is_checked_before_any_code_file_is_read(tmp_path):
     (folder / "block.py").unlink()
     os.mkfifo(folder / "block.py")
     with pytest.raises(BlockRepoError, match=r"holds custom code: loading it runs .*block.py"):
-        _load_within(30, folder)
+        load_within(30, folder)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +59,7 @@ def test_an_imported_file_that_is_not_a_regular_file_is_a_clear_error(tmp_path, 
         write_repo(tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Noted"}}), kind
     )
     with pytest.raises(BlockRepoError) as info:
-        _load_within(30, folder, trust_remote_code=True)
+        load_within(30, folder, trust_remote_code=True)
     assert str(info.value).startswith(f"Block folder '{folder}': {folder / 'notes.py'} {message}")
 
 
@@ -89,7 +69,7 @@ def test_a_named_module_linked_to_dev_zero_is_refused_without_reading(tmp_path):
     (folder / "block.py").unlink()
     (folder / "block.py").symlink_to("/dev/zero")
     with pytest.raises(BlockRepoError, match=r"block.py is a character device, not a regular file"):
-        _load_within(30, folder, trust_remote_code=True)
+        load_within(30, folder, trust_remote_code=True)
 
 
 def test_a_code_file_over_the_size_limit_is_refused_naming_file_and_limit(tmp_path, monkeypatch):
