@@ -19,7 +19,7 @@ from components.model_calls import DEFAULT_WAIT_TIMEOUT, MODEL_CALLS
 if TYPE_CHECKING:
     from .pipeline import ModularPipeline
 
-__all__ = ["changes_models", "changing", "running"]
+__all__ = ["changes_models", "running"]
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 
@@ -41,12 +41,6 @@ def running(pipe: ModularPipeline) -> AbstractContextManager[None]:
     return MODEL_CALLS.running(_models(pipe), f"{type(pipe).__name__} call", _timeout(pipe))
 
 
-def changing(pipe: ModularPipeline, models: Iterable[Any], what: str) -> AbstractContextManager[None]:
-    """The context in which ``what`` changes ``models``: no call of them runs in another thread meanwhile."""
-    modules = [model for model in models if isinstance(model, torch.nn.Module)]
-    return MODEL_CALLS.changing(modules, what, _timeout(pipe))
-
-
 def changes_models(names: Callable[[ModularPipeline], Iterable[str] | None]) -> Callable[[Method], Method]:
     """Runs a pipeline method as a change of the models ``names(pipe)`` names (``None``: all of them).
 
@@ -57,7 +51,7 @@ def changes_models(names: Callable[[ModularPipeline], Iterable[str] | None]) -> 
     def decorate(method: Method) -> Method:
         @functools.wraps(method)
         def changed(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with changing(self, _models(self, names(self)), f"{method.__name__}()"):
+            with MODEL_CALLS.changing(_models(self, names(self)), f"{method.__name__}()", _timeout(self)):
                 return method(self, *args, **kwargs)
 
         return changed  # type: ignore[return-value]
