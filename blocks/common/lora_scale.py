@@ -77,6 +77,19 @@ def _lora_layers(model: torch.nn.Module) -> list[BaseTunerLayer]:
 
 
 @contextlib.contextmanager
+def _scalings_kept(layers: Iterable[BaseTunerLayer]) -> Iterator[None]:
+    """On leaving, even by an error, each layer's ``scaling`` is exactly as it was on entering (put back, not
+    divided back)."""
+    saved = [(layer, dict(layer.scaling)) for layer in layers if hasattr(layer, "scaling")]
+    try:
+        yield
+    finally:
+        for layer, scaling in saved:
+            layer.scaling.clear()
+            layer.scaling.update(scaling)
+
+
+@contextlib.contextmanager
 def lora_scaled_encoders(encoders: Iterable[torch.nn.Module | None], scale: float | None) -> Iterator[None]:
     """Inside, the LoRA layers of `encoders` are scaled by `scale` (none: as they are), each encoder with LoRA
     layers held under its lock; on leaving, even by an error, every layer's scale is exactly as before."""
@@ -91,20 +104,10 @@ def lora_scaled_encoders(encoders: Iterable[torch.nn.Module | None], scale: floa
         if scale is None or scale == 1.0:
             yield
             return
-        saved = [
-            (layer, dict(layer.scaling))
-            for _, layers in held
-            for layer in layers
-            if hasattr(layer, "scaling")
-        ]
-        try:
+        with _scalings_kept(layer for _, layers in held for layer in layers):
             for encoder, _ in held:
                 scale_lora_layers(encoder, scale)  # the classic pipelines' own arithmetic: bit for bit
             yield
-        finally:
-            for layer, scaling in saved:
-                layer.scaling.clear()
-                layer.scaling.update(scaling)
 
 
 @contextlib.contextmanager
@@ -117,16 +120,7 @@ def denoiser_weights_kept_at_scale_zero(
     if scale is None or isinstance(scale, bool) or scale != 0:
         yield
         return
-    saved = [
-        (layer, dict(layer.scaling))
-        for model in denoisers
-        if isinstance(model, torch.nn.Module)
-        for layer in _lora_layers(model)
-        if hasattr(layer, "scaling")
-    ]
-    try:
+    with _scalings_kept(
+        layer for model in denoisers if isinstance(model, torch.nn.Module) for layer in _lora_layers(model)
+    ):
         yield
-    finally:
-        for layer, scaling in saved:
-            layer.scaling.clear()
-            layer.scaling.update(scaling)
