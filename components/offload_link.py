@@ -11,10 +11,16 @@ import torch
 
 import offload
 from offload import MergedOffloadLog, OffloadEngine, OffloadLog, Residency, parse_bytes
-from offload.device_choice import DenoiserFirst, DeviceChoice, DeviceRoom, check_choice, device_choice_of
-from offload.device_list import is_device_list, resolve_devices
-from offload.host_budget import SharedHostBudget, default_host_budget, spill_subfolders
-from offload.storage import module_nbytes
+from offload.devices.device_choice import (
+    DenoiserFirst,
+    DeviceChoice,
+    DeviceRoom,
+    check_choice,
+    device_choice_of,
+)
+from offload.devices.device_list import is_device_list, resolve_devices
+from offload.devices.storage import module_nbytes
+from offload.host.host_budget import SharedHostBudget, default_host_budget, spill_subfolders
 
 from .model_info import is_bitsandbytes
 from .weight_sources import weight_files
@@ -33,8 +39,8 @@ class OffloadLink:
     """Holds the engine that places a manager's models while auto offload is on, and ``None`` while it is off.
 
     Given several devices, it holds one engine per device and each model is placed by one of them, chosen
-    when it is attached (``offload.device_choice``); plans go to each engine restricted to its models. The
-    host budget is one budget split between the engines (``offload.host_budget``), shares recomputed as
+    when it is attached (``offload.devices.device_choice``); plans go to each engine restricted to its models. The
+    host budget is one budget split between the engines (``offload.host.host_budget``), shares recomputed as
     models are attached and detached; the spill folder holds one subfolder per device.
 
     The manager owns one link and tells it what happens to its registry: models are attached as they are
@@ -123,9 +129,9 @@ class OffloadLink:
         Each model's source files (``weight_files``) go with it, so that under a host budget the engine reads
         its unchanged weights back from them. Models that cannot move (``cannot_move``) are attached pinned.
 
-        ``device`` may be a list of devices (``offload.device_list``): one engine each, every model attached
-        to the one the device-choice rule picks (``offload.device_choice``), ``host_budget`` split between
-        them (``offload.host_budget``; a model is then checked against its device's share), and one
+        ``device`` may be a list of devices (``offload.devices.device_list``): one engine each, every model attached
+        to the one the device-choice rule picks (``offload.devices.device_choice``), ``host_budget`` split between
+        them (``offload.host.host_budget``; a model is then checked against its device's share), and one
         subfolder of ``spill_folder`` per device.
 
         Raises:

@@ -4,10 +4,7 @@ The public names of the project live here; each also lives in the package that o
 """
 
 from components import ComponentsManager, ComponentSpec, ConfigSpec
-
-from .block import ModularPipelineBlocks
-from .conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
-from .errors import (
+from modular.errors import (
     BlockCodeError,
     BlockCompositionError,
     BlockRepoError,
@@ -19,13 +16,15 @@ from .errors import (
     UnknownInputError,
     UnknownOutputError,
 )
-from .families import BlockFamily, available_families, register_family
-from .loop import LoopSequentialPipelineBlocks
-from .params import InputParam, OutputParam
-from .pipeline import ModularPipeline
-from .remote import BlockSource
-from .sequential import SequentialPipelineBlocks
-from .state import BlockState, PipelineState
+from modular.families import BlockFamily, available_families, register_family
+from modular.framework.block import ModularPipelineBlocks
+from modular.framework.conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
+from modular.framework.loop import LoopSequentialPipelineBlocks
+from modular.framework.params import InputParam, OutputParam
+from modular.framework.sequential import SequentialPipelineBlocks
+from modular.framework.state import BlockState, PipelineState
+from modular.pipeline.pipeline import ModularPipeline
+from modular.remote import BlockSource
 
 __all__ = [
     "AutoPipelineBlocks",

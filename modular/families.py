@@ -48,16 +48,16 @@ class BlockFamily:
         peer_pipeline_class: The pipeline class diffusers' modular system builds for this family
             (``"FluxModularPipeline"``). Saved indexes name it as ``_class_name``, so the peer builds
             the class that carries what its own blocks need and can run what we save.
-        demo: ``demo(folder) -> modular.jobs.Demo``: the family's built-in scenario, its repos written
+        demo: ``demo(folder) -> modular.batch.jobs.Demo``: the family's built-in scenario, its repos written
             under ``folder``; ``modular run`` without a repo runs the first family's that has one.
         lora_loader: The diffusers ``*LoraLoaderMixin`` that reads this family's LoRA files and loads them
             into its models (``StableDiffusionLoraLoaderMixin``); ``None``: the family takes no LoRA.
-            ``ModularPipeline.load_lora_weights`` drives it (``modular/lora.py``). A class, or its dotted
+            ``ModularPipeline.load_lora_weights`` drives it (``modular/adapters/lora.py``). A class, or its dotted
             path (``"diffusers.loaders.FluxLoraLoaderMixin"``), imported when first needed: diffusers'
             loader modules are slow to import and some log warnings when they are.
         ip_adapter_loader: The diffusers pipeline mixin whose ``load_ip_adapter`` reads this family's
             IP-Adapter files (``ModularIPAdapterMixin``, ``FluxIPAdapterMixin``); ``None``: the family takes
-            none. ``ModularPipeline.load_ip_adapter`` drives it (``modular/ip_adapter.py``). A class or its
+            none. ``ModularPipeline.load_ip_adapter`` drives it (``modular/adapters/ip_adapter.py``). A class or its
             dotted path, as ``lora_loader``.
     """
 

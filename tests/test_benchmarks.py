@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from offload.groups import BASE, split_groups
+from offload.partial.groups import BASE, split_groups
 
 BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
 OURS = [

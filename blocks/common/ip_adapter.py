@@ -25,7 +25,7 @@ from modular import (
     OutputParam,
     PipelineState,
 )
-from modular.params import INPUT_TEMPLATES
+from modular.framework.params import INPUT_TEMPLATES
 
 from .workflows import STAGES
 

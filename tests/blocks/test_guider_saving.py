@@ -1,6 +1,6 @@
 """A swapped guider is saved in the index in the peer's layout and made again, from its config, on load.
 
-The layout (modular/config_components.py): ``<folder>/guider/guider_config.json`` and an index entry
+The layout (modular/pipeline/config_components.py): ``<folder>/guider/guider_config.json`` and an index entry
 ``[library, class, {pretrained_model_name_or_path: null, subfolder: "guider", ..., type_hint}]``, which the
 peer loads with the class's ``from_pretrained``. A pipeline's default guider is not written, as the peer does.
 """
@@ -22,9 +22,9 @@ import blocks.z_image
 import modular
 from components import ComponentsManager
 from modular import ModularPipeline
-from modular.config_components import changed_config_components
 from modular.errors import IndexFileError
-from modular.index import MODULAR_INDEX
+from modular.pipeline.config_components import changed_config_components
+from modular.pipeline.index import MODULAR_INDEX
 
 from .helpers import seeded
 

@@ -362,7 +362,7 @@ def test_pag_under_auto_offload_equals_pag_without(sd_repo):
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     try:
         assert run(pipe, output_type="np").tobytes() == expected.tobytes()
-        # Models made room, whole or down to a resident prefix (offload.shrink, on by default).
+        # Models made room, whole or down to a resident prefix (offload.partial.shrink, on by default).
         assert any(entry.evicted or entry.reason == "shrink" for entry in cm.offload_log)
         assert _hooked(pipe.unet) == []
     finally:

@@ -24,7 +24,7 @@ import blocks.stable_diffusion_xl
 import blocks.z_image
 import modular
 from components.load_id import LOAD_ID_FIELDS
-from modular.index import MODULAR_INDEX
+from modular.pipeline.index import MODULAR_INDEX
 
 from .flux.conftest import classic_from as flux_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic

@@ -7,7 +7,7 @@ import torch
 from diffusers import PNDMScheduler
 
 from components import ComponentNotFoundError, ComponentsManager, tag_load_id
-from offload.units import format_bytes
+from offload.devices.units import format_bytes
 
 
 def module(seed=0, tied=False):

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from modular.batch import JobFileError, derive_seed, load_job, plan_batch, split_entries
-from modular.cli import main
+from modular.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def _write(folder, job, name="job.json"):
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Fail the test if any component is loaded."""
-    from modular.pipeline import ModularPipeline
+    from modular.pipeline.pipeline import ModularPipeline
 
     def refuse(self, *args, **kwargs):
         raise AssertionError("a model was loaded")

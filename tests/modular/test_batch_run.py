@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from modular.batch import BatchOptions, OutputStore, RankInfo, load_job, run_batch
-from modular.cli import main
+from modular.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRIES = 6

@@ -7,7 +7,7 @@ import sys
 import PIL.Image
 import pytest
 
-from modular.cli import main
+from modular.cli.main import main
 
 
 def test_run_saves_an_image_from_a_tiny_repo(tmp_path, capsys):
@@ -75,7 +75,7 @@ def test_unknown_family_is_one_line(capsys):
 
 def test_error_line_keeps_the_first_line_of_the_message(monkeypatch, capsys):
     """Only a message's first line is printed, and a KeyError's message without the quotes str() adds."""
-    import modular.cli as cli
+    import modular.cli.main as cli
 
     def fail(args):
         raise KeyError("no component named 'unte'\nsecond line")
@@ -97,7 +97,7 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
 
 def test_interrupt_exits_130(monkeypatch, capsys):
     """Ctrl-C during a command is exit status 130 and one line, no traceback."""
-    import modular.cli as cli
+    import modular.cli.main as cli
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -166,7 +166,7 @@ def _one_error_line(capsys, text):
 def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
     """`modular run` runs the three Flux workflows, printing a table after each and the offload summary,
     and saves the images, the control images and the memory plot; nothing reaches stderr."""
-    from modular.memory_plot import FIGURE_PIXELS, matplotlib_available
+    from modular.cli.memory_plot import FIGURE_PIXELS, matplotlib_available
 
     out = tmp_path / "out"
     assert main(["run", "--output", str(out), "--quiet", "--steps", "1"]) == 0
@@ -186,7 +186,7 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
         in printed
     )
     summary = printed[printed.index("Offload over the run") :].splitlines()
-    # Victims keep a resident prefix by default (offload.shrink): T5's prefix stays while each transformer
+    # Victims keep a resident prefix by default (offload.partial.shrink): T5's prefix stays while each transformer
     # runs, so ours moves less than whole models (the peer's 92.93 MB); models left the device 8 times, 2
     # whole and 6 down to a prefix (each counted, not only the whole ones); and it peaks higher, within the
     # 29 MB the margin leaves.
@@ -223,7 +223,7 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
 
 def test_without_matplotlib_the_plot_is_one_line_note(tmp_path, capsys, monkeypatch):
     """Without matplotlib a run under offload says so in one line and saves no plot."""
-    import modular.cli_report as cli_report
+    import modular.cli.report as cli_report
     from blocks.stable_diffusion import make_tiny_repo
 
     monkeypatch.setattr(cli_report, "matplotlib_available", lambda: False)
@@ -436,7 +436,7 @@ def test_reuse_takes_components_from_the_previous_job(tmp_path, picture, capsys)
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Fail the test if any pipeline loads components."""
-    from modular.pipeline import ModularPipeline
+    from modular.pipeline.pipeline import ModularPipeline
 
     def refuse(self, *args, **kwargs):
         raise AssertionError("a model was loaded")

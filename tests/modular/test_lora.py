@@ -7,7 +7,7 @@ from diffusers import StableDiffusionPipeline
 from diffusers.loaders import StableDiffusionLoraLoaderMixin
 from safetensors.torch import load_file
 
-import modular.lora
+import modular.adapters.lora
 from blocks.stable_diffusion import make_tiny_repo
 from components import CorruptWeightsError, MissingComponentFileError, PickleWeightsError, RepoNotFoundError
 from components.model_info import lora_layers
@@ -283,7 +283,7 @@ def test_a_pipeline_without_a_family_or_loader_is_refused(repo, loras, monkeypat
         "(modular.register_family)."
     )
     family = BlockFamily(name="no-lora", blocks_class=AddOneThenDouble)
-    monkeypatch.setattr(modular.lora, "family_of_blocks", lambda name: family)
+    monkeypatch.setattr(modular.adapters.lora, "family_of_blocks", lambda name: family)
     with pytest.raises(ValueError, match="its family 'no-lora' names no lora_loader"):
         toy.get_list_adapters()
 

@@ -15,7 +15,7 @@ from transformers import CLIPTextModel, CLIPTokenizer
 from blocks.stable_diffusion import StableDiffusionAutoBlocks, make_tiny_repo
 from components import ComponentSpec
 from modular import ComponentsManager, ModularPipeline
-from modular.index import MODULAR_INDEX
+from modular.pipeline.index import MODULAR_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from diffusers import UNet2DConditionModel
 from blocks.stable_diffusion import make_tiny_repo
 from components import PickleWeightsError
 from modular import ModularPipeline
-from modular.index import MODULAR_INDEX
+from modular.pipeline.index import MODULAR_INDEX
 
 SAVED = ("scheduler", "text_encoder", "tokenizer", "unet", "vae")
 

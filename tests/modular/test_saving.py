@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import modular.saving
+import modular.pipeline.saving
 from blocks.stable_diffusion import make_tiny_repo
 from components.load_id import decode_load_id, get_load_id
 from modular import ComponentsManager, ModularPipeline
 from modular.errors import SaveTargetInUseError
-from modular.index import CLASSIC_INDEX, MODULAR_INDEX
+from modular.pipeline.index import CLASSIC_INDEX, MODULAR_INDEX
 
 MODELS = ("unet", "vae", "text_encoder")
 SAVED = ("scheduler", "text_encoder", "tokenizer", "unet", "vae")
@@ -228,7 +228,7 @@ def _stop_after(monkeypatch, function: str, call: int) -> None:
     A save into an existing folder calls os.replace for the staged index, the plan, then the commit, and
     os.rename twice per component (old one aside, new one in); a new folder's save renames once, at the end.
     """
-    monkeypatch.setattr(modular.saving, "_finish", lambda target, staging: None)
+    monkeypatch.setattr(modular.pipeline.saving, "_finish", lambda target, staging: None)
     monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)
     original, calls = getattr(os, function), []
 
@@ -337,13 +337,13 @@ def test_a_running_save_is_left_alone_by_a_load_and_a_second_save_is_refused(rep
 # ----- killed saves -----
 
 # The child loads the new pipeline once, then forks one process per kill: each saves with a tracer that
-# SIGKILLs it at its n-th executed line of modular/saving.py's disk steps (recovery included).
+# SIGKILLs it at its n-th executed line of modular/pipeline/saving.py's disk steps (recovery included).
 _KILLER = r"""
 import json, os, signal, sys
 import torch
 torch.set_num_threads(1)  # no thread pool before the forks
 from modular import ModularPipeline
-import modular.saving
+import modular.pipeline.saving
 
 new_repo, cases = sys.argv[1], json.loads(sys.argv[2])
 pipe = ModularPipeline.from_pretrained(new_repo)
@@ -367,7 +367,7 @@ def traced_save(target, kill_at):
 
     def start(frame, event, arg):
         code = frame.f_code
-        return local if code.co_filename == modular.saving.__file__ and code.co_name in STEPS else None
+        return local if code.co_filename == modular.pipeline.saving.__file__ and code.co_name in STEPS else None
 
     sys.settrace(start)
     try:

@@ -15,8 +15,8 @@ from modular import (
     PipelineState,
     SequentialPipelineBlocks,
 )
-from modular.planning import plan_call
-from modular.steps import Known, StepKind
+from modular.framework.planning import plan_call
+from modular.framework.steps import Known, StepKind
 
 from .test_selection import ByProducedValue, ByValue, NeedsExtra, Pipeline
 from .toy_blocks import AddOne, AddOneThenDouble, Double, DoubleOrNegate, Negate, SumLoop

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-import offload.host_budget
+import offload.host.host_budget
 from components import ComponentsManager
 from offload import HostBudgetError, NextUseStrategy, SimulatedDevice
 
@@ -207,7 +207,7 @@ def test_a_share_that_shrinks_drops_copies_at_once_and_one_that_grows_back_drops
 def test_the_default_budget_is_one_budget_split_between_the_devices(five, monkeypatch):
     """host_budget=None: the host's available memory less a tenth of it, once, split by the bytes placed."""
     cm, models, ids = five
-    monkeypatch.setattr(offload.host_budget, "host_memory", lambda: (8 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(offload.host.host_budget, "host_memory", lambda: (8 * 2**30, 16 * 2**30))
     enable(cm, None)
     whole = 8 * 2**30 - int(16 * 2**30 * 0.1)
     assert shares(cm) == [whole * 3 // 5, whole * 2 // 5]

@@ -12,7 +12,7 @@ from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
 from components import ComponentsManager
 from offload import HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
-from offload.disk_copies import DiskCopy, drop_tensors, read_back, tensor_slots, write_spill
+from offload.host.disk_copies import DiskCopy, drop_tensors, read_back, tensor_slots, write_spill
 
 from .helpers import MetaProbe, Tower
 from .test_host_tier import loaded
@@ -252,7 +252,7 @@ def test_a_subclass_that_cannot_be_flattened_keeps_its_host_copy(tmp_path, caplo
     )
     for model_id, model in models.items():
         engine.attach(model_id, model)
-    with caplog.at_level(logging.INFO, logger="offload.engine"):
+    with caplog.at_level(logging.INFO, logger="offload.engine.engine"):
         for model_id in [*models, *models]:
             engine.ensure_resident(model_id)
     assert (

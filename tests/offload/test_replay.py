@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from offload import LRUStrategy, NextUseStrategy, OffloadEngine, SimulatedDevice, SmallestSufficientSet
-from offload.budget import BudgetedDevice
-from offload.probes import DeviceProbe
-from offload.replay import UseRecorder, meta_module, replay
+from offload.devices.budget import BudgetedDevice
+from offload.devices.probes import DeviceProbe
+from offload.engine.replay import UseRecorder, meta_module, replay
 
 from .helpers import Tower, call, sized
 
@@ -55,7 +55,7 @@ def test_recorder_counts_a_partly_resident_model_at_its_bytes_on_the_device():
     with UseRecorder(engine) as recorder:
         engine.set_plan(["encoder", "a"])
         models["encoder"](x)
-        models["a"](x)  # the encoder keeps 3 of its 6 groups (offload.shrink)
+        models["a"](x)  # the encoder keeps 3 of its 6 groups (offload.partial.shrink)
         engine.set_plan(["big"])
         models["big"](x)  # 14 groups on 9: it streams, its base and 7 blocks resident
     assert [use.resident for use in recorder.uses] == [

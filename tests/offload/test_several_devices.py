@@ -18,7 +18,7 @@ from offload import (
     WatermarkStrategy,
     module_nbytes,
 )
-from offload.device_choice import DenoiserFirst, DeviceRoom
+from offload.devices.device_choice import DenoiserFirst, DeviceRoom
 
 from ..modular.tiny_sd import tiny_sd_images, tiny_sd_pipeline
 from .helpers import call, sized

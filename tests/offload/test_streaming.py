@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from offload import ModelTooLargeError, OffloadEngine, SimulatedDevice
-from offload.groups import BASE, split_groups
+from offload.partial.groups import BASE, split_groups
 
 from .helpers import MetaProbe, Tower
 
