@@ -33,19 +33,16 @@ from offload.devices.units import format_bytes, format_bytes_distinct, parse_byt
 from offload.errors import DiskCopyError, HostBudgetError
 from offload.host.disk_copies import (
     DiskCopy,
-    TensorSlot,
-    drop_tensors,
-    empty_tensors,
     file_index,
     file_sources,
     missing_from_files,
     read_back,
-    tensor_slots,
     writable_folder,
     write_spill,
 )
 from offload.host.host_budget import HostShare, default_host_budget
 from offload.host.spill_files import SpillFiles
+from offload.host.tensor_slots import TensorSlot, drop_tensors, empty_tensors, tensor_slots
 from offload.records.log import OffloadDecision, OffloadLog
 from offload.records.messages import reload_hint
 from offload.strategies.next_use import NextUseStrategy

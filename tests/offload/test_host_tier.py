@@ -12,7 +12,7 @@ import offload.host.host_budget
 from components import ComponentsManager, tag_load_id
 from components.table import device_cell
 from offload import DiskCopyError, HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
-from offload.host.disk_copies import drop_tensors, tensor_slots
+from offload.host.tensor_slots import drop_tensors, tensor_slots
 
 from .helpers import MetaProbe
 

@@ -12,7 +12,8 @@ from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
 from components import ComponentsManager
 from offload import HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
-from offload.host.disk_copies import DiskCopy, drop_tensors, read_back, tensor_slots, write_spill
+from offload.host.disk_copies import DiskCopy, read_back, write_spill
+from offload.host.tensor_slots import drop_tensors, tensor_slots
 
 from .helpers import MetaProbe, Tower
 from .test_host_tier import loaded
