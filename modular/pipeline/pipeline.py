@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-import weakref
 from typing import Any
 
 import attrs
@@ -22,22 +20,19 @@ from modular.framework.composite import run_steps
 from modular.framework.planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
 from modular.framework.state import PipelineState
 from modular.pipeline.call_components import CallComponents, fresh_state
+from modular.pipeline.component_methods import LIVE_PIPELINES, ComponentMethods
 from modular.pipeline.config_components import config_spec_from_index
 from modular.pipeline.devices import DeviceMethods
 from modular.pipeline.index import read_index, specs_from_index
 from modular.pipeline.outputs import call_result
 from modular.pipeline.replacement import check_replacements
-from offload import DiskCopyError
 
 __all__ = ["ModularPipeline"]
 
 logger = logging.getLogger(__name__)
 
-# Every live pipeline: unload_components asks whether another one still runs a model it drops.
-_LIVE_PIPELINES: weakref.WeakSet[ModularPipeline] = weakref.WeakSet()
 
-
-class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
+class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMethods):
     """Blocks plus one spec and (once loaded) one object per component.
 
     Make one with ``blocks.init_pipeline(repo, components_manager=cm)`` or
@@ -71,7 +66,7 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         self._specs: dict[str, ComponentSpec] = {spec.name: spec for spec in blocks.expected_components}
         self._config: dict[str, Any] = {spec.name: spec.default for spec in blocks.expected_configs}
         self._components: dict[str, Any] = dict.fromkeys(self._specs)
-        _LIVE_PIPELINES.add(self)
+        LIVE_PIPELINES.add(self)
         self._blocks_class_name = type(blocks).__name__
         self._workflow: str | None = None
         self.pretrained_model_name_or_path = None
@@ -190,113 +185,6 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         return self._components_manager
 
     @property
-    def components(self) -> dict[str, Any]:
-        return dict(self._components)
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return dict(self._config)
-
-    @property
-    def component_names(self) -> list[str]:
-        return list(self._specs)
-
-    @property
-    def null_component_names(self) -> list[str]:
-        return [name for name, obj in self._components.items() if obj is None]
-
-    @property
-    def pretrained_component_names(self) -> list[str]:
-        return [n for n, s in self._specs.items() if s.default_creation_method == "from_pretrained"]
-
-    @property
-    def config_component_names(self) -> list[str]:
-        return [n for n, s in self._specs.items() if s.default_creation_method == "from_config"]
-
-    def get_component_spec(self, name: str) -> ComponentSpec:
-        if name not in self._specs:
-            raise KeyError(_unknown("component", name, self._specs))
-        return self._specs[name]
-
-    def _set_component(self, name: str, obj: Any) -> None:
-        self._components[name] = obj
-        cm = self._components_manager
-        if cm is None or obj is None:
-            return
-        # From-config components (image processors, guiders) are each pipeline's own and are registered with
-        # the pipeline as owner, so the manager drops them once the pipeline is garbage-collected. They are not
-        # shared by (class, config) equality: a guider keeps per-call state and can be changed in place
-        # (``guider.guidance_scale = 5``), and a shared one would couple pipelines that run at the same time.
-        # Weights are what is worth sharing, and from_pretrained components are, by load ID.
-        # Tests: tests/modular/test_pipeline_lifetime.py.
-        owner = self if self._specs[name].default_creation_method == "from_config" else None
-        known = cm.get_id(obj)
-        if known is None:
-            cm.add(name, obj, collection=self._collection, owner=owner)
-        elif owner is not None and known == f"{name}_{id(obj)}":
-            # Another pipeline's from-config object: it stays registered while either pipeline lives.
-            cm.add(name, obj, owner=owner)
-        # Otherwise the object is tracked already (perhaps under another name) and is used as it is.
-
-    def load_components(self, names: list[str] | str | None = None, **kwargs: Any) -> None:
-        """Load components (all with a repo when ``names`` is None).
-
-        Each keyword is a value for every component or a dict per component name with an optional
-        ``"default"`` key, e.g. ``torch_dtype={"unet": torch.float16, "default": torch.float32}``.
-        Without ``names``, components already loaded are kept unless their spec changed (``modular/pipeline/keep_loaded.py``).
-        Through a manager, a component already loaded with the same load ID and options is reused.
-        All or nothing: if one fails, none is kept.
-        """
-        from modular.pipeline.keep_loaded import names_to_load
-        from modular.pipeline.loading import load_all
-
-        loaded = load_all(self, names_to_load(self, kwargs) if names is None else names, kwargs)
-        for name, (spec, obj) in loaded.items():
-            self._specs[name] = spec
-            self._components[name] = obj
-        self._plans.forget()
-
-    def update_components(self, **kwargs: Any) -> None:
-        """Replace components (``unet=obj``) or config values (``name=value``)."""
-        for name in kwargs:
-            if name not in self._specs and name not in self._config:
-                raise KeyError(_unknown("component or config", name, {**self._specs, **self._config}))
-        # The blocks' declared type is what they accept (e.g. any scheduler); the repo's index only says
-        # which class the repo holds, so a different scheduler class is still a valid replacement.
-        given = {name: value for name, value in kwargs.items() if name not in self._config}
-        check_replacements(self._blocks, self._specs, given)
-        self._plans.forget()  # before too: a failure part way leaves no plan of the old components
-        for name, value in kwargs.items():
-            if name in self._config:
-                self._config[name] = value
-                continue
-            if value is not None:
-                self._specs[name] = _spec_for(self._specs[name], value)
-            self._set_component(name, value)
-        self._plans.forget()
-
-    def unload_components(self, names: list[str] | str) -> None:
-        """Drop components from the pipeline and from the manager, so their memory can be freed.
-
-        A model another pipeline still runs (the manager shares it) leaves with its weights: one whose host
-        copy is on disk under ``host_budget`` is read back first, so that pipeline's calls go on as before.
-        """
-        names = [names] if isinstance(names, str) else list(names)
-        for name in names:
-            if name not in self._specs:
-                raise KeyError(_unknown("component", name, self._specs))
-        self._plans.forget()  # before too: a failure part way leaves no plan of the old components
-        for name in names:
-            obj = self._components[name]
-            self._components[name] = None
-            cm = self._components_manager
-            if cm is not None and obj is not None:
-                component_id = cm.get_id(obj)
-                if component_id is not None:
-                    _remove(cm, component_id, shared=_run_elsewhere(obj, self))
-        self._plans.forget()
-
-    @property
     def doc(self) -> str:
         return self._blocks.doc
 
@@ -362,12 +250,6 @@ class ModularPipeline(DeviceMethods, LoraMixin, IPAdapterMethods):
         return "\n".join(lines) + "\n)"
 
 
-def _unknown(kind: str, name: str, known: Any) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"no {kind} named {name!r}{hint} (known: {sorted(known)})"
-
-
 def _merge_spec(declared: ComponentSpec, from_index: ComponentSpec, source: str) -> ComponentSpec:
     """The blocks' spec with the loading fields (and a more precise type) the index gives; a from-config
     component is made from the config the entry points at (``modular/pipeline/config_components.py``)."""
@@ -377,39 +259,3 @@ def _merge_spec(declared: ComponentSpec, from_index: ComponentSpec, source: str)
     if from_index.type_hint is not None:
         changes["type_hint"] = from_index.type_hint
     return attrs.evolve(declared, **changes)
-
-
-def _spec_for(declared: ComponentSpec, obj: Any) -> ComponentSpec:
-    """The spec of an object given to update_components: its load ID when it has one."""
-    from components import get_load_id
-
-    load_id = get_load_id(obj)
-    changes: dict[str, Any] = {"type_hint": type(obj)}
-    if load_id and load_id != "null":
-        changes.update(ComponentSpec.decode_load_id(load_id))
-    elif declared.default_creation_method == "from_pretrained":
-        changes.update(dict.fromkeys(LOAD_ID_FIELDS))
-        changes["subfolder"] = ""
-    return attrs.evolve(declared, **changes)
-
-
-def _run_elsewhere(obj: Any, pipe: ModularPipeline) -> bool:
-    """Whether a live pipeline other than ``pipe`` holds ``obj`` as one of its components."""
-    return any(
-        other is not pipe and any(component is obj for component in other._components.values())
-        for other in list(_LIVE_PIPELINES)
-    )
-
-
-def _remove(cm: ComponentsManager, component_id: str, shared: bool) -> None:
-    """Unregister a component a pipeline drops. Removal reads nothing back (a model whose host copy is on disk
-    leaves as meta tensors), right for a model nobody runs any more; a ``shared`` one, which another pipeline
-    still runs, leaves with its weights read back, so that pipeline goes on as before."""
-    if shared:
-        try:
-            with cm.host_weights(component_id):
-                cm.remove(component_id)
-            return
-        except DiskCopyError as error:  # its file is gone: nothing to read back, so it leaves without
-            logger.warning("%s leaves without its weights on disk (%s)", component_id, error)
-    cm.remove(component_id)
