@@ -139,6 +139,11 @@ class OffloadLog:
         return "\n".join([*lines, "total: " + _totals(self, disk)])
 
 
+def _summed(attribute: str, doc: str) -> property:
+    """A property of a merged log: the sum of ``attribute`` over its engines' logs."""
+    return property(lambda merged: sum(getattr(log, attribute) for log in merged.logs), doc=doc)
+
+
 class MergedOffloadLog:
     """The logs of several engines (one per device) read as one log: every decision in the order it was
     made, each with its ``device``; the totals are the sums. ``str(log)`` is a table with a device column,
@@ -162,40 +167,24 @@ class MergedOffloadLog:
         snapshots = [list(log._entries) for log in self.logs]
         return [decision for _, decision in heapq.merge(*snapshots, key=lambda entry: entry[0])]
 
-    @property
-    def total_bytes_to_device(self) -> int:
-        """Host-to-device bytes of every decision on every device."""
-        return sum(log.total_bytes_to_device for log in self.logs)
-
-    @property
-    def total_bytes_to_host(self) -> int:
-        """Device-to-host bytes of every decision on every device."""
-        return sum(log.total_bytes_to_host for log in self.logs)
-
-    @property
-    def total_evictions(self) -> int:
-        """Models taken off a device whole."""
-        return sum(log.total_evictions for log in self.logs)
-
-    @property
-    def total_shrinks(self) -> int:
-        """Victims kept down to a resident prefix."""
-        return sum(log.total_shrinks for log in self.logs)
+    total_bytes_to_device = _summed(
+        "total_bytes_to_device", "Host-to-device bytes of every decision on every device."
+    )
+    total_bytes_to_host = _summed(
+        "total_bytes_to_host", "Device-to-host bytes of every decision on every device."
+    )
+    total_evictions = _summed("total_evictions", "Models taken off a device whole.")
+    total_shrinks = _summed("total_shrinks", "Victims kept down to a resident prefix.")
 
     @property
     def total_left_device(self) -> int:
         """Models that left a device, whole or in part."""
         return self.total_evictions + self.total_shrinks
 
-    @property
-    def total_bytes_from_disk(self) -> int:
-        """Bytes read back from disk on every device's host tier."""
-        return sum(log.total_bytes_from_disk for log in self.logs)
-
-    @property
-    def total_bytes_to_disk(self) -> int:
-        """Bytes written to the spill folders."""
-        return sum(log.total_bytes_to_disk for log in self.logs)
+    total_bytes_from_disk = _summed(
+        "total_bytes_from_disk", "Bytes read back from disk on every device's host tier."
+    )
+    total_bytes_to_disk = _summed("total_bytes_to_disk", "Bytes written to the spill folders.")
 
     def clear(self) -> None:
         """Clear every engine's log."""
