@@ -81,13 +81,7 @@ class OffloadLog:
     def __init__(self, maxlen: int = 10_000, device: str | None = None):
         self.device = device
         self._entries: deque[tuple[int, OffloadDecision]] = deque(maxlen=maxlen)  # (order, decision)
-        self._count = 0
-        self.total_bytes_to_device = 0
-        self.total_bytes_to_host = 0
-        self.total_evictions = 0
-        self.total_shrinks = 0
-        self.total_bytes_from_disk = 0
-        self.total_bytes_to_disk = 0
+        self.clear()  # sets the count and the totals
 
     @property
     def total_left_device(self) -> int:
@@ -111,12 +105,12 @@ class OffloadLog:
         """Forget every decision and reset the totals."""
         self._entries.clear()
         self._count = 0
-        self.total_bytes_to_device = 0
-        self.total_bytes_to_host = 0
-        self.total_evictions = 0
-        self.total_shrinks = 0
-        self.total_bytes_from_disk = 0
-        self.total_bytes_to_disk = 0
+        self.total_bytes_to_device: int = 0
+        self.total_bytes_to_host: int = 0
+        self.total_evictions: int = 0
+        self.total_shrinks: int = 0
+        self.total_bytes_from_disk: int = 0
+        self.total_bytes_to_disk: int = 0
 
     def __len__(self) -> int:
         return len(self._entries)
