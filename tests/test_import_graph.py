@@ -141,6 +141,11 @@ def layering_problems(found: Import) -> list[str]:
     order = PARTS.get(src_package)
     if order is None or src_part in FACES or src_part is None or src_part == dst_part:
         return []
+    unplaced = [part for part in (src_part, dst_part) if part is not None and part not in (*order, *FACES)]
+    if unplaced:
+        return [
+            f"{found}: `{src_package}.{unplaced[0]}` has no place in PARTS[{src_package!r}]: place it in the layers"
+        ]
     if dst_part is None or dst_part in FACES:
         if found.deferred:  # the public names, looked up when called (the peer-name map does so)
             return []
@@ -242,6 +247,8 @@ def test_every_part_is_placed_documented_and_small():
             assert len(modules) <= MAX_MODULES_PER_PART, (
                 f"{package}/{folder.name} holds {len(modules)} modules"
             )
+        for module in (ROOT / package).glob("*.py"):
+            assert module.stem in (*order, *FACES), f"{package}/{module.name} is not in PARTS[{package!r}]"
         for name in order:
             assert (ROOT / package / name).is_dir() or (ROOT / package / f"{name}.py").is_file(), name
 
@@ -273,6 +280,7 @@ def test_every_part_is_placed_documented_and_small():
         ("blocks/common/vae.py", "from blocks.flux.utils import x", "imports none of them"),
         ("blocks/flux/denoise.py", "from blocks.stable_diffusion.utils import x", "the family `blocks.flux`"),
         ("components/spec.py", "import modular.pipeline.pipeline", "`components` may not import `modular`"),
+        ("offload/newcomer.py", "from offload.devices.units import x", "`offload.newcomer` has no place"),
     ],
 )
 def test_each_rule_names_the_offending_import(file, source, expected):
