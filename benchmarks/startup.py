@@ -81,14 +81,18 @@ def table(medians: dict[str, float]) -> list[str]:
     lines = [f"{'command':<40} {'median s':>9} {'x peer':>7}  target"]
     for label, seconds in medians.items():
         target = TARGETS.get(label)
-        verdict = "" if target is None else f"<= {target:.1f}x " + ("ok" if seconds / peer <= target else "MISSED")
+        verdict = (
+            "" if target is None else f"<= {target:.1f}x " + ("ok" if seconds / peer <= target else "MISSED")
+        )
         lines.append(f"{label:<40} {seconds:9.2f} {seconds / peer:6.2f}x  {verdict}".rstrip())
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=7, help="round-robin rounds (each command once per round)")
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="round-robin rounds (each command once per round)"
+    )
     parser.add_argument(
         "--only", nargs="+", metavar="NAME", help="measure only these commands (the peer's import always)"
     )

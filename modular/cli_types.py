@@ -6,7 +6,7 @@ import argparse
 
 from offload.units import parse_bytes
 
-from .jobs import seed_problem
+from .job_values import seed_problem
 
 __all__ = ["byte_size", "names", "positive_int", "seed_number"]
 

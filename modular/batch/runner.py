@@ -34,6 +34,7 @@ from offload.units import parse_bytes
 
 from ..families import family_for_index
 from ..index import read_index
+from ..job_values import OFFLOADS
 from ..jobs import JobRunner, call_job
 from ..pipeline import ModularPipeline
 from .entries import BatchEntry, BatchJob
@@ -43,7 +44,6 @@ from .store import LOGS, OutputStore, check_name_lengths, check_writable, encode
 
 __all__ = ["BatchOptions", "BatchPlan", "BatchResult", "check_batch", "plan_batch", "redo_lines", "run_batch"]
 
-OFFLOADS = ("none", "auto", "sim")
 _CUDA_MARGIN = "3GB"  # the engine's default: room for activations on a real device
 
 
