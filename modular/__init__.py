@@ -3,7 +3,10 @@
 The public names of the project live here; each also lives in the package that owns it.
 """
 
-from components import ComponentsManager, ComponentSpec, ConfigSpec
+from typing import TYPE_CHECKING
+
+# quiet_imports installs its log filters before any module imports diffusers (importing components runs it).
+from components import quiet_imports  # noqa: F401
 from modular.errors import (
     BlockCodeError,
     BlockCompositionError,
@@ -16,15 +19,36 @@ from modular.errors import (
     UnknownInputError,
     UnknownOutputError,
 )
-from modular.families import BlockFamily, available_families, register_family
-from modular.framework.block import ModularPipelineBlocks
-from modular.framework.conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
-from modular.framework.loop import LoopSequentialPipelineBlocks
-from modular.framework.params import InputParam, OutputParam
-from modular.framework.sequential import SequentialPipelineBlocks
-from modular.framework.state import BlockState, PipelineState
-from modular.pipeline.pipeline import ModularPipeline
-from modular.remote import BlockSource
+from offload.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from components import ComponentsManager, ComponentSpec, ConfigSpec
+    from modular.families import BlockFamily, available_families, register_family
+    from modular.framework.block import ModularPipelineBlocks
+    from modular.framework.conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
+    from modular.framework.loop import LoopSequentialPipelineBlocks
+    from modular.framework.params import InputParam, OutputParam
+    from modular.framework.sequential import SequentialPipelineBlocks
+    from modular.framework.state import BlockState, PipelineState
+    from modular.pipeline.pipeline import ModularPipeline
+    from modular.remote import BlockSource
+
+# Each name is imported on first use (PEP 562): importing the package imports none of its modules.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "components": ("ComponentsManager", "ComponentSpec", "ConfigSpec"),
+        ".framework.block": ("ModularPipelineBlocks",),
+        ".framework.conditional": ("AutoPipelineBlocks", "ConditionalPipelineBlocks"),
+        ".families": ("BlockFamily", "available_families", "register_family"),
+        ".framework.loop": ("LoopSequentialPipelineBlocks",),
+        ".framework.params": ("InputParam", "OutputParam"),
+        ".pipeline.pipeline": ("ModularPipeline",),
+        ".remote": ("BlockSource",),
+        ".framework.sequential": ("SequentialPipelineBlocks",),
+        ".framework.state": ("BlockState", "PipelineState"),
+    },
+)
 
 __all__ = [
     "AutoPipelineBlocks",

@@ -3,32 +3,70 @@
 This package knows modules, ids and byte sizes only; it imports nothing from the rest of the project.
 """
 
-from offload.devices.probes import DeviceProbe, HostProbe, MemoryProbe
-from offload.devices.simulated import SimulatedDevice
-from offload.devices.storage import module_fingerprint, module_nbytes
-from offload.devices.units import format_bytes, format_bytes_distinct, parse_bytes
-from offload.engine.engine import OffloadEngine
-from offload.errors import (
-    DiskCopyError,
-    HostBudgetError,
-    ModelTooLargeError,
-    OffloadDeadlockError,
-    OffloadOutOfMemoryError,
-    OffloadTimeoutError,
-    StrategyError,
+from typing import TYPE_CHECKING
+
+from offload.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from offload.devices.probes import DeviceProbe, HostProbe, MemoryProbe
+    from offload.devices.simulated import SimulatedDevice
+    from offload.devices.storage import module_fingerprint, module_nbytes
+    from offload.devices.units import format_bytes, format_bytes_distinct, parse_bytes
+    from offload.engine.engine import OffloadEngine
+    from offload.errors import (
+        DiskCopyError,
+        HostBudgetError,
+        ModelTooLargeError,
+        OffloadDeadlockError,
+        OffloadOutOfMemoryError,
+        OffloadTimeoutError,
+        StrategyError,
+    )
+    from offload.host.host_tier import HostTier
+    from offload.records.log import MergedOffloadLog, OffloadDecision, OffloadLog
+    from offload.records.residency import Residency
+    from offload.strategies.lru import LRUStrategy
+    from offload.strategies.next_use import NextUseStrategy
+    from offload.strategies.peer_strategy import PeerStrategy
+    from offload.strategies.plan import ExecutionPlan
+    from offload.strategies.smallest_set import SmallestSufficientSet
+    from offload.strategies.strategy import OffloadRequest, OffloadStrategy, strategy_name
+    from offload.strategies.watermark import WatermarkStrategy
+    from offload.weights.ledger import ResidencyLedger
+    from offload.weights.pinned import is_marked_pinned, pin, unpin
+
+# Each name is imported on first use (PEP 562): importing the package imports none of its modules.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        ".engine.engine": ("OffloadEngine",),
+        ".errors": (
+            "DiskCopyError",
+            "HostBudgetError",
+            "ModelTooLargeError",
+            "OffloadDeadlockError",
+            "OffloadOutOfMemoryError",
+            "OffloadTimeoutError",
+            "StrategyError",
+        ),
+        ".host.host_tier": ("HostTier",),
+        ".weights.ledger": ("ResidencyLedger",),
+        ".records.log": ("MergedOffloadLog", "OffloadDecision", "OffloadLog"),
+        ".strategies.lru": ("LRUStrategy",),
+        ".strategies.next_use": ("NextUseStrategy",),
+        ".strategies.peer_strategy": ("PeerStrategy",),
+        ".weights.pinned": ("is_marked_pinned", "pin", "unpin"),
+        ".strategies.plan": ("ExecutionPlan",),
+        ".devices.probes": ("DeviceProbe", "HostProbe", "MemoryProbe"),
+        ".records.residency": ("Residency",),
+        ".devices.simulated": ("SimulatedDevice",),
+        ".strategies.smallest_set": ("SmallestSufficientSet",),
+        ".devices.storage": ("module_fingerprint", "module_nbytes"),
+        ".strategies.strategy": ("OffloadRequest", "OffloadStrategy", "strategy_name"),
+        ".devices.units": ("format_bytes", "format_bytes_distinct", "parse_bytes"),
+        ".strategies.watermark": ("WatermarkStrategy",),
+    },
 )
-from offload.host.host_tier import HostTier
-from offload.records.log import MergedOffloadLog, OffloadDecision, OffloadLog
-from offload.records.residency import Residency
-from offload.strategies.lru import LRUStrategy
-from offload.strategies.next_use import NextUseStrategy
-from offload.strategies.peer_strategy import PeerStrategy
-from offload.strategies.plan import ExecutionPlan
-from offload.strategies.smallest_set import SmallestSufficientSet
-from offload.strategies.strategy import OffloadRequest, OffloadStrategy, strategy_name
-from offload.strategies.watermark import WatermarkStrategy
-from offload.weights.ledger import ResidencyLedger
-from offload.weights.pinned import is_marked_pinned, pin, unpin
 
 __all__ = [
     "DeviceProbe",

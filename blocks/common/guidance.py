@@ -24,17 +24,19 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.configuration_utils import FrozenDict
-from diffusers.guiders import ClassifierFreeGuidance
-from diffusers.guiders.guider_utils import BaseGuidance, GuiderOutput
-from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
 
 from modular import ComponentSpec
 
 from .perturbed_attention import PERTURBED, perturbed_attention, perturbed_self_attention
+
+# diffusers.guiders imports diffusers.hooks, peft and transformers' models (seconds): the functions import it
+# when a guider is first checked or called, not when a family's blocks are imported.
+if TYPE_CHECKING:
+    from diffusers.guiders.guider_utils import BaseGuidance, GuiderOutput
 
 __all__ = [
     "GUIDER",
@@ -63,7 +65,7 @@ def guider_spec(**config: Any) -> ComponentSpec:
     """
     return ComponentSpec(
         GUIDER,
-        ClassifierFreeGuidance,
+        "diffusers.guiders.ClassifierFreeGuidance",
         description="How guidance combines the model's predictions (any diffusers.guiders guider).",
         config=FrozenDict(config),
         default_creation_method="from_config",
@@ -94,6 +96,8 @@ def call_guider(guider: BaseGuidance, guidance_scale: float | None, *, guidance_
     Raises:
         TypeError: `guider` is not a diffusers guider.
     """
+    from diffusers.guiders.guider_utils import BaseGuidance
+
     if not isinstance(guider, BaseGuidance):
         msg = (
             f"the 'guider' component must be a diffusers.guiders guider such as ClassifierFreeGuidance "
@@ -109,6 +113,8 @@ def call_guider(guider: BaseGuidance, guidance_scale: float | None, *, guidance_
 
 
 def _touches_models(guider: BaseGuidance) -> bool:
+    from diffusers.guiders.guider_utils import BaseGuidance
+
     cls = type(guider)
     return (
         cls.prepare_models is not BaseGuidance.prepare_models
@@ -207,6 +213,8 @@ def check_guider_kind(guider: Any, block_name: str) -> None:
         TypeError: `guider` is not a diffusers guider.
         ValueError: it asks for predictions this denoiser cannot make.
     """
+    from diffusers.guiders.guider_utils import BaseGuidance
+
     if not isinstance(guider, BaseGuidance):
         msg = (
             f"{block_name}: the 'guider' component must be a diffusers.guiders guider such as "
@@ -231,6 +239,8 @@ def check_guider(guider: BaseGuidance, model: torch.nn.Module, model_name: str, 
     Raises:
         ValueError: a layer config names blocks `model` does not have; nothing has been hooked.
     """
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
     check_guider_kind(guider, block_name)
     for config in getattr(guider, "skip_layer_config", None) or []:
         if not isinstance(config.indices, list | tuple):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import UNet2DConditionModel
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.guidance import (
@@ -44,7 +43,7 @@ __all__ = [
     "StableDiffusionInpaintDenoiseStep",
 ]
 
-_UNET = ComponentSpec("unet", UNet2DConditionModel)
+_UNET = ComponentSpec("unet", "diffusers.UNet2DConditionModel")
 # The classic pipeline's guidance: classifier-free, scale 7.5 (the call's guidance_scale sets it per call).
 GUIDER_SPEC = guider_spec(guidance_scale=7.5)
 

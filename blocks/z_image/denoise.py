@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import ZImageTransformer2DModel
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.guidance import (
@@ -41,7 +40,7 @@ __all__ = [
     "ZImageDenoiseStep",
 ]
 
-_TRANSFORMER = ComponentSpec("transformer", ZImageTransformer2DModel)
+_TRANSFORMER = ComponentSpec("transformer", "diffusers.ZImageTransformer2DModel")
 # The classic pipeline's guidance, pred = pos + scale * (pos - neg): classifier-free in its original
 # formulation (diffusers' modular Z-Image declares the same class with the Imagen formulation, disabled).
 GUIDER_SPEC = guider_spec(guidance_scale=GUIDANCE_SCALE, use_original_formulation=True)

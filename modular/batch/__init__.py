@@ -5,11 +5,49 @@ resumable after a crash, data-parallel over processes and nodes. May import `mod
 on this rank (under ``torchrun`` or ``accelerate launch`` every rank runs its share). See docs/batch.md.
 """
 
-from modular.batch.entries import BatchEntry, BatchJob, derive_seed, load_job
-from modular.batch.jobfile import JobFileError, JobSpec, Prompt, WorkflowSpec
-from modular.batch.ranks import RankGroup, RankInfo, split_entries
-from modular.batch.runner import BatchOptions, BatchPlan, BatchResult, check_batch, plan_batch, run_batch
-from modular.batch.store import OutputStore
+from typing import TYPE_CHECKING
+
+from offload.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from modular.batch.entries import BatchEntry, BatchJob, derive_seed, load_job
+    from modular.batch.jobfile import JobFileError, JobSpec, Prompt, WorkflowSpec
+    from modular.batch.ranks import RankGroup, RankInfo, split_entries
+    from modular.batch.runner import BatchOptions, BatchPlan, BatchResult, check_batch, plan_batch, run_batch
+    from modular.batch.store import OutputStore
+
+# Each name is imported on first use (PEP 562): `modular --help` reads job values without the runner.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        ".entries": (
+            "BatchEntry",
+            "BatchJob",
+            "derive_seed",
+            "load_job",
+        ),
+        ".jobfile": (
+            "JobFileError",
+            "JobSpec",
+            "Prompt",
+            "WorkflowSpec",
+        ),
+        ".ranks": (
+            "RankGroup",
+            "RankInfo",
+            "split_entries",
+        ),
+        ".runner": (
+            "BatchOptions",
+            "BatchPlan",
+            "BatchResult",
+            "check_batch",
+            "plan_batch",
+            "run_batch",
+        ),
+        ".store": ("OutputStore"),
+    },
+)
 
 __all__ = [
     "BatchEntry",

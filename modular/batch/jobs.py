@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from components import ComponentsManager
+from modular.batch.job_values import MAX_SEED, seed_problem
 from modular.errors import MissingInputError, UnknownInputError
 from modular.framework.planning import check_inputs, known_inputs
 from modular.pipeline.pipeline import ModularPipeline
@@ -26,18 +27,6 @@ from modular.pipeline.pipeline import ModularPipeline
 __all__ = ["MAX_SEED", "Demo", "Job", "JobResult", "JobRunner", "call_job", "seed_problem"]
 
 Derive = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
-#: The largest seed a job takes: seeds are 0..2**63-1, as ``batch.derive_seed`` makes them and every generator
-#: takes them (``torch.Generator.manual_seed`` overflows past 2**64-1, after the models loaded).
-MAX_SEED = 2**63 - 1
-
-
-def seed_problem(seed: Any) -> str | None:
-    """Why ``seed`` is not a job's seed (a whole number from 0 to :data:`MAX_SEED`), or ``None``."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        return f"must be a whole number (got {seed!r} that is a {type(seed).__name__})"
-    if not 0 <= seed <= MAX_SEED:
-        return f"must be from 0 to 2**63-1 = {MAX_SEED} (got {seed})"
-    return None
 
 
 def _mapping(values: Mapping[str, Any]) -> dict[str, Any]:

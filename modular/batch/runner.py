@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from components import ComponentsManager
 from modular.batch.entries import BatchEntry, BatchJob
+from modular.batch.job_values import OFFLOADS
 from modular.batch.jobfile import JobFileError, WorkflowSpec
 from modular.batch.jobs import JobRunner, call_job
 from modular.batch.ranks import RankGroup, RankInfo, split_entries
@@ -49,7 +50,6 @@ from offload.devices.units import parse_bytes
 
 __all__ = ["BatchOptions", "BatchPlan", "BatchResult", "check_batch", "plan_batch", "redo_lines", "run_batch"]
 
-OFFLOADS = ("none", "auto", "sim")
 _CUDA_MARGIN = "3GB"  # the engine's default: room for activations on a real device
 
 

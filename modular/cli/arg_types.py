@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from modular.batch.jobs import seed_problem
+from modular.batch.job_values import seed_problem
 from offload.devices.units import parse_bytes
 
 __all__ = ["byte_size", "names", "positive_int", "seed_number"]

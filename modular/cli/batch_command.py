@@ -14,50 +14,12 @@ from typing import Any
 import torch
 
 from modular.batch import BatchOptions, RankInfo, load_job, plan_batch, run_batch
-from modular.batch.runner import OFFLOADS, redo_lines
-from modular.cli.run_command import byte_size, positive_int
+from modular.batch.runner import redo_lines
+from modular.cli.args import BATCH_DESCRIPTION, add_batch_arguments
 
 __all__ = ["BATCH_DESCRIPTION", "add_batch_arguments", "batch_command"]
 
-BATCH_DESCRIPTION = """\
-Generate every entry of a job file (JSON, or TOML on Python 3.11+): each prompt through each workflow, at
-each size, images_per_prompt times. Outputs are written atomically beside a JSON sidecar; run the same
-command again after a crash and finished entries are skipped. Under torchrun or accelerate launch each
-process runs every N-th entry on its own device (cuda:LOCAL_RANK); rank 0 shows the progress bar and
-writes manifest.json. See docs/batch.md.
-
-  modular batch job.json
-  torchrun --nproc-per-node 4 -m modular batch job.json
-  modular batch job.json --dry-run --ranks 4"""
 _SHOWN = 20  # entries listed per rank by --dry-run
-
-
-def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``modular batch``."""
-    parser.add_argument("job", metavar="JOB", help="the job file (.json, or .toml on Python 3.11+)")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print each rank's entries and the components to load; load no weights, write nothing",
-    )
-    parser.add_argument(
-        "--ranks",
-        type=positive_int,
-        help="with --dry-run: split for this many processes (default: WORLD_SIZE, else 1)",
-    )
-    parser.add_argument(
-        "--offload",
-        choices=OFFLOADS,
-        default="none",
-        help="none: every model on the rank's device (default); auto: auto offload onto cuda:LOCAL_RANK; "
-        "sim: auto offload onto a simulated device of --budget",
-    )
-    parser.add_argument(
-        "--budget", type=byte_size, help="device bytes the weights may use on each rank, e.g. 8GB"
-    )
-    parser.add_argument("--margin", type=byte_size, help="bytes kept free on each rank's device")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads per process")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _dry_run(args: argparse.Namespace, out: Callable[[str], Any]) -> int:

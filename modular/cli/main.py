@@ -23,15 +23,16 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
-from modular.cli import batch_command as cli_batch
-from modular.cli import run_command as cli_run
-from modular.cli.run_command import (
+from modular.cli.arg_types import byte_size, positive_int
+
+# Only the options here: the subcommands that run models import them (and torch) when they run, so that
+# --help, `modular families` and a refused argument answer at once (tests/test_startup.py).
+from modular.cli.args import (
+    BATCH_DESCRIPTION,
     DEFAULT_FAMILY,
+    RUN_DESCRIPTION,
+    add_batch_arguments,
     add_job_arguments,
-    byte_size,
-    family_named,
-    positive_int,
-    tiny_repo,
 )
 
 __all__ = ["main", "positive_int"]
@@ -58,15 +59,23 @@ class _Parser(argparse.ArgumentParser):
 
 
 def run(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    from modular.cli import run_command as cli_run
+
     cli_run.run_command(args, args.thens)
     return 0
 
 
 def batch(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    from modular.cli import batch_command as cli_batch
+
     return cli_batch.batch_command(args)
 
 
 def inspect(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    from modular.cli.run_command import family_named, tiny_repo
     from modular.pipeline.pipeline import ModularPipeline
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -92,14 +101,14 @@ def families(args: argparse.Namespace) -> int:
     if not found:
         print("No block family is installed (entry point group 'modular.blocks').")
         return 0
-    for name, family in sorted(found.items()):
+    for name, family in sorted(found.items()):  # what a family declares: none of its modules is imported
         extras = [
             label
-            for label, present in (("tiny repo", family.make_tiny_repo), ("scenario", family.demo))
+            for label, present in (("tiny repo", family.ships_tiny_repo), ("scenario", family.ships_demo))
             if present
         ]
         print(
-            f"{name}: {family.blocks_class.__name__}"
+            f"{name}: {family.blocks_class_names[0]}"
             + (f" (ships a {' and a '.join(extras)})" if extras else "")
         )
         print(f"  workflows: {', '.join(family.workflows) or 'none named'}")
@@ -129,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser(
         "run",
         help="generate images: the built-in scenario, or REPO [--then REPO ...]",
-        description=cli_run.RUN_DESCRIPTION,
+        description=RUN_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_repo(run_parser, "default: the built-in scenario")
@@ -154,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     batch_parser = commands.add_parser(
         "batch",
         help="a job file's images: resumable, data-parallel under torchrun (see docs/batch.md)",
-        description=cli_batch.BATCH_DESCRIPTION,
+        description=BATCH_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    cli_batch.add_batch_arguments(batch_parser)
+    add_batch_arguments(batch_parser)
     _add_common(batch_parser)
     inspect_parser = commands.add_parser(
         "inspect", help="show a pipeline's blocks and components (no weights)"
@@ -223,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     args.thens = [then_parser().parse_args(segment) for segment in segments]
     debug = args.debug or os.environ.get("MODULAR_DEBUG", "") not in ("", "0")
     try:
-        _quiet_libraries()
         commands = {"run": run, "batch": batch, "inspect": inspect, "families": families}
         return commands[args.command](args)
     except KeyboardInterrupt:

@@ -23,10 +23,12 @@ import PIL.Image
 import torch
 
 from components import ComponentsManager
+from modular.batch.job_values import DTYPE_NAMES
 from modular.batch.jobs import Demo, Job, JobResult, JobRunner
 from modular.batch.output_folder import unwritable_reason
+from modular.cli.arg_types import byte_size, positive_int, seed_number
+from modular.cli.args import DEFAULT_FAMILY, DEFAULT_PROMPT, add_job_arguments
 from modular.cli import report as cli_report
-from modular.cli.arg_types import byte_size, names, positive_int, seed_number
 from modular.families import BlockFamily, available_families, family_for_index
 from modular.pipeline.index import read_index
 from offload.devices.budget import BudgetedDevice
@@ -47,18 +49,6 @@ __all__ = [
     "tiny_repo",
 ]
 
-RUN_DESCRIPTION = """\
-Without REPO: the built-in scenario (FLUX.1 text-to-image, then Canny and Depth control, on tiny repos
-built on the fly, one components manager, auto offload). With REPO: that repo's pipeline.
-
-  modular run REPO [job and run options] --then REPO_B [job options] --then ...
-
-runs several repos on one components manager, so what they share is loaded once. A job after --then
-keeps the previous job's prompt, negative prompt, steps, seed, size, guidance, number of images and
-dtype unless it sets them; its workflow, images, variant, revision and --reuse are its own. Options
-of the whole run (--offload, --budget, --margin, --output, --quiet) go before the first --then."""
-DEFAULT_PROMPT = "a photo of an astronaut riding a horse"
-DEFAULT_FAMILY = "stable-diffusion"
 INPUT_FLAGS = {
     "prompt": "--prompt TEXT",
     "image": "--image PATH",
@@ -78,40 +68,8 @@ INHERITED = (
 )
 # A job's own options: not inherited by the jobs after it, and not taken by the built-in scenario.
 _REPO_OWN = ("workflow", "image", "mask", "control_image", "variant", "revision", "reuse")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _REAL_DEVICE_MARGIN = "3GB"  # the engine's default: room for activations on a real device
-
-
-def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of one job (also those after ``--then``)."""
-    parser.add_argument("--prompt", help=f"what to draw (default {DEFAULT_PROMPT!r})")
-    parser.add_argument("--negative-prompt", help="what to steer away from, for pipelines that take one")
-    parser.add_argument("--workflow", help="prune to one named workflow (see `modular families`)")
-    parser.add_argument("--image", help="the input image of image-to-image and inpainting (a file)")
-    parser.add_argument("--mask", help="the inpainting mask (a file; white is repainted)")
-    parser.add_argument("--control-image", help="the control image of a control workflow (a file)")
-    parser.add_argument(
-        "--steps", type=positive_int, help="denoising steps, at least 1 (default: the pipeline's)"
-    )
-    parser.add_argument(
-        "--seed", type=seed_number, help="seed of the CPU generator, 0 to 2**63-1 (default 0)"
-    )
-    parser.add_argument("--height", type=positive_int, help="image height in pixels")
-    parser.add_argument("--width", type=positive_int, help="image width in pixels")
-    parser.add_argument("--guidance-scale", type=float, help="guidance scale")
-    parser.add_argument("--num-images", type=positive_int, help="images per prompt")
-    parser.add_argument(
-        "--dtype", choices=["auto", *DTYPES], help="weights dtype (auto: bfloat16 on CUDA, else float32)"
-    )
-    parser.add_argument("--variant", help="weights variant, e.g. fp16")
-    parser.add_argument("--revision", help="hub revision: branch, tag or commit")
-    parser.add_argument(
-        "--reuse",
-        type=names,
-        metavar="NAME[,NAME...]",
-        help="after --then: take these components from the previous job instead of loading them "
-        "(e.g. text_encoder,text_encoder_2,tokenizer,tokenizer_2,vae,scheduler)",
-    )
 
 
 @attrs.frozen

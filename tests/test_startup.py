@@ -1,0 +1,200 @@
+"""Start-up pays for what it uses: the command line's help, listings and refusals import neither torch nor
+diffusers, finding the families imports none of their modules, and the packages import their public
+names on first use. Each check runs a cold interpreter, as a user's command does."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modular import BlockFamily, SequentialPipelineBlocks, available_families
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "diffusers", "transformers")
+LAZY_PACKAGES = (
+    "offload",
+    "components",
+    "modular",
+    "blocks.stable_diffusion",
+    "blocks.stable_diffusion_xl",
+    "blocks.flux",
+    "blocks.z_image",
+)
+
+
+def cold(code: str) -> Any:
+    """Run ``code`` in a fresh interpreter; it prints one JSON object last, which is returned."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def command_line(argv: list[str]) -> dict:
+    """``modular *argv`` in a fresh interpreter: its exit status, its output and the heavy modules it imported."""
+    code = f"""
+import contextlib, io, json, sys
+from modular.cli.main import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+        status = main({argv!r})
+    except SystemExit as stop:
+        status = stop.code
+heavy = sorted(name for name in sys.modules if name.split(".")[0] in {HEAVY!r})
+print(json.dumps({{"status": status, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy}}))
+"""
+    return cold(code)
+
+
+def test_help_imports_neither_torch_nor_diffusers():
+    done = command_line(["--help"])
+    assert done["status"] == 0 and done["out"].startswith("usage: modular")
+    assert done["heavy"] == []
+
+
+def test_families_lists_them_without_importing_torch_or_their_modules():
+    """`modular families` prints what each family declares; no family module, torch or diffusers is imported."""
+    code = """
+import contextlib, io, json, sys
+from modular.cli.main import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    status = main(["families"])
+print(json.dumps({"status": status, "out": out.getvalue(),
+    "loaded": sorted(n for n in sys.modules if n.split(".")[0] in ("torch", "diffusers", "transformers")
+        or (n.startswith("blocks.") and n.count(".") > 1))}))
+"""
+    done = cold(code)
+    assert done["status"] == 0
+    assert (
+        "flux: FluxAutoBlocks (ships a tiny repo and a scenario)\n  workflows: text2image, image2image, control\n"
+        in (done["out"])
+    )
+    assert done["loaded"] == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nope"],  # an unknown subcommand
+        [],  # no subcommand
+        ["run", "--steps", "0"],
+        ["run", "--seed", "-1"],
+        ["run", "--budget", "lots"],
+        ["run", "--dtype", "float64"],
+        ["run", "--no-such-option"],
+        ["run", "repo", "--then", "--steps", "2"],  # --then without its REPO
+        ["batch"],  # no JOB
+        ["batch", "job.json", "--offload", "gpu"],
+        ["inspect", "--workflow"],
+    ],
+)
+def test_every_argument_error_imports_neither_torch_nor_diffusers(argv):
+    """A refused argument is argparse's one line and status 2, before anything heavy is imported."""
+    done = command_line(argv)
+    assert done["status"] == 2
+    assert done["err"].count("\n") == 1 and ": error: " in done["err"]
+    assert done["heavy"] == []
+
+
+def test_finding_the_families_imports_none_of_their_modules():
+    """The entry points load each family's declaration only; the one asked for imports its modules."""
+    code = """
+import json, sys
+from modular import available_families
+found = available_families()
+before = sorted(n for n in sys.modules if n.startswith("blocks.") and n.count(".") > 1 or n == "torch")
+found["flux"].blocks_class
+after = sorted(n for n in sys.modules if n.startswith("blocks.") and n.count(".") > 1)
+print(json.dumps({"names": sorted(found), "before": before, "after": after}))
+"""
+    done = cold(code)
+    assert {"flux", "stable-diffusion", "stable-diffusion-xl", "z-image"} <= set(done["names"])
+    assert done["before"] == []
+    assert "blocks.flux.modular_blocks" in done["after"]
+    assert not any(name.startswith(("blocks.stable_diffusion.", "blocks.z_image.")) for name in done["after"])
+
+
+def test_the_declared_workflows_are_the_blocks_own():
+    """What a family declares for `modular families` is what its blocks class names."""
+    for family in available_families().values():
+        blocks = family.blocks_class()
+        assert family.workflows == list(blocks.available_workflows), family.name
+        assert family.blocks_class_names == tuple(c.__name__ for c in family.all_blocks_classes)
+
+
+def test_a_family_named_by_paths_resolves_them_when_used():
+    family = BlockFamily(
+        name="x",
+        blocks_class="modular.framework.sequential.SequentialPipelineBlocks",
+        make_tiny_repo="json.dumps",
+    )
+    assert family.blocks_class_names == ("SequentialPipelineBlocks",)
+    assert family.blocks_class is SequentialPipelineBlocks
+    assert family.make_tiny_repo is json.dumps and family.ships_tiny_repo and not family.ships_demo
+
+
+def test_a_path_that_names_nothing_is_a_clear_error():
+    family = BlockFamily(name="x", blocks_class="modular.framework.sequential.NoSuchBlocks")
+    with pytest.raises(
+        TypeError, match="family 'x': blocks_class 'modular.framework.sequential.NoSuchBlocks' names no class"
+    ):
+        family.blocks_class  # noqa: B018
+
+
+def _lazy_names(package: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """``(the TYPE_CHECKING imports, the lazy_exports table)`` of a package's ``__init__``, module -> names."""
+    module = importlib.import_module(package)
+    tree = ast.parse(Path(module.__file__).read_text())
+    typed: dict[str, set[str]] = {}
+    table: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for item in node.body:
+                assert isinstance(item, ast.ImportFrom)
+                name = "." * item.level + (item.module or "")
+                if item.level == 0 and name.startswith(package + "."):
+                    name = name[len(package) :]
+                typed.setdefault(name, set()).update(alias.asname or alias.name for alias in item.names)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            if ast.unparse(node.value.func) == "lazy_exports":
+                table = {k: set(v) for k, v in ast.literal_eval(node.value.args[1]).items()}
+    return typed, table
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_a_lazy_package_types_what_it_exports(package):
+    """The ``if TYPE_CHECKING:`` imports and the lazy table name the same names in the same modules, and every
+    public name imports and is listed by dir()."""
+    typed, table = _lazy_names(package)
+    assert typed == table
+    module = importlib.import_module(package)
+    assert set(module.__all__) <= set(dir(module))
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_importing_a_package_imports_none_of_its_modules(package):
+    """Importing the package alone imports neither torch nor diffusers; its names import when first used."""
+    done = cold(
+        f"import json, sys, {package}\n"
+        f"print(json.dumps(sorted(n for n in sys.modules if n.split('.')[0] in {HEAVY!r})))"
+    )
+    assert done == []
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    import modular
+
+    with pytest.raises(AttributeError, match="module 'modular' has no attribute 'NoSuchThing'"):
+        modular.NoSuchThing  # noqa: B018
