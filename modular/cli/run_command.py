@@ -26,9 +26,9 @@ from components import ComponentsManager
 from modular.batch.job_values import DTYPE_NAMES
 from modular.batch.jobs import Demo, Job, JobResult, JobRunner
 from modular.batch.output_folder import unwritable_reason
+from modular.cli import report as cli_report
 from modular.cli.arg_types import byte_size, positive_int, seed_number
 from modular.cli.args import DEFAULT_FAMILY, DEFAULT_PROMPT, add_job_arguments
-from modular.cli import report as cli_report
 from modular.families import BlockFamily, available_families, family_for_index
 from modular.pipeline.index import read_index
 from offload.devices.budget import BudgetedDevice

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from offload.devices.storage import module_nbytes
+from offload.engine.hook import OffloadHook
 
 if TYPE_CHECKING:
     from components import ComponentsManager
@@ -67,7 +68,7 @@ class DeviceMethods:
             if device is not None:
                 hooked[module] = torch.device(device)
         if len(set(hooked.values())) > 1:
-            return hooked[max(hooked, key=module_nbytes)]
+            return hooked[max(hooked, key=_nbytes)]
         return next(iter(hooked.values()), self.device)
 
     @property
@@ -77,3 +78,10 @@ class DeviceMethods:
             for tensor in module.parameters():
                 return tensor.dtype
         return torch.float32
+
+
+def _nbytes(module: torch.nn.Module) -> int:
+    """A hooked model's size: its offload engine's count when it has one (read at every ``_execution_device``,
+    so no walk of its tensors), else its tensors' bytes."""
+    hook = getattr(module, "_hf_hook", None)
+    return hook.nbytes if isinstance(hook, OffloadHook) else module_nbytes(module)

@@ -47,6 +47,7 @@ class SimulatedDevice(MemoryProbe):
         self.h2d_bandwidth = _bandwidth(h2d_bandwidth)
         self.compute_time = _compute_time(compute_time)
         self._resident: dict[str, int] = {}
+        self._used = 0  # sum of ``_resident``, kept as it changes: free_bytes is asked at every placement
 
     def __repr__(self) -> str:
         return (
@@ -63,7 +64,7 @@ class SimulatedDevice(MemoryProbe):
 
     def used_bytes(self) -> int:
         """Bytes of the models resident on this device now."""
-        return sum(self._resident.values())
+        return self._used
 
     def free_bytes(self) -> int:
         return self.budget - self.used_bytes()
@@ -75,10 +76,11 @@ class SimulatedDevice(MemoryProbe):
         return f"{self.name} (budget {format_bytes(self.budget)})"
 
     def on_resident(self, model_id: str, nbytes: int) -> None:
+        self._used += nbytes - self._resident.get(model_id, 0)
         self._resident[model_id] = nbytes
 
     def on_evicted(self, model_id: str) -> None:
-        self._resident.pop(model_id, None)
+        self._used -= self._resident.pop(model_id, 0)
 
 
 def _bandwidth(value: int | str | None) -> int | None:

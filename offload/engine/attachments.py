@@ -39,7 +39,7 @@ def attach(
                 return
             msg = f"model id {model_id!r} is already attached to another module; detach({model_id!r}) first."
             raise ValueError(msg)
-        other = next((m for m in hooks if ledger.module(m) is module), None)
+        other = ledger.id_of(module)  # an index: attaching does not look at the other models
         if other is not None:
             msg = (
                 f"this module is already attached as {other!r}; one module can be attached under one id only."

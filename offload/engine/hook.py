@@ -55,6 +55,11 @@ class OffloadHook(ModelHook):
         """Where the model runs; pipelines read it (as from accelerate's hooks) to place their tensors."""
         return self.engine.execution_device if self.device is None else self.device
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the model's weights as its engine counts them: read from the ledger, no walk of its tensors."""
+        return self.engine.nbytes(self.model_id)
+
     def pre_forward(self, module, *args, **kwargs):
         self.engine.ensure_resident(self.model_id)
         device = self.execution_device

@@ -68,6 +68,11 @@ class _Model:
     refusal: str | None = None  # why it cannot be dropped, until it changes
 
 
+def _in_memory(model: _Model) -> int:
+    """Bytes of ``model``'s host copy in host memory now: all of it, or only what stays while it is on disk."""
+    return model.size if model.dropped is None else model.kept
+
+
 class HostTier:
     """Holds the host copies of one engine's models within ``budget`` bytes; the rest are on disk.
 
@@ -108,6 +113,9 @@ class HostTier:
         self._request = request
         self._pin = probe.moves_weights and probe.execution_device.type == "cuda"
         self._models: dict[str, _Model] = {}
+        # Running totals over ``_models``, kept by ``_change``, so that no placement walks every model.
+        self._in_memory = 0  # held_bytes
+        self._placed = 0  # placed_bytes
         self._placing: set[str] = set()  # read back and about to be placed: not dropped meanwhile
         self._held: Counter[str] = Counter()  # read back for a reader (``hold``): not dropped until released
         existed = spill_folder is not None and os.path.isdir(spill_folder)
@@ -121,7 +129,7 @@ class HostTier:
 
     def held_bytes(self) -> int:
         """Bytes of the host copies in memory now."""
-        return sum(m.size if m.dropped is None else m.kept for m in self._models.values())
+        return self._in_memory
 
     def on_disk(self, model_id: str) -> bool:
         """Whether ``model_id``'s host copy is dropped: its weights are on disk only."""
@@ -140,7 +148,7 @@ class HostTier:
     def placed_bytes(self) -> int:
         """Bytes of the host copies of every model it keeps, held or on disk."""
         with self._lock:
-            return sum(model.size for model in self._models.values())
+            return self._placed
 
     # -- a share of a host budget split between devices ----------------------------------------
     def set_share(self, share: HostShare, drop: bool = True) -> None:
@@ -199,7 +207,11 @@ class HostTier:
     def attach(self, model_id: str, module: torch.nn.Module, files: Sequence[str]) -> None:
         """Keep ``module``'s host copy under the budget from now on; ``files`` are those it was loaded from."""
         size = module_nbytes(module, count_meta=False)
-        self._models[model_id] = _Model(module, tuple(files), size, measured=self._ledger.nbytes(model_id))
+        self._forget(model_id)
+        model = _Model(module, tuple(files), size, measured=self._ledger.nbytes(model_id))
+        self._models[model_id] = model
+        self._in_memory += _in_memory(model)
+        self._placed += model.size
 
     def detach(self, model_id: str, read_back: bool = True) -> None:
         """Forget ``model_id`` (its spill file is removed). With ``read_back``, a model on disk is read back
@@ -211,7 +223,7 @@ class HostTier:
         elif model is not None and model.dropped is not None:
             empty_tensors(model.dropped)
             logger.info("%s leaves with its weights on disk unread (meta tensors)", model_id)
-        self._models.pop(model_id, None)  # a pinned model was never attached here
+        self._forget(model_id)  # a pinned model was never attached here
         self._held.pop(model_id, None)
         self._spills.forget(model_id)
 
@@ -268,8 +280,8 @@ class HostTier:
             self._placing.discard(model_id)
             measured = self._ledger.nbytes(model_id) if model_id in self._ledger else None  # None: detached
             if model is not None and model.dropped is None and measured not in (None, model.measured):
-                model.size = module_nbytes(model.module, count_meta=False)  # measured again by the placer
-                model.measured = measured
+                # measured again by the placer
+                self._change(model, size=module_nbytes(model.module, count_meta=False), measured=measured)
             self._make_room(model_id, 0)
 
     def changed(self, model_id: str) -> None:
@@ -283,7 +295,7 @@ class HostTier:
         self.restore(model_id)
         model.stale = True
         model.refusal = None
-        model.size = module_nbytes(model.module, count_meta=False)
+        self._change(model, size=module_nbytes(model.module, count_meta=False))
         model.measured = self._ledger.nbytes(model_id)
 
     def restore(self, model_id: str) -> None:
@@ -306,10 +318,24 @@ class HostTier:
             raise DiskCopyError(msg)
         free = self._probe.free_bytes()
         read = read_back(model.dropped, model.copy, self._pin)
-        model.dropped = None
+        self._change(model, dropped=None)
         self._record(model_id, "disk read", free, from_disk=read)
 
     # -- internals -----------------------------------------------------------------------------
+    def _change(self, model: _Model, **fields: object) -> None:
+        """Set ``fields`` of ``model`` (its ``size``, ``kept``, ``dropped``), keeping the running totals."""
+        in_memory, size = _in_memory(model), model.size
+        for name, value in fields.items():
+            setattr(model, name, value)
+        self._in_memory += _in_memory(model) - in_memory
+        self._placed += model.size - size
+
+    def _forget(self, model_id: str) -> None:
+        model = self._models.pop(model_id, None)
+        if model is not None:
+            self._in_memory -= _in_memory(model)
+            self._placed -= model.size
+
     def _make_room(self, model_id: str, extra: int) -> None:
         refused: set[str] = set()
         while True:
@@ -359,9 +385,10 @@ class HostTier:
                 return False
         free = self._probe.free_bytes()
         dropped = [slot for slot in slots if slot.key not in copy.kept]
-        model.kept = sum(slot.nbytes for slot in slots if slot.key in copy.kept)
         drop_tensors(dropped)
-        model.copy, model.stale, model.dropped = copy, False, dropped
+        kept = sum(slot.nbytes for slot in slots if slot.key in copy.kept)
+        self._change(model, kept=kept, dropped=dropped)
+        model.copy, model.stale = copy, False
         self._record(model_id, "drop host copy", free)
         return True
 

@@ -9,6 +9,7 @@ bytes. With a bookkeeping probe (simulated device, CPU) nothing moves; only byte
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -42,6 +43,7 @@ class _Entry:
     footprint: int | None = None
     # Pinned (offload.weights.pinned): never moved; the bytes it holds on the device, else None.
     pinned: int | None = None
+    serial: int = 0  # its place in the order models were added (``residents`` keeps that order)
 
 
 def _held(entry: _Entry) -> int:
@@ -59,6 +61,12 @@ class ResidencyLedger:
     def __init__(self, probe: MemoryProbe):
         self.probe = probe
         self._entries: dict[str, _Entry] = {}
+        # Indexes kept as entries change, so that no query walks every attached model: the resident ones
+        # (pinned ones apart), the pinned ones, and each module's id (by ``id(module)``).
+        self._resident: dict[str, _Entry] = {}
+        self._pinned: dict[str, _Entry] = {}
+        self._ids: dict[int, str] = {}
+        self._serials = itertools.count()
         self._resident_bytes = 0
         self.peak_resident_bytes = 0
         # None for a bookkeeping probe (simulated device, CPU): nothing moves, only bytes are counted.
@@ -81,6 +89,10 @@ class ResidencyLedger:
         """The module registered under ``model_id``."""
         return self._entries[model_id].module
 
+    def id_of(self, module: torch.nn.Module) -> str | None:
+        """The id ``module`` (the very object) is registered under, or ``None``."""
+        return self._ids.get(id(module))
+
     def nbytes(self, model_id: str) -> int:
         """Bytes of ``model_id``'s weights (unique storages of parameters and buffers)."""
         return self._entries[model_id].nbytes
@@ -91,8 +103,10 @@ class ResidencyLedger:
         return entry is not None and entry.resident
 
     def residents(self) -> dict[str, int]:
-        """Resident model ids and the bytes each holds on the device (its footprint when partly resident)."""
-        return {mid: _held(e) for mid, e in self._entries.items() if e.resident and e.pinned is None}
+        """Resident model ids and the bytes each holds on the device (its footprint when partly resident), in
+        the order the models were added."""
+        resident = sorted(self._resident.items(), key=lambda item: item[1].serial)
+        return {mid: _held(e) for mid, e in resident}
 
     def is_pinned(self, model_id: str) -> bool:
         """True if ``model_id`` is pinned: it stays where it is (``offload.weights.pinned``)."""
@@ -101,7 +115,7 @@ class ResidencyLedger:
 
     def pinned(self) -> dict[str, int]:
         """Pinned model ids and the bytes each holds on the device (never among ``residents``)."""
-        return {mid: e.pinned for mid, e in self._entries.items() if e.pinned is not None}
+        return {mid: e.pinned for mid, e in self._pinned.items() if e.pinned is not None}
 
     def partial(self, model_id: str) -> tuple[int, int] | None:
         """``(resident bytes, footprint)`` of a partly resident model (``offload.partial.streaming``), else None."""
@@ -122,16 +136,18 @@ class ResidencyLedger:
         where it is and counts as resident from now on, outside ``residents`` (``offload.weights.pinned``).
         """
         generation = registrations()
-        entry = _Entry(module=module, nbytes=module_nbytes(module))
+        entry = _Entry(module=module, nbytes=module_nbytes(module), serial=next(self._serials))
         if pinned:
             entry.pinned, entry.resident = pinned_device_bytes(self.probe, module), True
             self._measured(entry, generation)
-            self._entries[model_id] = entry
+            self._entries[model_id] = self._pinned[model_id] = entry
+            self._ids[id(module)] = model_id
             self.probe.on_resident(model_id, entry.pinned)
             return 0
         moved_back = self._moves.to_host(module) if self._moves is not None else 0
         self._measured(entry, generation)
         self._entries[model_id] = entry
+        self._ids[id(module)] = model_id
         if self.probe.always_resident:
             self._set_resident(model_id, entry, True)
         return moved_back
@@ -142,7 +158,11 @@ class ResidencyLedger:
             self.probe.on_evicted(model_id)
         elif self._entries[model_id].resident:
             self.evict(model_id)
-        unwatch(self._entries.pop(model_id).watched)
+        entry = self._entries.pop(model_id)
+        self._resident.pop(model_id, None)  # always resident (device="cpu"): evict leaves it
+        self._pinned.pop(model_id, None)
+        self._ids.pop(id(entry.module), None)
+        unwatch(entry.watched)
 
     def make_resident(
         self, model_id: str, part: tuple[Sequence[torch.nn.Module], int, int] | None = None
@@ -274,10 +294,12 @@ class ResidencyLedger:
     def _set_resident(self, model_id: str, entry: _Entry, resident: bool) -> None:
         entry.resident = resident
         if resident:
+            self._resident[model_id] = entry
             self._resident_bytes += _held(entry)
             self.peak_resident_bytes = max(self.peak_resident_bytes, self._resident_bytes)
             self.probe.on_resident(model_id, _held(entry))
         else:
+            del self._resident[model_id]
             self._resident_bytes -= _held(entry)
             entry.prefix = entry.footprint = None
             self.probe.on_evicted(model_id)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 from diffusers import AutoencoderKL
 
@@ -69,3 +73,32 @@ class Tower(torch.nn.Module):
         for block in self.blocks:
             x = torch.relu(block(x))
         return x
+
+
+# The project's packages: the lines ``lines_run`` counts.
+_PACKAGES = tuple(
+    str(Path(__file__).resolve().parents[2] / name) for name in ("offload", "components", "modular")
+)
+
+
+def lines_run(function: Callable[[], object]) -> int:
+    """How many lines of the project's packages ``function()`` runs (every loop pass counts): work that grows
+    with the models attached shows as more lines, without timing anything."""
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def start(frame, event, arg):
+        return local if frame.f_code.co_filename.startswith(_PACKAGES) else None
+
+    previous = sys.gettrace()
+    sys.settrace(start)
+    try:
+        function()
+    finally:
+        sys.settrace(previous)
+    return count

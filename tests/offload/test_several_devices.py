@@ -251,6 +251,19 @@ def test_the_pipeline_makes_its_latents_where_the_denoiser_runs(repos):
     assert pipe._execution_device == torch.device("cpu")
 
 
+def test_the_denoisers_device_is_found_from_the_engines_sizes_without_walking_tensors(repos, monkeypatch):
+    """Read at every step, the execution device over several devices compares the sizes the engines hold."""
+    cm = ComponentsManager()
+    pipe = tiny_sd_pipeline(repos[0], cm)
+    cm.enable_auto_cpu_offload(device=two_devices(10**9), memory_reserve_margin=0)
+    pipe.unet._hf_hook.device = torch.device("meta")  # its inputs go elsewhere: a second device
+    monkeypatch.setattr(
+        "modular.pipeline.devices.module_nbytes", lambda module: pytest.fail("walked a model's tensors")
+    )
+    assert pipe._execution_device == torch.device("meta")  # the unet's: the largest model
+    cm.disable_auto_cpu_offload()
+
+
 # ---- bad input: a clear error, nothing changed ---------------------------------------------------------
 
 
