@@ -3,6 +3,8 @@
 The public names of the project live here; each also lives in the package that owns it.
 """
 
+# Before anything imports them: `components` and `offload` must be this distribution's.
+from . import _siblings  # noqa: F401  # isort: skip
 from components import ComponentsManager, ComponentSpec, ConfigSpec
 
 from .block import ModularPipelineBlocks
