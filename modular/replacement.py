@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from components import ComponentSpec
 
 from .block import ModularPipelineBlocks
+from .planning import every_block
 
 __all__ = ["check_replacements", "replacement_type"]
 
@@ -46,7 +47,7 @@ def check_replacements(
         if value is not None and hint is not None and not isinstance(value, hint):
             msg = f"update_components: {name!r} must be a {hint.__name__} (got a {type(value).__name__})"
             raise TypeError(msg)
-    for block in _every_block(blocks):
+    for block in every_block(blocks):
         check = getattr(block, "check_component", None)
         if check is None:
             continue
@@ -54,9 +55,3 @@ def check_replacements(
         for name, value in values.items():
             if value is not None and name in own:
                 check(name, value)
-
-
-def _every_block(block: ModularPipelineBlocks) -> Iterator[ModularPipelineBlocks]:
-    yield block
-    for child in block.sub_blocks.values():
-        yield from _every_block(child)
