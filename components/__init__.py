@@ -1,11 +1,15 @@
 """Component specs, loading from repos, and the ComponentsManager registry."""
 
+# _siblings first: it checks that `offload` is ours before anything imports it.
+from components import _siblings  # noqa: F401
+
+# isort: split
 from typing import TYPE_CHECKING
 
+# quiet_imports installs its log filters before any module of the package imports diffusers.
+from components import errors, quiet_imports  # noqa: F401
 from offload.lazy_exports import lazy_exports
 
-# quiet_imports installs its log filters before any module of the package imports diffusers.
-from . import errors, quiet_imports  # noqa: F401
 from .errors import *  # noqa: F403  (every error; errors.__all__ is the one list of them)
 
 if TYPE_CHECKING:

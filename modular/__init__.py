@@ -3,6 +3,10 @@
 The public names of the project live here; each also lives in the package that owns it.
 """
 
+# Before anything imports them: `components` and `offload` must be this distribution's.
+from modular import _siblings  # noqa: F401
+
+# isort: split
 from typing import TYPE_CHECKING
 
 # quiet_imports installs its log filters before any module imports diffusers (importing components runs it).

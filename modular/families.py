@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import attrs
 
+from modular._siblings import check_siblings
+
 __all__ = ["BlockFamily", "available_families", "family_for_index", "family_of_blocks", "register_family"]
 
 logger = logging.getLogger(__name__)
@@ -182,6 +184,7 @@ def available_families() -> dict[str, BlockFamily]:
     if _discovered is None:
         found = {}
         for point in entry_points(group=ENTRY_POINT_GROUP):
+            check_siblings("modular", [point.module.partition(".")[0]])  # a user's blocks.py, say
             family = point.load()
             if not isinstance(family, BlockFamily):
                 msg = f"entry point {point.name!r} in group {ENTRY_POINT_GROUP!r} must name a BlockFamily (got {type(family).__name__})"

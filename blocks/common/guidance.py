@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GUIDER",
+    "GuiderKindCheck",
     "call_guider",
     "check_guider",
     "check_guider_kind",
@@ -230,6 +231,16 @@ def check_guider_kind(guider: Any, block_name: str) -> None:
             f"family, e.g. ClassifierFreeGuidance, PerturbedAttentionGuidance or SkipLayerGuidance"
         )
         raise ValueError(msg)
+
+
+class GuiderKindCheck:
+    """Mixin for a denoiser block that declares the ``guider``: its ``check_component``, which
+    ``update_components`` and a saved index ask (``modular/pipeline/replacement.py``), refuses a guider it cannot serve."""
+
+    def check_component(self, name: str, component: Any) -> None:
+        """Refuses a guider this denoiser cannot serve (``check_guider_kind``), before any model runs."""
+        if name == GUIDER:
+            check_guider_kind(component, type(self).__name__)
 
 
 def check_guider(guider: BaseGuidance, model: torch.nn.Module, model_name: str, block_name: str) -> None:

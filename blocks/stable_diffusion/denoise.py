@@ -8,10 +8,9 @@ import torch
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.guidance import (
-    GUIDER,
+    GuiderKindCheck,
     call_guider,
     check_guider,
-    check_guider_kind,
     guided_prediction,
     guider_spec,
     stack_conditions,
@@ -117,7 +116,7 @@ class StableDiffusionInpaintLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser
         return components, block_state
 
 
-class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
+class StableDiffusionLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
     """Loop step: predict the noise with the UNet, one pass or batch per condition the guider asks for."""
 
     model_name = MODEL_NAME
@@ -144,11 +143,6 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
         InputParam.template("cross_attention_kwargs"),
         *IP_ADAPTER_DENOISER_INPUTS,
     ]
-
-    def check_component(self, name: str, component: Any) -> None:
-        """Refuses a guider this denoiser cannot serve (``check_guider_kind``), before any model runs."""
-        if name == GUIDER:
-            check_guider_kind(component, type(self).__name__)
 
     def _timestep_cond(self, components, block_state) -> torch.Tensor | None:
         proj_dim = components.unet.config.time_cond_proj_dim

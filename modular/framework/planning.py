@@ -26,6 +26,7 @@ __all__ = [
     "PlanCache",
     "check_inputs",
     "check_output",
+    "every_block",
     "known_inputs",
     "plan_call",
     "tagged_inputs",
@@ -50,10 +51,10 @@ class CallPlan:
     needs_values: bool = False
 
 
-def _every_block(block: ModularPipelineBlocks) -> Iterator[ModularPipelineBlocks]:
+def every_block(block: ModularPipelineBlocks) -> Iterator[ModularPipelineBlocks]:
     """``block`` and all blocks inside it, children before their parent."""
     for child in block.sub_blocks.values():
-        yield from _every_block(child)
+        yield from every_block(child)
     yield block
 
 
@@ -66,7 +67,7 @@ def known_inputs(blocks: ModularPipelineBlocks) -> dict[str, InputParam]:
     """
     params: dict[str, InputParam] = {}
     groups: dict[str, InputParam] = {}
-    for block in (blocks, *_every_block(blocks)):
+    for block in (blocks, *every_block(blocks)):
         for param in block.inputs:
             if param.name:
                 params.setdefault(param.name, param)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from components import ComponentSpec
 from modular.framework.block import ModularPipelineBlocks
+from modular.framework.planning import every_block
 
 __all__ = ["check_replacements", "replacement_type"]
 
@@ -45,7 +46,7 @@ def check_replacements(
         if value is not None and hint is not None and not isinstance(value, hint):
             msg = f"update_components: {name!r} must be a {hint.__name__} (got a {type(value).__name__})"
             raise TypeError(msg)
-    for block in _every_block(blocks):
+    for block in every_block(blocks):
         check = getattr(block, "check_component", None)
         if check is None:
             continue
@@ -53,9 +54,3 @@ def check_replacements(
         for name, value in values.items():
             if value is not None and name in own:
                 check(name, value)
-
-
-def _every_block(block: ModularPipelineBlocks) -> Iterator[ModularPipelineBlocks]:
-    yield block
-    for child in block.sub_blocks.values():
-        yield from _every_block(child)

@@ -29,6 +29,7 @@ from offload.host.tensor_slots import TensorSlot, assign, tensor_slots
 
 __all__ = [
     "DiskCopy",
+    "FileGaps",
     "file_identity",
     "file_index",
     "file_sources",
@@ -123,14 +124,29 @@ def file_index(paths: Iterable[str]) -> dict[str, tuple[str, tuple[int, ...], to
     return index
 
 
-def missing_from_files(module: torch.nn.Module, files: Sequence[str]) -> tuple[str, str] | None:
+@attrs.frozen
+class FileGaps:
+    """What of a model its files cannot give back (:func:`missing_from_files`), for a host-budget refusal.
+
+    Attributes:
+        where: which files, as the message says it: ``"no safetensors file it was loaded from"``, ``"files
+            that lack some"`` or ``"no file holding the quantized form"``.
+        missing: the first names missing (or why it cannot be stored at all).
+        quantized: it holds quantized weights, which no file gives back (its file holds the weights before
+            quantization): the fix the refusal offers is not "load it from a saved file".
+    """
+
+    where: str
+    missing: str
+    quantized: bool = False
+
+
+def missing_from_files(module: torch.nn.Module, files: Sequence[str]) -> FileGaps | None:
     """What of ``module`` its safetensors ``files`` lack, from their headers (names, shapes, dtypes); ``None``
     when they store every tensor of it (non-persistent buffers aside).
 
     Returns:
-        ``(which files, the tensors they lack)`` for a message: ``"no safetensors file it was loaded from"``,
-        ``"files that lack some"`` or, for quantized weights (never read from a file), ``"no file holding
-        the quantized form"``, and the first names missing (or why it cannot be stored at all).
+        The files' gaps (:class:`FileGaps`), ``None`` when there are none.
     """
     slots = tensor_slots(module)
     index = file_index(files)
@@ -150,7 +166,7 @@ def missing_from_files(module: torch.nn.Module, files: Sequence[str]) -> tuple[s
     where = "no safetensors file it was loaded from" if not index else "files that lack some"
     where = "no file holding the quantized form" if quantized else where
     shown = ", ".join(missing[:3])
-    return where, shown if len(missing) <= 3 else f"{shown} and {len(missing) - 3} more"
+    return FileGaps(where, shown if len(missing) <= 3 else f"{shown} and {len(missing) - 3} more", quantized)
 
 
 def _stored(index: dict, name: str, tensor: torch.Tensor) -> bool:

@@ -31,6 +31,7 @@ from offload.errors import HostBudgetError
 from offload.records.messages import reload_hint
 
 if TYPE_CHECKING:
+    from offload.host.disk_copies import FileGaps
     from offload.host.host_tier import HostTier
 
 __all__ = ["HostShare", "SharedHostBudget", "default_host_budget", "host_memory", "spill_subfolders"]
@@ -90,16 +91,16 @@ class HostShare:
         """The least host budget whose share, the models placed as now, holds ``size`` bytes."""
         return -(-size * self.total // max(self.placed, 1))
 
-    def refusal(self, model_id: str, size: int, where: str, missing: str) -> str:
+    def refusal(self, model_id: str, size: int, gaps: FileGaps) -> str:
         """Why ``model_id`` (``size`` bytes, larger than the share) cannot go under it, and the fix."""
         need, share, budget = format_bytes_distinct(size, self.nbytes, self.budget)
         placed = format_bytes(self.placed)
         return (
             f"model {model_id!r} ({need}) is larger than {self.device}'s share {share} of host_budget {budget} "
             f"(split between the {self.devices} devices by the bytes of the models each places; {self.device} "
-            f"places {placed}) and has {where} of its weights to read back from ({missing}); it would have "
-            f"to be held in host memory beyond the share. Raise host_budget to at least "
-            f"{format_bytes(self.budget_holding(size))}, {reload_hint(where)}. Nothing was dropped."
+            f"places {placed}) and has {gaps.where} of its weights to read back from ({gaps.missing}); it "
+            f"would have to be held in host memory beyond the share. Raise host_budget to at least "
+            f"{format_bytes(self.budget_holding(size))}, {reload_hint(gaps.quantized)}. Nothing was dropped."
         )
 
 

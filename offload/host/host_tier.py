@@ -190,17 +190,16 @@ class HostTier:
     ) -> None:
         if size <= (self.budget if share is None else share.nbytes):
             return
-        lacking = missing_from_files(module, files)
-        if lacking is None:
+        gaps = missing_from_files(module, files)
+        if gaps is None:
             return
-        where, missing = lacking
         if share is not None:
-            raise HostBudgetError(share.refusal(model_id, size, where, missing))
+            raise HostBudgetError(share.refusal(model_id, size, gaps))
         need, budget = format_bytes_distinct(size, self.budget)
         msg = (
-            f"model {model_id!r} ({need}) is larger than host_budget {budget} and has {where} of its "
-            f"weights to read back from ({missing}); it would have to be held in host memory "
-            f"beyond the budget. Raise host_budget above its size, {reload_hint(where)}. Nothing was dropped."
+            f"model {model_id!r} ({need}) is larger than host_budget {budget} and has {gaps.where} of its "
+            f"weights to read back from ({gaps.missing}); it would have to be held in host memory beyond the "
+            f"budget. Raise host_budget above its size, {reload_hint(gaps.quantized)}. Nothing was dropped."
         )
         raise HostBudgetError(msg)
 

@@ -142,9 +142,9 @@ def forward_oom(model_id: str, nbytes: int, device: str, free: int, margin: int)
     )
 
 
-def reload_hint(where: str) -> str:
+def reload_hint(quantized: bool) -> str:
     """The second fix a host-budget refusal offers: a file to read the weights back from, which a quantized
-    model cannot have (its file holds the unquantized weights)."""
-    if where.startswith("no file holding the quantized form"):
+    model cannot have (its file holds the unquantized weights: ``FileGaps.quantized``)."""
+    if quantized:
         return "or hold it unquantized, or pin it (offload.pin) so that it stays where it is"
     return "or save the model with save_pretrained() and load it from there"

@@ -20,14 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRIES = 6
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    """The tiny Stable Diffusion repo."""
-    from blocks.stable_diffusion import make_tiny_repo
-
-    return make_tiny_repo(tmp_path_factory.mktemp("batch-repo") / "tiny-sd")
-
-
 def _job_file(folder: Path, repo: Path, output: str = "out") -> Path:
     """A 6-entry job (3 prompts, 2 images each, 2 steps, 32x32) saving exact float arrays (.npy)."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -433,17 +433,6 @@ def test_reuse_takes_components_from_the_previous_job(tmp_path, picture, capsys)
     )
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Fail the test if any pipeline loads components."""
-    from modular.pipeline.pipeline import ModularPipeline
-
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(ModularPipeline, "load_components", refuse)
-
-
 @pytest.mark.parametrize("where", ["file", "under-a-file"])
 def test_an_output_that_cannot_hold_images_is_refused_before_anything_loads(
     where, tmp_path, capsys, no_model_loads

@@ -8,7 +8,6 @@ from diffusers.loaders import StableDiffusionLoraLoaderMixin
 from safetensors.torch import load_file
 
 import modular.adapters.lora
-from blocks.stable_diffusion import make_tiny_repo
 from components import CorruptWeightsError, MissingComponentFileError, PickleWeightsError, RepoNotFoundError
 from components.model_info import lora_layers
 from modular import BlockFamily, ComponentsManager, ModularPipeline
@@ -18,11 +17,6 @@ from tests.components.hub_cache import add_to_hub_cache
 
 from .tiny_sd import tiny_sd_pipeline
 from .toy_blocks import AddOneThenDouble
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
 
 
 @pytest.fixture(scope="module")

@@ -17,18 +17,7 @@ from components import ComponentSpec
 from modular import ComponentsManager, ModularPipeline
 from modular.pipeline.index import MODULAR_INDEX
 
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
-
-
-def _generate(pipe, seed=0):
-    pipe.set_progress_bar_config(disable=True)
-    generator = torch.Generator().manual_seed(seed)
-    return pipe(
-        prompt="a cat", num_inference_steps=2, generator=generator, output_type="latent", output="images"
-    )
+from .tiny_sd import tiny_sd_latents
 
 
 def test_from_pretrained_reads_the_classic_index_lazily(repo):
@@ -105,7 +94,7 @@ def test_save_then_load_gives_an_equal_pipeline(repo, tmp_path):
     again = ModularPipeline.from_pretrained(tmp_path / "saved")
     again.load_components(torch_dtype=torch.float32)
     assert again.get_component_spec("unet").load_id == f"{(tmp_path / 'saved').resolve()}|unet|null|null"
-    assert torch.equal(_generate(pipe), _generate(again))
+    assert torch.equal(tiny_sd_latents(pipe), tiny_sd_latents(again))
 
 
 def test_saved_workflow_stays_pruned(repo, tmp_path):

@@ -12,8 +12,9 @@ from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
 from components import ComponentsManager
 from offload import HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
-from offload.host.disk_copies import DiskCopy, read_back, write_spill
+from offload.host.disk_copies import DiskCopy, missing_from_files, read_back, write_spill
 from offload.host.tensor_slots import drop_tensors, tensor_slots
+from offload.records.messages import reload_hint
 
 from .helpers import MetaProbe, Tower
 from .test_host_tier import loaded
@@ -296,3 +297,19 @@ def test_a_quantized_model_larger_than_the_budget_is_refused(tmp_path):
     # The fix it offers fits a quantized model: no file can hold its quantized form for reading back.
     assert "save_pretrained" not in str(caught.value) and "pin it (offload.pin)" in str(caught.value)
     assert not os.path.exists(tmp_path / "spill") and torch.equal(feed(model), feed(quantized(0)))
+
+
+def test_the_refusals_fix_keys_on_quantized_weights_not_on_the_message_text():
+    """What the files lack says whether it is quantized weights (FileGaps.quantized), and the fix the refusal
+    offers follows that flag: pin it or hold it unquantized, else read it back from a saved file."""
+    gaps = missing_from_files(quantized(0), [])
+    assert gaps is not None and gaps.quantized and gaps.where == "no file holding the quantized form"
+    assert (
+        reload_hint(gaps.quantized)
+        == "or hold it unquantized, or pin it (offload.pin) so that it stays where it is"
+    )
+    plain = missing_from_files(Tower(depth=2, width=WIDTH, seed=0), [])
+    assert (
+        plain is not None and not plain.quantized and plain.where == "no safetensors file it was loaded from"
+    )
+    assert reload_hint(plain.quantized) == "or save the model with save_pretrained() and load it from there"
