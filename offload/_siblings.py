@@ -5,7 +5,8 @@ The four packages have generic names: a user's ``offload.py`` in the working fol
 circular import. So each package checks the siblings it imports before it imports them
 (``components/__init__.py``, ``modular/__init__.py``, ``blocks/__init__.py``, and ``modular/families.py``
 before it loads a family's entry point). They run this file by its path (``runpy.run_path``): importing it
-by name could find the shadow too. The standard library only, and nothing imported: the check is cheap.
+by name could find the shadow too. The standard library only, and each sibling is found, not imported: the
+check is cheap (no torch).
 """
 
 from __future__ import annotations
