@@ -325,3 +325,20 @@ def test_each_rule_names_the_offending_import(file, source, expected):
 def test_allowed_imports_pass(file, source):
     """Downward, type-only, derived-family and kept deferred imports are not reported."""
     assert [p for found in imports_of(ROOT / file, source) for p in layering_problems(found)] == []
+
+
+def test_every_name_a_package_exports_resolves():
+    """Each name in a package's `__all__` imports (the lazy faces map names to modules by text: a typo there
+    shows only here)."""
+    import importlib
+
+    faces = sorted(_module_name(path) for path in project_files() if path.name == "__init__.py")
+    broken = []
+    for face in faces:
+        package = importlib.import_module(face)
+        for name in getattr(package, "__all__", ()):
+            try:
+                getattr(package, name)
+            except (AttributeError, ImportError) as error:
+                broken.append(f"{face}.{name}: {error}")
+    assert len(faces) > 10 and broken == []

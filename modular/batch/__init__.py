@@ -45,7 +45,7 @@ __getattr__, __dir__ = lazy_exports(
             "plan_batch",
             "run_batch",
         ),
-        ".store": ("OutputStore"),
+        ".store": ("OutputStore",),
     },
 )
 

@@ -169,7 +169,7 @@ class JobRunner:
             msg = f"{job.repo}: job {job.name!r} reuses {unknown}, which its pipeline does not have (it has {pipe.component_names})"
             raise KeyError(msg)
         params = known_inputs(pipe.blocks)
-        check_inputs(job.repo, params, dict(job.inputs))
+        check_inputs(job.repo, params, dict(job.inputs), pipe.blocks)
         unknown = [name for name in job.derives if name not in params]
         if unknown:
             msg = f"{job.repo}: job {job.name!r} derives {unknown}, which its pipeline does not take"

@@ -101,6 +101,25 @@ def tagged_inputs(
     return tagged
 
 
+def _unknown_input(
+    pipeline_name: str, key: str, params: Mapping[str, InputParam], blocks: ModularPipelineBlocks | None
+) -> str:
+    close = difflib.get_close_matches(key, list(params), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    if key == "return_dict":  # a diffusers habit: say what stands for it here
+        hint = "; a call returns the state, or one value with output='images' (diffusers' return_dict)"
+    offered = [p.name for p in blocks.inputs if p.name] if blocks is not None else list(params)
+    offered += [
+        p.kwargs_type for p in (blocks.inputs if blocks is not None else ()) if not p.name and p.kwargs_type
+    ]
+    ranked = sorted(
+        dict.fromkeys(offered), key=lambda name: (-difflib.SequenceMatcher(None, key, name).ratio(), name)
+    )
+    shown = ", ".join(ranked[:_SHOWN_INPUTS])
+    more = f" and {len(ranked) - _SHOWN_INPUTS} more" if len(ranked) > _SHOWN_INPUTS else ""
+    return f"{pipeline_name}() got an unknown input {key!r}{hint} (inputs, closest first: {shown}{more}; pipe.doc lists them)"
+
+
 def _check_group(pipeline_name: str, kind: str, value: Any, params: Mapping[str, InputParam]) -> None:
     """A group given as one value must be a dict of identifiers; members that are named inputs are type-checked."""
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in value):
@@ -120,15 +139,25 @@ def _check_group(pipeline_name: str, kind: str, value: Any, params: Mapping[str,
             raise InputTypeError(msg)
 
 
-def check_inputs(pipeline_name: str, params: dict[str, InputParam], given: dict[str, Any]) -> None:
-    """Unknown keywords and values of the wrong type, each a TypeError naming the input."""
+# How many of the inputs a user can pass an unknown-input error names, closest first.
+_SHOWN_INPUTS = 12
+
+
+def check_inputs(
+    pipeline_name: str,
+    params: dict[str, InputParam],
+    given: dict[str, Any],
+    blocks: ModularPipelineBlocks | None = None,
+) -> None:
+    """Unknown keywords and values of the wrong type, each a TypeError naming the input.
+
+    An unknown keyword's message lists the inputs a caller can pass (``blocks.inputs``: not the values blocks
+    make for each other), closest to it first.
+    """
     for key, value in given.items():
         param = params.get(key)
         if param is None:
-            close = difflib.get_close_matches(key, list(params), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            msg = f"{pipeline_name}() got an unknown input {key!r}{hint} (inputs: {sorted(params)})"
-            raise UnknownInputError(msg)
+            raise UnknownInputError(_unknown_input(pipeline_name, key, params, blocks))
         if param.name is None:
             _check_group(pipeline_name, key, value, params)
             twice = sorted(set(value) & set(given))

@@ -236,7 +236,7 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
     def _plan(self, kwargs: dict[str, Any], state: PipelineState | None) -> tuple[CallPlan, dict]:
         """The checked plan for this call (made once per set of given input names) and its tagged inputs."""
         params = self._plans.params(self._blocks)
-        check_inputs(type(self).__name__, params, kwargs)
+        check_inputs(type(self).__name__, params, kwargs, self._blocks)
         inputs = tagged_inputs(params, kwargs)  # a group given as one dict is spread into its members
         given = {**(state.values if state is not None else {}), **{k: v for k, (v, _) in inputs.items()}}
         return self._plans.plan(self._blocks, given, self._components), inputs
