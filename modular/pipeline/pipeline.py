@@ -52,7 +52,9 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
         token: str | bool | None = None,
         trust_remote_code: RemoteCodeConsent = False,
         _index: tuple[str, dict[str, Any]] | None = None,
+        **loading: Any,
     ) -> None:
+        _refuse_loading_options(type(self).__name__, loading)
         if not isinstance(blocks, ModularPipelineBlocks):
             msg = f"ModularPipeline needs blocks (a ModularPipelineBlocks), got {type(blocks).__name__}"
             raise TypeError(msg)
@@ -98,10 +100,17 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
         revision: str | None = None,
         token: str | bool | None = None,
         trust_remote_code: RemoteCodeConsent = False,
+        **loading: Any,
     ) -> ModularPipeline:
         """A pipeline for a repo's index (no weights loaded). The family comes from the index's class
-        name through the ``modular.blocks`` entry points; ``workflow=`` prunes to one named workflow."""
+        name through the ``modular.blocks`` entry points; ``workflow=`` prunes to one named workflow.
+
+        Raises:
+            TypeError: a loading option (``torch_dtype=``, ``variant=``, ...): it goes to ``load_components``.
+        """
         from modular.families import family_for_index
+
+        _refuse_loading_options(f"{cls.__name__}.from_pretrained", loading)
 
         repo = str(pretrained_model_name_or_path)
         kind, index = read_index(repo, revision=revision, token=token)
@@ -259,3 +268,22 @@ def _merge_spec(declared: ComponentSpec, from_index: ComponentSpec, source: str)
     if from_index.type_hint is not None:
         changes["type_hint"] = from_index.type_hint
     return attrs.evolve(declared, **changes)
+
+
+def _refuse_loading_options(where: str, given: dict[str, Any]) -> None:
+    """A diffusers habit, ``from_pretrained(repo, torch_dtype=...)``: making a pipeline loads no weights, so the
+    options of loading them go to ``load_components`` (the peer ignores them with a warning)."""
+    if not given:
+        return
+    from components.load_kwargs import LOAD_OPTIONS
+
+    loading = [name for name in given if name in (*LOAD_OPTIONS, *LOAD_ID_FIELDS)]
+    if loading:
+        shown = ", ".join(f"{name}=..." for name in loading)
+        msg = (
+            f"{where}() got {shown}: making a pipeline loads no weights; pass it to "
+            f"pipe.load_components({shown}) (or per component, e.g. {loading[0]}={{'unet': ..., 'default': ...}})"
+        )
+    else:
+        msg = f"{where}() got an unexpected keyword argument {next(iter(given))!r}"
+    raise TypeError(msg)

@@ -231,3 +231,16 @@ def test_each_component_may_point_at_a_different_repo(repo, tmp_path):
     assert mixed.get_component_spec("unet").load_id == f"{other}|unet|null|null"
     assert torch.equal(mixed.unet.conv_in.weight, reference.conv_in.weight)
     assert torch.equal(mixed.vae.decoder.conv_out.weight, pipe.vae.decoder.conv_out.weight)
+
+
+def test_loading_options_at_from_pretrained_name_load_components(repo):
+    """`from_pretrained(repo, torch_dtype=...)`, a diffusers habit, is refused with the call that takes it
+    (`load_components`), as is `init_pipeline(repo, variant=...)`; nothing is registered with the manager."""
+    cm = ComponentsManager()
+    with pytest.raises(TypeError, match=r"torch_dtype=\.\.\.: making a pipeline loads no weights; pass it to "):
+        ModularPipeline.from_pretrained(repo, components_manager=cm, torch_dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"pipe\.load_components\(variant=\.\.\.\)"):
+        StableDiffusionAutoBlocks().init_pipeline(repo, components_manager=cm, variant="fp16")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'colection'"):
+        ModularPipeline.from_pretrained(repo, colection="x")
+    assert len(cm) == 0
