@@ -20,6 +20,7 @@ from components.errors import ComponentLoadError, PipelineTypeError, RemoteCodeE
 from components.importing import is_pipeline_type
 from components.load_id import LOAD_ID_FIELDS
 from components.remote_code import RemoteCodeConsent, consent_covers, consent_for_pipeline
+from components.repo import mistyped_folder
 from modular.errors import IndexFileError
 from modular.pipeline.index_checks import CLASSIC_INDEX, ENTRY_FIELDS, MODULAR_INDEX, check_index
 
@@ -75,6 +76,10 @@ def read_index(
             msg = f"{repo}: no such repo on the hub (or no access: pass token=...)"
             raise FileNotFoundError(msg) from None
         return name, _parse(Path(downloaded))
+    folder = mistyped_folder(repo)
+    if folder is not None:
+        msg = f"{repo}: {folder}; check the path (as a hub repo id it has no index file here either)"
+        raise FileNotFoundError(msg) from errors[-1]
     offline = huggingface_hub.constants.HF_HUB_OFFLINE
     hint = (
         "the hub is offline (HF_HUB_OFFLINE=1) and it is not in the local cache; download it first or unset HF_HUB_OFFLINE"
