@@ -113,8 +113,15 @@ class ComponentsManager(OffloadMethods):
 
         Raises:
             ValueError: ``name`` is not an identifier, or the object is registered under another name.
-            TypeError: ``owner`` does not support weak references.
+            TypeError: ``owner`` does not support weak references, or ``component`` is ``None`` (nothing to
+                register: a pipeline's missing component is not added, and two ``None`` would be one object).
         """
+        if component is None:
+            msg = (
+                f"add({name!r}, None): None is not a component; leave it out (a pipeline registers only the "
+                "components it holds)"
+            )
+            raise TypeError(msg)
         with self._locked() as registry:
             return registry.add(name, component, collection, None, owner)
 
