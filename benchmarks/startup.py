@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PEER = "import diffusers.modular_pipelines"
 FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image")
-TARGETS = {"modular --help": 0.1, "import blocks.flux": 1.0}
+TARGETS = {"modular --help": 0.1, "import blocks.flux": 1.0, "import blocks.flux + its blocks": 1.0}
 FROM_PRETRAINED = "first from_pretrained"
 
 
@@ -40,6 +40,14 @@ def commands(repo: str | None) -> dict[str, list[str]]:
         "modular --help": ["-m", "modular", "--help"],
         "import modular": ["-c", "import modular"],
         **{f"import blocks.{name}": ["-c", f"import blocks.{name}"] for name in FAMILIES},
+        # The family's blocks class too: every module of its blocks (the package alone may import none).
+        **{
+            f"import blocks.{name} + its blocks": [
+                "-c",
+                f"import blocks.{name}; blocks.{name}.FAMILY.blocks_class",
+            ]
+            for name in FAMILIES
+        },
         PEER: ["-c", PEER],
         "import torch": ["-c", "import torch"],
     }
