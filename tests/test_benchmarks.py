@@ -232,6 +232,9 @@ def test_the_startup_smoke_run_prints_its_table():
     assert status == 0
     lines = out.getvalue().splitlines()
     assert lines[1].split() == ["command", "median", "s", "x", "peer", "target"]
-    assert [line[:40].strip() for line in lines[2:]] == ["modular --help", "import diffusers.modular_pipelines"]
+    assert [line[:46].strip() for line in lines[2:]] == [
+        "modular --help",
+        "import diffusers.modular_pipelines",
+    ]
     assert lines[3].split()[-1] == "1.00x"  # the peer's import, its own unit
     assert "<= 0.1x" in lines[2]
