@@ -85,8 +85,8 @@ def _check_type_hint(instance: Any, attribute: attrs.Attribute, value: Any) -> N
     if isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split(".")):
         return
     msg = (
-        f"ComponentSpec.type_hint must be a class, its dotted path such as 'diffusers.AutoencoderKL', or None "
-        f"(got {value!r} that is a {type(value)})."
+        f"ComponentSpec.type_hint must be a class or None, or the class's dotted path such as "
+        f"'diffusers.AutoencoderKL' (got {value!r} that is a {type(value)})."
     )
     raise TypeError(msg)
 

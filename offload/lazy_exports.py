@@ -22,7 +22,7 @@ def lazy_exports(
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``, whose names ``exports[module]`` live in ``module``.
 
-    ``module`` is relative to the package (``".engine"``). A name is imported on its first use and then kept
+    ``module`` is relative to the package (``".engine.engine"``). A name is imported on its first use and then kept
     in the package's namespace (later uses are plain attribute reads); a submodule that is not imported yet
     is imported when named, as ``package.submodule``.
     """

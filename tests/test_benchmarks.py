@@ -217,3 +217,24 @@ def test_a_row_that_raises_is_reported_and_the_others_still_run(modules, monkeyp
     assert "enable_model_cpu_offload (approx.): FAILED (RuntimeError: no such hook)" in lines
     ran = [line[:40].strip() for line in lines if line.endswith(" yes")]
     assert ran == OURS + ["diffusers group offload (cpu: no stream)"]
+
+
+def test_the_startup_smoke_run_prints_its_table():
+    """benchmarks/startup.py with one round of two commands: a row per command, ratios to the peer's import."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        startup = importlib.import_module("startup")
+    finally:
+        sys.path.remove(BENCHMARKS)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = startup.main(["--rounds", "1", "--only", "modular --help"])
+    assert status == 0
+    lines = out.getvalue().splitlines()
+    assert lines[1].split() == ["command", "median", "s", "x", "peer", "target"]
+    assert [line[:46].strip() for line in lines[2:]] == [
+        "modular --help",
+        "import diffusers.modular_pipelines",
+    ]
+    assert lines[3].split()[-1] == "1.00x"  # the peer's import, its own unit
+    assert "<= 0.1x" in lines[2]

@@ -198,3 +198,60 @@ def test_an_unknown_name_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="module 'modular' has no attribute 'NoSuchThing'"):
         modular.NoSuchThing  # noqa: B018
+
+
+FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image")
+# What a family's blocks import only when a pipeline is composed, loaded or run: diffusers' and transformers'
+# models, diffusers' guiders and hooks, peft (seconds of imports, e.g. about 2 s for FluxTransformer2DModel).
+MODEL_MODULES = (
+    "diffusers.models.transformers",
+    "diffusers.models.unets",
+    "diffusers.models.autoencoders",
+    "diffusers.models.embeddings",
+    "diffusers.guiders",
+    "diffusers.hooks",
+    "peft",
+    "transformers.modeling_utils",
+    "transformers.models.clip",
+    "transformers.models.t5",
+)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_importing_every_module_of_a_family_imports_no_model(family):
+    """Every module of the family (its blocks, checks, tiny-repo builder) imports, and no model module does."""
+    done = cold(
+        "import importlib, json, pkgutil, sys\n"
+        f"package = importlib.import_module('blocks.{family}')\n"
+        "for found in pkgutil.iter_modules(package.__path__):\n"
+        "    importlib.import_module(f'{package.__name__}.{found.name}')\n"
+        "package.FAMILY.blocks_class\n"
+        f"print(json.dumps(sorted(n for n in sys.modules if n.startswith({MODEL_MODULES!r}))))"
+    )
+    assert done == []
+
+
+def test_a_spec_that_names_its_class_by_path_imports_it_when_read(tmp_path):
+    """``type_hint`` by dotted path: the class is imported on first read, and the spec loads as with the class."""
+    from diffusers import AutoencoderKL
+
+    from blocks.stable_diffusion import make_tiny_repo
+    from components import ComponentSpec
+
+    repo = make_tiny_repo(tmp_path / "tiny")
+    by_path = ComponentSpec("vae", "diffusers.AutoencoderKL", repo=repo, subfolder="vae")
+    assert by_path == ComponentSpec("vae", AutoencoderKL, repo=repo, subfolder="vae")
+    assert by_path.type_hint is AutoencoderKL
+    assert type(by_path.load()) is AutoencoderKL
+
+
+def test_a_spec_path_that_names_no_class_is_a_clear_error():
+    from components import ComponentLoadError, ComponentSpec
+
+    with pytest.raises(TypeError, match="or the class's dotted path such as 'diffusers.AutoencoderKL'"):
+        ComponentSpec("vae", "AutoencoderKL")
+    spec = ComponentSpec("vae", "diffusers.NoSuchModel")
+    with pytest.raises(
+        ComponentLoadError, match="ComponentSpec 'vae': type_hint 'diffusers.NoSuchModel' names no class"
+    ):
+        spec.type_hint  # noqa: B018

@@ -237,7 +237,9 @@ def test_loading_options_at_from_pretrained_name_load_components(repo):
     """`from_pretrained(repo, torch_dtype=...)`, a diffusers habit, is refused with the call that takes it
     (`load_components`), as is `init_pipeline(repo, variant=...)`; nothing is registered with the manager."""
     cm = ComponentsManager()
-    with pytest.raises(TypeError, match=r"torch_dtype=\.\.\.: making a pipeline loads no weights; pass it to "):
+    with pytest.raises(
+        TypeError, match=r"torch_dtype=\.\.\.: making a pipeline loads no weights; pass it to "
+    ):
         ModularPipeline.from_pretrained(repo, components_manager=cm, torch_dtype=torch.float16)
     with pytest.raises(TypeError, match=r"pipe\.load_components\(variant=\.\.\.\)"):
         StableDiffusionAutoBlocks().init_pipeline(repo, components_manager=cm, variant="fp16")

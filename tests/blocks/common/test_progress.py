@@ -39,7 +39,9 @@ def test_the_bar_ends_at_its_total_as_the_classic_pipelines_does(tmp_path, sched
     classic.set_progress_bar_config(file=theirs)
     classic(prompt="a cat", num_inference_steps=2, output_type="latent")
     assert last_count(ours.getvalue()) == last_count(theirs.getvalue()) == "2/2"
-    assert not re.search(r"(?<![\d.])3it|3/2", ours.getvalue())  # tqdm's count past an unknown or too small total
+    assert not re.search(
+        r"(?<![\d.])3it|3/2", ours.getvalue()
+    )  # tqdm's count past an unknown or too small total
 
 
 def test_ticks_count_scheduler_steps():
