@@ -19,15 +19,7 @@ if TYPE_CHECKING:
     from .spec import ComponentSpec, ConfigSpec
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        ".importing": ("import_type", "resolve_type_from_folder"),
-        ".load_id": ("decode_load_id", "format_load_id", "get_load_id", "tag_load_id"),
-        ".manager": ("ComponentsManager",),
-        ".spec": ("ComponentSpec", "ConfigSpec"),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     *errors.__all__,

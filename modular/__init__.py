@@ -38,21 +38,7 @@ if TYPE_CHECKING:
     from modular.remote import BlockSource
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "components": ("ComponentsManager", "ComponentSpec", "ConfigSpec"),
-        ".framework.block": ("ModularPipelineBlocks",),
-        ".framework.conditional": ("AutoPipelineBlocks", "ConditionalPipelineBlocks"),
-        ".families": ("BlockFamily", "available_families", "register_family"),
-        ".framework.loop": ("LoopSequentialPipelineBlocks",),
-        ".framework.params": ("InputParam", "OutputParam"),
-        ".pipeline.pipeline": ("ModularPipeline",),
-        ".remote": ("BlockSource",),
-        ".framework.sequential": ("SequentialPipelineBlocks",),
-        ".framework.state": ("BlockState", "PipelineState"),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "AutoPipelineBlocks",

@@ -36,37 +36,7 @@ if TYPE_CHECKING:
     from offload.weights.pinned import is_marked_pinned, pin, unpin
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        ".engine.engine": ("OffloadEngine",),
-        ".errors": (
-            "DiskCopyError",
-            "HostBudgetError",
-            "ModelTooLargeError",
-            "OffloadDeadlockError",
-            "OffloadOutOfMemoryError",
-            "OffloadTimeoutError",
-            "StrategyError",
-        ),
-        ".host.host_tier": ("HostTier",),
-        ".weights.ledger": ("ResidencyLedger",),
-        ".records.log": ("MergedOffloadLog", "OffloadDecision", "OffloadLog"),
-        ".strategies.lru": ("LRUStrategy",),
-        ".strategies.next_use": ("NextUseStrategy",),
-        ".strategies.peer_strategy": ("PeerStrategy",),
-        ".weights.pinned": ("is_marked_pinned", "pin", "unpin"),
-        ".strategies.plan": ("ExecutionPlan",),
-        ".devices.probes": ("DeviceProbe", "HostProbe", "MemoryProbe"),
-        ".records.residency": ("Residency",),
-        ".devices.simulated": ("SimulatedDevice",),
-        ".strategies.smallest_set": ("SmallestSufficientSet",),
-        ".devices.storage": ("module_fingerprint", "module_nbytes"),
-        ".strategies.strategy": ("OffloadRequest", "OffloadStrategy", "strategy_name"),
-        ".devices.units": ("format_bytes", "format_bytes_distinct", "parse_bytes"),
-        ".strategies.watermark": ("WatermarkStrategy",),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "DeviceProbe",

@@ -4,7 +4,6 @@ names on first use. Each check runs a cold interpreter, as a user's command does
 
 from __future__ import annotations
 
-import ast
 import importlib
 import json
 import subprocess
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from modular import BlockFamily, SequentialPipelineBlocks, available_families
+from offload.lazy_exports import typed_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "diffusers", "transformers")
@@ -151,36 +151,23 @@ def test_a_path_that_names_nothing_is_a_clear_error():
         family.blocks_class  # noqa: B018
 
 
-def _lazy_names(package: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """``(the TYPE_CHECKING imports, the lazy_exports table)`` of a package's ``__init__``, module -> names."""
-    module = importlib.import_module(package)
-    tree = ast.parse(Path(module.__file__).read_text())
-    typed: dict[str, set[str]] = {}
-    table: dict[str, set[str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            for item in node.body:
-                assert isinstance(item, ast.ImportFrom)
-                name = "." * item.level + (item.module or "")
-                if item.level == 0 and name.startswith(package + "."):
-                    name = name[len(package) :]
-                typed.setdefault(name, set()).update(alias.asname or alias.name for alias in item.names)
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            if ast.unparse(node.value.func) == "lazy_exports":
-                table = {k: set(v) for k, v in ast.literal_eval(node.value.args[1]).items()}
-    return typed, table
-
-
 @pytest.mark.parametrize("package", LAZY_PACKAGES)
 def test_a_lazy_package_types_what_it_exports(package):
-    """The ``if TYPE_CHECKING:`` imports and the lazy table name the same names in the same modules, and every
-    public name imports and is listed by dir()."""
-    typed, table = _lazy_names(package)
-    assert typed == table
+    """Every public name is imported under ``if TYPE_CHECKING:`` (where type checkers see it, and what the lazy
+    ``__getattr__`` reads) or defined by the package itself, imports, and is listed by dir()."""
     module = importlib.import_module(package)
+    typed = typed_imports(Path(module.__file__).read_text())
+    untyped = [name for name in module.__all__ if name not in typed and name not in vars(module)]
+    assert typed and untyped == []
     assert set(module.__all__) <= set(dir(module))
     for name in module.__all__:
         assert getattr(module, name) is not None
+
+
+def test_only_imports_go_under_type_checking():
+    """The lazy table is the `if TYPE_CHECKING:` block, so anything else there is refused when read."""
+    with pytest.raises(SyntaxError, match="only `from ... import ...` lines go under `if TYPE_CHECKING:`"):
+        typed_imports("if TYPE_CHECKING:\n    import torch\n")
 
 
 @pytest.mark.parametrize("package", LAZY_PACKAGES)

@@ -44,42 +44,7 @@ if TYPE_CHECKING:
     from .tiny import make_seed_scale_repo, make_tiny_repo, make_tiny_t5_tokenizer
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        ".before_denoise": (
-            "FluxControlPrepareLatentsStep",
-            "FluxGuidanceStep",
-            "FluxImg2ImgGuidanceStep",
-            "FluxImg2ImgPrepareLatentsStep",
-            "FluxPrepareLatentsStep",
-        ),
-        ".decoders": ("FluxDecodeStep",),
-        ".denoise": (
-            "FluxControlDenoiseStep",
-            "FluxControlLoopBeforeDenoiser",
-            "FluxDenoiseLoopWrapper",
-            "FluxDenoiseStep",
-            "FluxLoopAfterDenoiser",
-            "FluxLoopBeforeDenoiser",
-            "FluxLoopDenoiser",
-        ),
-        ".encoders": ("FluxControlImageEncoderStep", "FluxTextEncoderStep", "FluxVaeEncoderStep"),
-        ".inputs": ("FluxInputStep",),
-        ".modular_blocks": (
-            "FluxAutoBeforeDenoiseStep",
-            "FluxAutoBlocks",
-            "FluxAutoDenoiseStep",
-            "FluxAutoVaeEncoderStep",
-            "FluxBeforeDenoiseStep",
-            "FluxControlBeforeDenoiseStep",
-            "FluxImg2ImgBeforeDenoiseStep",
-        ),
-        ".scenario": ("seed_scenario",),
-        ".timesteps": ("FluxImg2ImgSetTimestepsStep", "FluxSetTimestepsStep"),
-        ".tiny": ("make_seed_scale_repo", "make_tiny_repo", "make_tiny_t5_tokenizer"),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 FAMILY = BlockFamily(
     name="flux",

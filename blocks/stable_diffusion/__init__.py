@@ -56,54 +56,7 @@ if TYPE_CHECKING:
     from .tiny import make_tiny_repo, make_tiny_tokenizer
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        ".before_denoise": (
-            "StableDiffusionImg2ImgPrepareLatentsStep",
-            "StableDiffusionInpaintPrepareLatentsStep",
-            "StableDiffusionPrepareLatentsStep",
-        ),
-        ".checks": (
-            "StableDiffusionCheckInputsStep",
-            "StableDiffusionImg2ImgCheckInputsStep",
-            "StableDiffusionInpaintCheckInputsStep",
-        ),
-        ".decoders": ("StableDiffusionDecodeStep",),
-        ".denoise": (
-            "StableDiffusionDenoiseLoopWrapper",
-            "StableDiffusionDenoiseStep",
-            "StableDiffusionInpaintDenoiseStep",
-            "StableDiffusionInpaintLoopAfterDenoiser",
-            "StableDiffusionInpaintLoopBeforeDenoiser",
-            "StableDiffusionLoopAfterDenoiser",
-            "StableDiffusionLoopBeforeDenoiser",
-            "StableDiffusionLoopDenoiser",
-        ),
-        ".encoders": (
-            "StableDiffusionInpaintVaeEncoderStep",
-            "StableDiffusionTextEncoderStep",
-            "StableDiffusionVaeEncoderStep",
-        ),
-        ".inputs": ("StableDiffusionInputStep",),
-        ".modular_blocks": (
-            "StableDiffusionAutoBeforeDenoiseStep",
-            "StableDiffusionAutoBlocks",
-            "StableDiffusionAutoCheckInputsStep",
-            "StableDiffusionAutoDenoiseStep",
-            "StableDiffusionAutoVaeEncoderStep",
-            "StableDiffusionBeforeDenoiseStep",
-            "StableDiffusionImg2ImgBeforeDenoiseStep",
-            "StableDiffusionInpaintBeforeDenoiseStep",
-        ),
-        ".timesteps": (
-            "StableDiffusionImg2ImgSetTimestepsStep",
-            "StableDiffusionInpaintSetTimestepsStep",
-            "StableDiffusionSetTimestepsStep",
-        ),
-        ".tiny": ("make_tiny_repo", "make_tiny_tokenizer"),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 FAMILY = BlockFamily(
     name="stable-diffusion",

@@ -62,57 +62,7 @@ if TYPE_CHECKING:
     from .tiny import make_tiny_repo
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        ".before_denoise": (
-            "StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep",
-            "StableDiffusionXLImg2ImgPrepareLatentsStep",
-            "StableDiffusionXLInpaintPrepareLatentsStep",
-            "StableDiffusionXLPrepareAdditionalConditioningStep",
-            "StableDiffusionXLPrepareLatentsStep",
-        ),
-        ".checks": (
-            "StableDiffusionXLCheckInputsStep",
-            "StableDiffusionXLImg2ImgCheckInputsStep",
-            "StableDiffusionXLInpaintCheckInputsStep",
-        ),
-        ".decoders": ("StableDiffusionXLDecodeStep",),
-        ".denoise": (
-            "StableDiffusionXLDenoiseStep",
-            "StableDiffusionXLInpaintDenoiseStep",
-            "StableDiffusionXLInpaintLoopAfterDenoiser",
-            "StableDiffusionXLInpaintLoopBeforeDenoiser",
-            "StableDiffusionXLLoopAfterDenoiser",
-            "StableDiffusionXLLoopBeforeDenoiser",
-            "StableDiffusionXLLoopDenoiser",
-        ),
-        ".encoders": (
-            "StableDiffusionXLInpaintVaeEncoderStep",
-            "StableDiffusionXLRefinerTextEncoderStep",
-            "StableDiffusionXLTextEncoderStep",
-            "StableDiffusionXLVaeEncoderStep",
-        ),
-        ".inputs": ("StableDiffusionXLInputStep",),
-        ".modular_blocks": (
-            "StableDiffusionXLAutoBeforeDenoiseStep",
-            "StableDiffusionXLAutoBlocks",
-            "StableDiffusionXLAutoCheckInputsStep",
-            "StableDiffusionXLAutoDenoiseStep",
-            "StableDiffusionXLAutoVaeEncoderStep",
-            "StableDiffusionXLBeforeDenoiseStep",
-            "StableDiffusionXLImg2ImgBeforeDenoiseStep",
-            "StableDiffusionXLInpaintBeforeDenoiseStep",
-            "StableDiffusionXLRefinerBlocks",
-        ),
-        ".timesteps": (
-            "StableDiffusionXLImg2ImgSetTimestepsStep",
-            "StableDiffusionXLInpaintSetTimestepsStep",
-            "StableDiffusionXLSetTimestepsStep",
-        ),
-        ".tiny": ("make_tiny_repo",),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 
 def _blocks_for_classic_index(index: Mapping[str, Any]) -> type:

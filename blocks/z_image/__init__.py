@@ -35,33 +35,7 @@ if TYPE_CHECKING:
     from .tiny import make_tiny_repo, make_tiny_tokenizer
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        ".before_denoise": ("ZImageImg2ImgPrepareLatentsStep", "ZImagePrepareLatentsStep"),
-        ".checks": ("ZImageCheckInputsStep", "ZImageImg2ImgCheckInputsStep"),
-        ".decoders": ("ZImageDecodeStep",),
-        ".denoise": (
-            "ZImageDenoiseLoopWrapper",
-            "ZImageDenoiseStep",
-            "ZImageLoopAfterDenoiser",
-            "ZImageLoopBeforeDenoiser",
-            "ZImageLoopDenoiser",
-        ),
-        ".encoders": ("ZImageTextEncoderStep", "ZImageVaeEncoderStep"),
-        ".inputs": ("ZImageInputStep",),
-        ".modular_blocks": (
-            "ZImageAutoBeforeDenoiseStep",
-            "ZImageAutoBlocks",
-            "ZImageAutoCheckInputsStep",
-            "ZImageAutoVaeEncoderStep",
-            "ZImageBeforeDenoiseStep",
-            "ZImageImg2ImgBeforeDenoiseStep",
-        ),
-        ".timesteps": ("ZImageImg2ImgSetTimestepsStep", "ZImageSetTimestepsStep"),
-        ".tiny": ("make_tiny_repo", "make_tiny_tokenizer"),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 FAMILY = BlockFamily(
     name="z-image",

@@ -17,37 +17,7 @@ if TYPE_CHECKING:
     from modular.batch.store import OutputStore
 
 # Each name is imported on first use (PEP 562): `modular --help` reads job values without the runner.
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        ".entries": (
-            "BatchEntry",
-            "BatchJob",
-            "derive_seed",
-            "load_job",
-        ),
-        ".jobfile": (
-            "JobFileError",
-            "JobSpec",
-            "Prompt",
-            "WorkflowSpec",
-        ),
-        ".ranks": (
-            "RankGroup",
-            "RankInfo",
-            "split_entries",
-        ),
-        ".runner": (
-            "BatchOptions",
-            "BatchPlan",
-            "BatchResult",
-            "check_batch",
-            "plan_batch",
-            "run_batch",
-        ),
-        ".store": ("OutputStore",),
-    },
-)
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "BatchEntry",
