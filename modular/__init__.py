@@ -7,6 +7,7 @@ The public names of the project live here; each also lives in the package that o
 from modular import _siblings  # noqa: F401
 
 # isort: split
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 # quiet_imports installs its log filters before any module imports diffusers (importing components runs it).
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
     from modular.framework.state import BlockState, PipelineState
     from modular.pipeline.pipeline import ModularPipeline
     from modular.remote import BlockSource
+
+try:
+    __version__ = version("modular-pipelines")
+except PackageNotFoundError:  # a checkout that was never installed
+    __version__ = "0+unknown"
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
 __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -55,9 +55,13 @@ print(json.dumps({{"status": status, "out": out.getvalue(), "err": err.getvalue(
     return cold(code)
 
 
-def test_help_imports_neither_torch_nor_diffusers():
-    done = command_line(["--help"])
-    assert done["status"] == 0 and done["out"].startswith("usage: modular")
+@pytest.mark.parametrize("argv", [["--help"], [], ["--version"]], ids=["help", "bare", "version"])
+def test_help_imports_neither_torch_nor_diffusers(argv):
+    """`modular --help`, bare `modular` (the same usage) and `modular --version` answer without torch."""
+    done = command_line(argv)
+    assert done["status"] == 0 and done["out"].startswith(
+        "usage: modular" if argv != ["--version"] else "modular "
+    )
     assert done["heavy"] == []
 
 
@@ -86,7 +90,6 @@ print(json.dumps({"status": status, "out": out.getvalue(),
     "argv",
     [
         ["nope"],  # an unknown subcommand
-        [],  # no subcommand
         ["run", "--steps", "0"],
         ["run", "--seed", "-1"],
         ["run", "--budget", "lots"],

@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="modular", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    from modular import __version__
+
+    parser.add_argument("--version", action="version", version=f"modular {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser(
         "run",
@@ -228,6 +231,9 @@ def _one_line(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Runs one command; returns the exit status (0, 2 for any error, 130 when interrupted)."""
     head, segments = _split_then(list(sys.argv[1:] if argv is None else argv))
+    if not head and not segments:  # bare `modular`: what it can do, not a one-line error
+        print(build_parser().format_help(), end="")
+        return 0
     args = build_parser().parse_args(head)
     args.thens = [then_parser().parse_args(segment) for segment in segments]
     debug = args.debug or os.environ.get("MODULAR_DEBUG", "") not in ("", "0")

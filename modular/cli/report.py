@@ -39,8 +39,14 @@ def _repo_name(repo: str) -> str:
 def job_header(number: int, total: int, result: JobResult) -> list[str]:
     """Two lines: the job, its repo, steps and time; what it loaded and what the manager already held."""
     job = result.job
-    steps = job.inputs.get("num_inference_steps")
+    steps = job.inputs.get("num_inference_steps", result.derived.get("num_inference_steps"))
+    default = steps is None
+    if default:  # the number the blocks ran: their declared default
+        steps = next(
+            (p.default for p in result.pipeline.blocks.inputs if p.name == "num_inference_steps"), None
+        )
     step_text = "default steps" if steps is None else f"{steps} step{'s' if steps != 1 else ''}"
+    step_text += " (the default)" if default and steps is not None else ""
     seconds = result.finished - result.started
     return [
         f"[{number}/{total}] {job.name}: {_repo_name(job.repo)}, {step_text}, {seconds:.1f} s",

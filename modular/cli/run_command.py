@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -128,7 +129,9 @@ def family_named(name: str) -> BlockFamily:
     """
     families = available_families()
     if name not in families:
-        msg = f"unknown family {name!r}; installed families: {sorted(families)}"
+        close = difflib.get_close_matches(name, list(families), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        msg = f"unknown family {name!r}{hint}; installed families: {sorted(families)}"
         raise ValueError(msg)
     return families[name]
 
@@ -219,7 +222,11 @@ def _device(args: argparse.Namespace, demo: Demo | None) -> tuple[Any, int, int 
             msg = "--offload sim needs --budget: the simulated device's size, e.g. --budget 8GB"
             raise ValueError(msg)
         return SimulatedDevice(budget), margin, budget, "a simulated device"
-    probe = resolve_probe(kind)  # an unknown or absent device is refused here, before anything loads
+    try:
+        probe = resolve_probe(kind)  # an unknown or absent device is refused here, before anything loads
+    except ValueError as error:  # its message names the Python API; say what to type here
+        msg = f"--offload {kind}: {error} On the command line: --offload sim --budget 8GB simulates a device"
+        raise ValueError(msg) from None
     if budget is not None:
         return (
             BudgetedDevice(probe.execution_device, budget),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -140,7 +141,9 @@ class ModularPipelineBlocks:
         """The blocks of one named workflow, pruned to what runs for it (``None``: nothing runs)."""
         workflows = self.available_workflows
         if workflow_name not in workflows:
-            msg = f"{type(self).__name__} has no workflow {workflow_name!r}; available workflows: {workflows}"
+            close = difflib.get_close_matches(str(workflow_name), workflows, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            msg = f"{type(self).__name__} has no workflow {workflow_name!r}{hint}; available workflows: {workflows}"
             raise KeyError(msg)
         assert self._workflow_map is not None  # available_workflows raised otherwise
         return self.get_execution_blocks(**self._workflow_map[workflow_name])

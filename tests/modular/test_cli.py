@@ -492,3 +492,50 @@ def test_a_seed_outside_the_generators_range_is_refused_when_parsed(seed, reason
     assert info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"modular run: error: argument --seed: {reason}"
     assert not (tmp_path / "out").exists()
+
+
+# ---- the first hour (issue 22): what a newcomer types ----------------------------------------------------
+
+
+def test_bare_modular_prints_the_usage_and_version_prints_the_version(capsys):
+    """`modular` alone prints what it can do (status 0), not a one-line error; `--version` the version."""
+    import modular
+
+    assert main([]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: modular") and "modular run REPO" in printed
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0 and capsys.readouterr().out == f"modular {modular.__version__}\n"
+    assert modular.__version__ != "0+unknown"  # the installed distribution's version
+
+
+def test_a_misspelt_family_or_workflow_gets_did_you_mean(seed_repos, capsys):
+    """`--family fluxx` and `--workflow text2imag` name the close installed name."""
+    assert main(["inspect", "--family", "fluxx"]) == 2
+    assert "unknown family 'fluxx' (did you mean 'flux'?); installed families: [" in capsys.readouterr().err
+    assert main(["run", str(seed_repos[0]), "--workflow", "text2imag", "--quiet"]) == 2
+    assert "no workflow 'text2imag' (did you mean 'text2image'?)" in capsys.readouterr().err
+
+
+def test_a_device_the_machine_lacks_suggests_the_command_lines_simulated_device(capsys):
+    """`--offload cuda:7` (no such device here) names the flags that simulate one, not the Python API."""
+    assert main(["run", "--offload", "cuda:7", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("modular: error: ValueError: --offload cuda:7: ") and err.count("\n") == 1
+    assert "On the command line: --offload sim --budget 8GB simulates a device" in err
+
+
+def test_a_run_with_the_default_steps_prints_their_number(tmp_path, capsys):
+    """A job without --steps says how many steps it ran (the blocks' default), not "default steps"."""
+    from blocks.stable_diffusion import make_tiny_repo
+    from modular import available_families
+
+    repo = make_tiny_repo(tmp_path / "tiny-sd")
+    default = next(
+        p.default
+        for p in available_families()["stable-diffusion"].blocks_class().inputs
+        if p.name == "num_inference_steps"
+    )
+    assert main(["run", str(repo), "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    assert f"{default} steps (the default)" in capsys.readouterr().out
