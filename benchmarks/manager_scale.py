@@ -82,21 +82,37 @@ def models(count: int) -> list[Tiny]:
     return shells
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """The garbage collector off while timing, as ``timeit`` does: its passes over every live object would
+    charge the growing heap to whichever call they happen to interrupt."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def per_call(function: Callable[[int], Any], calls: int, rounds: int) -> float:
     """Median over ``rounds`` of the seconds per call of ``function(i)``, ``calls`` calls a round."""
     times = []
     for _ in range(rounds):
-        start = time.perf_counter()
-        for i in range(calls):
-            function(i)
-        times.append((time.perf_counter() - start) / calls)
+        with no_gc():
+            start = time.perf_counter()
+            for i in range(calls):
+                function(i)
+            times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
 
 def once(function: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
+    """Seconds of one call of ``function()``."""
+    with no_gc():
+        start = time.perf_counter()
+        function()
+        return time.perf_counter() - start
 
 
 @contextlib.contextmanager
@@ -118,7 +134,9 @@ def measure_ours(count: int, calls: int, rounds: int) -> dict[str, float]:
     out["add"] = once(lambda: [cm.add(f"m{i}", shell) for i, shell in enumerate(shells)]) / count
     ids = [f"m{i}_{id(shell)}" for i, shell in enumerate(shells)]
     out["get_one(component_id=)"] = per_call(lambda i: cm.get_one(component_id=ids[i % count]), calls, rounds)
-    out["get_one(name=)"] = per_call(lambda i: cm.get_one(name=f"m{(i * 7919) % count}"), max(calls // 50, 3), rounds)
+    out["get_one(name=)"] = per_call(
+        lambda i: cm.get_one(name=f"m{(i * 7919) % count}"), max(calls // 50, 3), rounds
+    )
     out["search_components"] = per_call(lambda i: cm.search_components("m1*"), max(calls // 50, 3), rounds)
     out["table (str)"] = statistics.median(once(lambda: str(cm)) for _ in range(max(rounds // 2, 1)))
     device = SimulatedDevice(MODEL_BYTES * RESIDENT, name="scale")
@@ -158,7 +176,9 @@ def measure_peer(count: int, calls: int, rounds: int) -> dict[str, float]:
     out["add"] = once(lambda: [cm.add(f"m{i}", shell) for i, shell in enumerate(shells)]) / count
     ids = [f"m{i}_{id(shell)}" for i, shell in enumerate(shells)]
     out["get_one(component_id=)"] = per_call(lambda i: cm.get_one(component_id=ids[i % count]), calls, rounds)
-    out["get_one(name=)"] = per_call(lambda i: cm.get_one(name=f"m{(i * 7919) % count}"), max(calls // 50, 3), rounds)
+    out["get_one(name=)"] = per_call(
+        lambda i: cm.get_one(name=f"m{(i * 7919) % count}"), max(calls // 50, 3), rounds
+    )
     out["search_components"] = per_call(lambda i: cm.search_components("m1*"), max(calls // 50, 3), rounds)
     out["table (str)"] = statistics.median(once(lambda: str(cm)) for _ in range(max(rounds // 2, 1)))
     with peer_on_cpu():
@@ -180,7 +200,7 @@ def run(sizes: list[int], calls: int, rounds: int, peer: bool) -> tuple[list[Row
         measure_peer(5, 5, 1)
     for size in sizes:
         ours = measure_ours(size, calls, rounds)
-        gc.collect()
+        gc.collect()  # between the sides: each starts on a collected heap
         theirs = measure_peer(size, calls, rounds) if peer else {}
         gc.collect()
         unhooked[size] = ours.pop("unhooked call")
@@ -230,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         rows, unhooked = run(sizes, calls, rounds, peer=not args.no_peer)
     finally:
         logging.disable(previous)
-    print(f"manager scale: sizes {sizes}, {calls} calls x {rounds} rounds per row, {torch.get_num_threads()} thread")
+    print(
+        f"manager scale: sizes {sizes}, {calls} calls x {rounds} rounds per row, {torch.get_num_threads()} thread"
+    )
     print(table(rows, unhooked))
     return 0
 

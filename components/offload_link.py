@@ -225,9 +225,7 @@ class OffloadLink:
         self._host_budget, self._spill_made, self._leftovers = budget, made, leftovers
         self._merged = MergedOffloadLog([engine.log for engine in engines]) if len(engines) > 1 else None
 
-    def _check_fit(
-        self, engine: OffloadEngine, models: Mapping[str, torch.nn.Module]
-    ) -> dict[str, _Attach]:
+    def _check_fit(self, engine: OffloadEngine, models: Mapping[str, torch.nn.Module]) -> dict[str, _Attach]:
         """``engine.check_fit`` of ``models``, before anything changes; returns what attaching each takes: the
         module, its source files (``weight_files``, read once) and whether it is pinned (``cannot_move``)."""
         files = {key: weight_files(module) for key, module in models.items()}

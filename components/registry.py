@@ -74,7 +74,9 @@ class Registry:
 
     def __init__(self, on_add: Callable[[str, Any], None], on_remove: Callable[[str, Any], None]) -> None:
         self.entries: dict[str, Entry] = {}
-        self._ids: dict[int, str] = {}  # id(object) -> component id: a registered object lives while it is here
+        self._ids: dict[
+            int, str
+        ] = {}  # id(object) -> component id: a registered object lives while it is here
         self.collections: dict[str, dict[str, str]] = {}  # collection -> {name: component id}
         self.released: deque[tuple[str, int]] = deque()  # (id, serial) whose owner was garbage-collected
         self._on_add = on_add

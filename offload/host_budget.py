@@ -196,6 +196,5 @@ def spill_subfolders(folder: str | os.PathLike | None, names: Sequence[str]) -> 
         return [None] * len(names)
     # The index keeps two names that read alike once cleaned ("a:b", "a_b") in two folders.
     return [
-        os.path.join(os.fspath(folder), f"{index}-{file_name_part(name)}")
-        for index, name in enumerate(names)
+        os.path.join(os.fspath(folder), f"{index}-{file_name_part(name)}") for index, name in enumerate(names)
     ]

@@ -76,12 +76,14 @@ class Tower(torch.nn.Module):
 
 
 # The project's packages: the lines ``lines_run`` counts.
-_PACKAGES = tuple(str(Path(__file__).resolve().parents[2] / name) for name in ("offload", "components", "modular"))
+_PACKAGES = tuple(
+    str(Path(__file__).resolve().parents[2] / name) for name in ("offload", "components", "modular")
+)
 
 
-def lines_run(function: Callable[[], object]) -> int:
-    """How many lines of the project's packages ``function()`` runs (every loop pass counts): work that grows
-    with the models attached shows as more lines, without timing anything."""
+def lines_run(function: Callable[..., object], *args: object, **kwargs: object) -> int:
+    """How many lines of the project's packages ``function(*args, **kwargs)`` runs (every loop pass counts):
+    work that grows with the models attached shows as more lines, without timing anything."""
     count = 0
 
     def local(frame, event, arg):
@@ -96,7 +98,7 @@ def lines_run(function: Callable[[], object]) -> int:
     previous = sys.gettrace()
     sys.settrace(start)
     try:
-        function()
+        function(*args, **kwargs)
     finally:
         sys.settrace(previous)
     return count

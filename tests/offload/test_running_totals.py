@@ -39,7 +39,9 @@ def operation(engine: OffloadEngine, modules: dict, step: tuple) -> None:
     target = attached[pick % len(attached)] if attached else None
     if kind == "attach":  # a small model (of two sizes), a tower that streams, or (pick 5) a pinned one
         model_id = f"m{len(modules)}"
-        modules[model_id] = Tower(depth=4, seed=pick, width=8) if pick % 4 == 0 else sized(SIZE * (1 + pick % 2))
+        modules[model_id] = (
+            Tower(depth=4, seed=pick, width=8) if pick % 4 == 0 else sized(SIZE * (1 + pick % 2))
+        )
         engine.attach(model_id, modules[model_id], pinned=pick == 5)
     elif target is None:
         return

@@ -23,13 +23,18 @@ def engine_of(count: int, **options) -> tuple[OffloadEngine, list[torch.nn.Modul
     return engine, modules
 
 
+def call_each(modules: list[torch.nn.Module]) -> None:
+    for module in modules:
+        call(module)
+
+
 def test_a_hooked_call_of_a_resident_model_runs_the_same_lines_beside_10_or_300_models():
     """With the host copies' total kept as they change, a call of a placed model looks at no other model."""
     counts = []
     for count in (FEW, MANY):
         engine, modules = engine_of(count)
         call(modules[0])
-        counts.append(lines_run(lambda: call(modules[0])))
+        counts.append(lines_run(call, modules[0]))
         assert engine.resident_ids() == ["m0"]
     assert counts[0] == counts[1]
 
@@ -44,7 +49,7 @@ def test_a_hooked_call_that_evicts_runs_the_same_lines_beside_10_or_300_models()
         for module in turns:
             call(module)
         before = len(engine.log)
-        counts.append(lines_run(lambda: [call(module) for module in turns]))
+        counts.append(lines_run(call_each, turns))
         assert all(decision.evicted for decision in list(engine.log)[before:])
     assert counts[0] == counts[1]
 
@@ -55,8 +60,8 @@ def test_attaching_and_detaching_a_model_run_the_same_lines_beside_10_or_300_mod
     for count in (FEW, MANY):
         engine, _ = engine_of(count)
         module = sized(SIZE)
-        attach = lines_run(lambda: engine.attach("new", module))
-        detach = lines_run(lambda: engine.detach("new"))
+        attach = lines_run(engine.attach, "new", module)
+        detach = lines_run(engine.detach, "new")
         counts.append((attach, detach))
         assert not engine.has_hook("new")
     assert counts[0] == counts[1]
@@ -67,7 +72,10 @@ def test_a_module_attached_twice_is_still_refused_by_its_first_id():
     engine, modules = engine_of(3)
     with pytest.raises(ValueError) as error:
         engine.attach("again", modules[1])
-    assert str(error.value) == "this module is already attached as 'm1'; one module can be attached under one id only."
+    assert (
+        str(error.value)
+        == "this module is already attached as 'm1'; one module can be attached under one id only."
+    )
     engine.detach("m1")
     engine.attach("again", modules[1])
     assert engine.attached_ids() == ["m0", "m2", "again"]

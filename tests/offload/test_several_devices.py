@@ -257,7 +257,9 @@ def test_the_denoisers_device_is_found_from_the_engines_sizes_without_walking_te
     pipe = tiny_sd_pipeline(repos[0], cm)
     cm.enable_auto_cpu_offload(device=two_devices(10**9), memory_reserve_margin=0)
     pipe.unet._hf_hook.device = torch.device("meta")  # its inputs go elsewhere: a second device
-    monkeypatch.setattr("modular.devices.module_nbytes", lambda module: pytest.fail("walked a model's tensors"))
+    monkeypatch.setattr(
+        "modular.devices.module_nbytes", lambda module: pytest.fail("walked a model's tensors")
+    )
     assert pipe._execution_device == torch.device("meta")  # the unet's: the largest model
     cm.disable_auto_cpu_offload()
 
