@@ -82,21 +82,37 @@ def models(count: int) -> list[Tiny]:
     return shells
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """The garbage collector off while timing, as ``timeit`` does: its passes over every live object would
+    charge the growing heap to whichever call they happen to interrupt."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def per_call(function: Callable[[int], Any], calls: int, rounds: int) -> float:
     """Median over ``rounds`` of the seconds per call of ``function(i)``, ``calls`` calls a round."""
     times = []
     for _ in range(rounds):
-        start = time.perf_counter()
-        for i in range(calls):
-            function(i)
-        times.append((time.perf_counter() - start) / calls)
+        with no_gc():
+            start = time.perf_counter()
+            for i in range(calls):
+                function(i)
+            times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
 
 def once(function: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
+    """Seconds of one call of ``function()``."""
+    with no_gc():
+        start = time.perf_counter()
+        function()
+        return time.perf_counter() - start
 
 
 @contextlib.contextmanager
@@ -184,7 +200,7 @@ def run(sizes: list[int], calls: int, rounds: int, peer: bool) -> tuple[list[Row
         measure_peer(5, 5, 1)
     for size in sizes:
         ours = measure_ours(size, calls, rounds)
-        gc.collect()
+        gc.collect()  # between the sides: each starts on a collected heap
         theirs = measure_peer(size, calls, rounds) if peer else {}
         gc.collect()
         unhooked[size] = ours.pop("unhooked call")

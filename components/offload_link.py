@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,8 @@ from .model_info import is_bitsandbytes
 from .weight_sources import weight_files
 
 __all__ = ["OffloadLink", "cannot_move"]
+
+_Attach = tuple[torch.nn.Module, Sequence[str], bool]  # what attaching one model takes: module, files, pinned
 
 
 def cannot_move(module: torch.nn.Module) -> bool:
@@ -156,23 +158,12 @@ class OffloadLink:
             spill_folder=spill_folder,
         )
         models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
-        files = {key: weight_files(module) for key, module in models.items()}
-        pinned = [key for key, module in models.items() if cannot_move(module)]
-        state = "on with the previous settings" if self._engines else "off"
         try:
-            engine.check_fit(
-                models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
-            )
+            attaching = self._check_fit(engine, models)
         except BaseException:
             engine.close()  # removes the spill folder it made
             raise
-        self.disable()
-        try:
-            for component_id, module in models.items():
-                engine.attach(component_id, module, files[component_id], pinned=component_id in pinned)
-        except BaseException:
-            engine.close()
-            raise
+        self._replace_engines({key: engine for key in models}, attaching, undo=engine.close)
         self._engines, self._owner, self._choice = [engine], {}, DenoiserFirst()
 
     def _enable_several(
@@ -222,29 +213,48 @@ class OffloadLink:
                 for engine in engines
             ]
             budget.start(budget.shares(dict(enumerate(placed))))
-            state = "on with the previous settings" if self._engines else "off"
+            attaching: dict[str, _Attach] = {}
             for engine in engines:
                 mine = {key: module for key, module in models.items() if owner[key] is engine}
-                files = {key: weight_files(module) for key, module in mine.items()}
-                pinned = [key for key, module in mine.items() if cannot_move(module)]
-                engine.check_fit(
-                    mine, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
-                )
+                attaching.update(self._check_fit(engine, mine))
         except BaseException:
             leftovers.detach()
             _close_all(engines, made)
             raise
-        self.disable()
-        try:
-            for component_id, module in models.items():
-                attach_to(owner[component_id], component_id, module)
-        except BaseException:
+
+        def undo() -> None:
             leftovers.detach()
             _close_all(engines, made)
-            raise
+
+        self._replace_engines(owner, {key: attaching[key] for key in models}, undo)
         self._engines, self._owner, self._choice = engines, owner, choice
         self._host_budget, self._spill_made, self._leftovers = budget, made, leftovers
         self._merged = MergedOffloadLog([engine.log for engine in engines]) if len(engines) > 1 else None
+
+    def _check_fit(self, engine: OffloadEngine, models: Mapping[str, torch.nn.Module]) -> dict[str, _Attach]:
+        """``engine.check_fit`` of ``models``, before anything changes; returns what attaching each takes: the
+        module, its source files (``weight_files``, read once) and whether it is pinned (``cannot_move``)."""
+        files = {key: weight_files(module) for key, module in models.items()}
+        pinned = [key for key, module in models.items() if cannot_move(module)]
+        state = "on with the previous settings" if self._engines else "off"
+        engine.check_fit(models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned)
+        return {key: (module, files[key], key in pinned) for key, module in models.items()}
+
+    def _replace_engines(
+        self,
+        owner: Mapping[str, OffloadEngine],
+        attaching: Mapping[str, _Attach],
+        undo: Callable[[], None],
+    ) -> None:
+        """The checked tail of ``enable``: close the engines in use, then attach each model of ``attaching`` (in
+        its order) to its engine in ``owner``; if an attach raises, ``undo`` closes the new engines."""
+        self.disable()
+        try:
+            for component_id, (module, files, pinned) in attaching.items():
+                owner[component_id].attach(component_id, module, files, pinned=pinned)
+        except BaseException:
+            undo()
+            raise
 
     def disable(self) -> None:
         """Closes the engines (hooks removed, weights on their host copies); a no-op when off."""
@@ -267,10 +277,10 @@ class OffloadLink:
         index = _choose(self._choice, self._engines, {component_id: component}, self._owner)[component_id]
         assert self._host_budget is not None  # set with the engines of several devices
         placed = _host_bytes(component)  # 0 for a model that stays where it is: nothing to check
-        modules = {component_id: component} if placed else {}
-        files = {component_id: weight_files(component)} if placed else {}
-        with self._host_budget.attaching(index, placed, modules, files):
-            attach_to(self._engines[index], component_id, component)
+        files = weight_files(component)
+        modules, checked = ({component_id: component}, {component_id: files}) if placed else ({}, {})
+        with self._host_budget.attaching(index, placed, modules, checked):
+            attach_to(self._engines[index], component_id, component, files)
         self._owner[component_id] = self._engines[index]
 
     def detach(self, component_id: str, component: Any) -> None:
@@ -345,9 +355,13 @@ class OffloadLink:
         return residency is not None and residency.attached
 
 
-def attach_to(engine: OffloadEngine, component_id: str, module: torch.nn.Module) -> None:
-    """Attaches ``module`` to ``engine`` with its source files, pinned when it cannot move."""
-    engine.attach(component_id, module, weight_files(module), pinned=cannot_move(module))
+def attach_to(
+    engine: OffloadEngine, component_id: str, module: torch.nn.Module, files: Sequence[str] | None = None
+) -> None:
+    """Attaches ``module`` to ``engine`` with its source files (``files``, read here when not given), pinned
+    when it cannot move."""
+    files = weight_files(module) if files is None else files
+    engine.attach(component_id, module, files, pinned=cannot_move(module))
 
 
 def _host_bytes(module: torch.nn.Module) -> int:

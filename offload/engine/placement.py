@@ -184,8 +184,7 @@ class Placer:
                 self._move_in(model_id, [], free_before, "fits")
                 return
             residents = self._ledger.residents()
-            order = sorted(residents, key=lambda m: self._last_used.get(m, 0))
-            evictable = {m: residents[m] for m in order if not self._calls.running[m] and m != model_id}
+            evictable = self._evictable(residents, model_id)
             room = free + sum(evictable.values())
             if prefix is not None and nbytes <= room:
                 if not tail_or_stream(self, model_id, nbytes, free, evictable):
@@ -245,9 +244,7 @@ class Placer:
         ``model_id``, a pinned model just added (``offload.weights.pinned``). Returns the victims and the bytes copied
         back. Left over-committed when running models hold the room: the next placement waits for them."""
         _, free = self.free_after_margin()
-        residents = self._ledger.residents()
-        order = sorted(residents, key=lambda m: self._last_used.get(m, 0))
-        evictable = {m: residents[m] for m in order if not self._calls.running[m]}
+        evictable = self._evictable(self._ledger.residents(), model_id)  # a pinned model is no resident
         if free >= 0 or sum(evictable.values()) < -free:
             return [], 0
         held = self._ledger.pinned()[model_id]
@@ -255,6 +252,11 @@ class Placer:
         victims = list(self.strategy.select_victims(request))
         self._check_victims(request, victims)
         return victims, sum(self._ledger.evict(v) for v in victims)
+
+    def _evictable(self, residents: dict[str, int], model_id: str) -> dict[str, int]:
+        """The residents that may leave for ``model_id``: not running, not itself; least recently used first."""
+        order = sorted(residents, key=lambda m: self._last_used.get(m, 0))
+        return {m: residents[m] for m in order if not self._calls.running[m] and m != model_id}
 
     def _cycle_message(self, model_id: str, nbytes: int, held: dict[str, int], mine: dict[str, int]) -> str:
         me = threading.get_ident()

@@ -18,7 +18,6 @@ other; no lock of another engine is ever taken while one is held.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ import torch
 
 from offload.devices.units import format_bytes, format_bytes_distinct
 from offload.errors import HostBudgetError
+from offload.host.spill_files import file_name_part
 from offload.records.messages import reload_hint
 
 if TYPE_CHECKING:
@@ -197,6 +197,5 @@ def spill_subfolders(folder: str | os.PathLike | None, names: Sequence[str]) -> 
         return [None] * len(names)
     # The index keeps two names that read alike once cleaned ("a:b", "a_b") in two folders.
     return [
-        os.path.join(os.fspath(folder), f"{index}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}")
-        for index, name in enumerate(names)
+        os.path.join(os.fspath(folder), f"{index}-{file_name_part(name)}") for index, name in enumerate(names)
     ]

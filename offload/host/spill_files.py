@@ -23,11 +23,16 @@ import weakref
 
 import attrs
 
-__all__ = ["SpillFiles", "sweep_stale"]
+__all__ = ["SpillFiles", "file_name_part", "sweep_stale"]
 
 logger = logging.getLogger("offload.engine.engine")
 
 _TEMPORARY_PREFIX = "offload-spill-"
+
+
+def file_name_part(text: str) -> str:
+    """``text`` (a model id, a device name) as part of a file or folder name: other characters become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
 
 
 def _host() -> str:
@@ -144,7 +149,7 @@ class SpillFiles:
         owned = self._owned
         if owned.folder is None:
             owned.folder, owned.temporary = tempfile.mkdtemp(prefix=f"{_TEMPORARY_PREFIX}{_owner()}-"), True
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)
+        name = file_name_part(model_id)
         return os.path.join(owned.folder, f"{name}-{serial:x}.{_owner()}.safetensors")
 
     def add(self, model_id: str, path: str) -> None:

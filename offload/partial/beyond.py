@@ -37,11 +37,11 @@ logger = logging.getLogger("offload.engine.engine")
 
 
 def streamed_fit_error(
-    model_id: str, module: torch.nn.Module, capacity: int, device: str, margin: int
+    model_id: str, groups: Sequence[WeightGroup], capacity: int, device: str, margin: int
 ) -> str | None:
-    """Why ``module`` cannot fit ``capacity`` bytes even streamed one group at a time, or None if it can
-    (prefetch, which wants room for two, is skipped where there is none: ``Beyond.slots_for``)."""
-    groups = split_groups(module)
+    """Why a model split into ``groups`` (``split_groups``, which its caller has already) cannot fit
+    ``capacity`` bytes even streamed one group at a time, or None if it can (prefetch, which wants room for
+    two, is skipped where there is none: ``Beyond.slots_for``)."""
     smallest = smallest_layout(groups, 1)
     if smallest.footprint <= capacity:
         return None
@@ -148,7 +148,7 @@ class Beyond:
                 whole[model_id] = module_nbytes(module)
                 continue
             device, margin = placer._device(), placer.margin
-            problem = streamed_fit_error(model_id, module, capacity, device, margin)
+            problem = streamed_fit_error(model_id, groups, capacity, device, margin)
             if problem is not None:
                 problems.append(problem)
         return whole, problems
@@ -188,8 +188,7 @@ class Beyond:
         if len(streamer.groups) == 1:
             return None  # nothing to stream: placed whole, or too large as a whole
         if forced:
-            module = placer._ledger.module(model_id)
-            problem = streamed_fit_error(model_id, module, capacity, placer._device(), placer.margin)
+            problem = streamed_fit_error(model_id, streamer.groups, capacity, placer._device(), placer.margin)
             if problem is not None:
                 raise ModelTooLargeError(problem)
         slots = self.slots_for(model_id, streamer.groups, capacity)

@@ -41,9 +41,8 @@ logger = logging.getLogger("offload.engine.engine")
 
 def shrunk_prefix(ledger: ResidencyLedger, model_id: str) -> int | None:
     """Bytes of ``model_id``'s resident prefix if it was shrunk (its tail off the device, no room held for
-    streaming it), else None. A streaming model (``offload.partial.streaming``) also holds room for its groups."""
-    part = ledger.partial(model_id)
-    return part[0] if part is not None and part[0] == part[1] else None
+    streaming it), else None: the ledger's answer (``ResidencyLedger.shrunk_prefix``), which it also acts on."""
+    return ledger.shrunk_prefix(model_id)
 
 
 def _needed_again(placer: Placer, model_id: str, victim: str) -> tuple[int, int] | None:

@@ -46,6 +46,14 @@ class _Entry:
     serial: int = 0  # its place in the order models were added (``residents`` keeps that order)
 
 
+def _shrunk(entry: _Entry) -> int | None:
+    """Bytes of ``entry``'s resident prefix if it was shrunk to one (``drop_tail``: its tail off the device, no
+    room held for streaming it), else None. A streaming model holds room for its groups beyond its prefix."""
+    if entry.resident and entry.footprint is not None and entry.footprint == entry.prefix:
+        return entry.prefix
+    return None
+
+
 def _held(entry: _Entry) -> int:
     """Bytes ``entry`` holds on the device when resident."""
     return entry.nbytes if entry.footprint is None else entry.footprint
@@ -124,6 +132,11 @@ class ResidencyLedger:
             return None
         return entry.prefix, entry.footprint
 
+    def shrunk_prefix(self, model_id: str) -> int | None:
+        """Bytes of ``model_id``'s resident prefix if it was shrunk (``offload.partial.shrink``), else None."""
+        entry = self._entries.get(model_id)
+        return None if entry is None else _shrunk(entry)
+
     def resident_bytes(self) -> int:
         """Bytes of all resident models."""
         return self._resident_bytes
@@ -173,12 +186,7 @@ class ResidencyLedger:
         bytes, and the footprint the model then holds (those bytes plus room for its streamed groups).
         """
         entry = self._entries[model_id]
-        if (
-            entry.resident
-            and part is None
-            and entry.footprint is not None
-            and entry.footprint == entry.prefix
-        ):
+        if part is None and _shrunk(entry) is not None:
             return self._complete(model_id, entry)  # shrunk to a prefix (drop_tail): its tail comes back
         if entry.resident:
             return 0

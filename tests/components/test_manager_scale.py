@@ -28,9 +28,9 @@ def test_get_one_by_id_add_and_get_id_run_the_same_lines_beside_10_or_300_compon
     for count in (10, 300):
         cm, ids = manager_of(count)
         extra = sized(SIZE)
-        get = lines_run(lambda: cm.get_one(component_id=ids[3]))
-        add = lines_run(lambda: cm.add("extra", extra))
-        find = lines_run(lambda: cm.get_id(extra))
+        get = lines_run(cm.get_one, component_id=ids[3])
+        add = lines_run(cm.add, "extra", extra)
+        find = lines_run(cm.get_id, extra)
         counts.append((get, add, find))
     assert counts[0] == counts[1]
 
@@ -45,9 +45,7 @@ def test_enable_and_disable_run_lines_linear_in_the_models():
         30,
     ):  # the first installs what every engine shares (offload.weights.changes), once
         cm, _ = manager_of(count)
-        enable = lines_run(
-            lambda: cm.enable_auto_cpu_offload(SimulatedDevice(4 * SIZE), memory_reserve_margin=0)
-        )
+        enable = lines_run(cm.enable_auto_cpu_offload, SimulatedDevice(4 * SIZE), memory_reserve_margin=0)
         disable = lines_run(cm.disable_auto_cpu_offload)
         lines[count] = (enable, disable)
     for which in (0, 1):

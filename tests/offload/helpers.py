@@ -59,10 +59,17 @@ class MetaProbe(MemoryProbe):
         self.used.pop(model_id, None)
 
 
+#: A Tower's default width, the bytes of one of its groups then (one Linear(WIDTH, WIDTH) with its bias), and
+#: an input for it.
+WIDTH = 32
+GROUP = (WIDTH * WIDTH + WIDTH) * 4
+X = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(1))
+
+
 class Tower(torch.nn.Module):
     """An input layer and ``depth`` blocks in a ModuleList, as a transformer holds its blocks."""
 
-    def __init__(self, depth: int = 8, seed: int = 0, width: int = 32):
+    def __init__(self, depth: int = 8, seed: int = 0, width: int = WIDTH):
         super().__init__()
         torch.manual_seed(seed)
         self.inp = torch.nn.Linear(width, width)
@@ -81,9 +88,9 @@ _PACKAGES = tuple(
 )
 
 
-def lines_run(function: Callable[[], object]) -> int:
-    """How many lines of the project's packages ``function()`` runs (every loop pass counts): work that grows
-    with the models attached shows as more lines, without timing anything."""
+def lines_run(function: Callable[..., object], *args: object, **kwargs: object) -> int:
+    """How many lines of the project's packages ``function(*args, **kwargs)`` runs (every loop pass counts):
+    work that grows with the models attached shows as more lines, without timing anything."""
     count = 0
 
     def local(frame, event, arg):
@@ -98,7 +105,24 @@ def lines_run(function: Callable[[], object]) -> int:
     previous = sys.gettrace()
     sys.settrace(start)
     try:
-        function()
+        function(*args, **kwargs)
     finally:
         sys.settrace(previous)
     return count
+
+
+def quantized_tower(depth: int, width: int, seed: int = 0) -> Tower:
+    """A bfloat16 Tower whose Linear weights torchao quantized to int8 (tensor subclasses, which move by slot)."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_  # slow to import: only where used
+
+    tower = Tower(depth=depth, seed=seed, width=width).to(torch.bfloat16)
+    quantize_(tower, Int8WeightOnlyConfig())
+    return tower
+
+
+def check_host_copies_fit(engine) -> int:
+    """Assert that ``engine``'s host copies held fit its host budget, beyond it only by what is on its
+    (simulated) device, whose weights are host memory here. Returns those bytes on the device."""
+    on_device = sum(engine.nbytes(model_id) for model_id in engine.resident_ids())
+    assert engine.host_tier.held_bytes() <= max(engine.host_tier.budget, on_device)
+    return on_device

@@ -14,7 +14,7 @@ from components.table import device_cell
 from offload import DiskCopyError, HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
 from offload.host.tensor_slots import drop_tensors, tensor_slots
 
-from .helpers import MetaProbe
+from .helpers import MetaProbe, check_host_copies_fit
 
 WIDTH = 16
 
@@ -53,10 +53,7 @@ def run(cm, models, times=2, within_budget=True):
             outputs.append(model(X))
             if not within_budget:
                 continue
-            engine = cm.offload_engine
-            on_device = sum(engine.nbytes(model_id) for model_id in engine.resident_ids())
-            # Over the budget only by what is on the (simulated) device, whose weights are host memory here.
-            assert engine.host_tier.held_bytes() <= max(engine.host_tier.budget, on_device)
+            check_host_copies_fit(cm.offload_engine)
     return outputs
 
 

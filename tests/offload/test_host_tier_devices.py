@@ -10,6 +10,7 @@ import offload.host.host_budget
 from components import ComponentsManager
 from offload import HostBudgetError, NextUseStrategy, SimulatedDevice
 
+from .helpers import check_host_copies_fit
 from .test_host_tier import SIZE, X, build, equal, loaded, without_offload
 
 
@@ -41,8 +42,7 @@ def run(cm, models, times=2, check_from=1):
                 continue
             on_device = []
             for engine in cm.offload_engines:
-                on_device.append(sum(engine.nbytes(model_id) for model_id in engine.resident_ids()))
-                assert engine.host_tier.held_bytes() <= max(engine.host_tier.budget, on_device[-1])
+                on_device.append(check_host_copies_fit(engine))
             held = sum(engine.host_tier.held_bytes() for engine in cm.offload_engines)
             assert held <= max(cm.offload_engines[0].host_tier.share.budget, sum(on_device))
     return outputs

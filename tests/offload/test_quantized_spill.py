@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from torch.utils import _pytree as pytree
-from torchao.quantization import Int8WeightOnlyConfig, quantize_
+from torchao.quantization import Int8WeightOnlyConfig, quantize_  # test_tied_...: a model of its own
 
 from components import ComponentsManager
 from offload import HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
@@ -16,7 +16,7 @@ from offload.host.disk_copies import DiskCopy, missing_from_files, read_back, wr
 from offload.host.tensor_slots import drop_tensors, tensor_slots
 from offload.records.messages import reload_hint
 
-from .helpers import MetaProbe, Tower
+from .helpers import MetaProbe, Tower, check_host_copies_fit, quantized_tower
 from .test_host_tier import loaded
 
 WIDTH = 16
@@ -24,9 +24,7 @@ X = torch.randn(1, WIDTH, dtype=torch.bfloat16, generator=torch.Generator().manu
 
 
 def quantized(seed: int) -> Tower:
-    tower = Tower(depth=2, width=WIDTH, seed=seed).to(torch.bfloat16)
-    quantize_(tower, Int8WeightOnlyConfig())
-    return tower
+    return quantized_tower(depth=2, width=WIDTH, seed=seed)
 
 
 QSIZE = module_nbytes(quantized(0))
@@ -46,8 +44,7 @@ def run(cm: ComponentsManager, models: list, times: int) -> list[torch.Tensor]:
         cm.set_execution_plan(models)
         for model in models:
             outputs.append(feed(model))
-            on_device = sum(engine.nbytes(model_id) for model_id in engine.resident_ids())
-            assert engine.host_tier.held_bytes() <= max(engine.host_tier.budget, on_device)
+            check_host_copies_fit(engine)
     return outputs
 
 

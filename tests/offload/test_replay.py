@@ -8,7 +8,7 @@ from offload.devices.budget import BudgetedDevice
 from offload.devices.probes import DeviceProbe
 from offload.engine.replay import UseRecorder, meta_module, replay
 
-from .helpers import Tower, call, sized
+from .helpers import GROUP, Tower, call, sized
 
 SIZES = {"a": 400, "b": 800, "c": 1200}
 
@@ -39,9 +39,6 @@ def test_recorder_sees_every_use_and_plan_and_what_was_resident():
     assert all(sum(use.resident.values()) <= 2000 for use in recorder.uses)
     assert recorder.uses[1].resident == {"a": 400, "b": 800}
     assert recorder.sizes == SIZES
-
-
-GROUP = (32 * 32 + 32) * 4  # one Linear(32, 32) with its bias: one group of a Tower
 
 
 def test_recorder_counts_a_partly_resident_model_at_its_bytes_on_the_device():

@@ -23,13 +23,18 @@ def engine_of(count: int, **options) -> tuple[OffloadEngine, list[torch.nn.Modul
     return engine, modules
 
 
+def call_each(modules: list[torch.nn.Module]) -> None:
+    for module in modules:
+        call(module)
+
+
 def test_a_hooked_call_of_a_resident_model_runs_the_same_lines_beside_10_or_300_models():
     """With the host copies' total kept as they change, a call of a placed model looks at no other model."""
     counts = []
     for count in (FEW, MANY):
         engine, modules = engine_of(count)
         call(modules[0])
-        counts.append(lines_run(lambda: call(modules[0])))
+        counts.append(lines_run(call, modules[0]))
         assert engine.resident_ids() == ["m0"]
     assert counts[0] == counts[1]
 
@@ -44,7 +49,7 @@ def test_a_hooked_call_that_evicts_runs_the_same_lines_beside_10_or_300_models()
         for module in turns:
             call(module)
         before = len(engine.log)
-        counts.append(lines_run(lambda: [call(module) for module in turns]))
+        counts.append(lines_run(call_each, turns))
         assert all(decision.evicted for decision in list(engine.log)[before:])
     assert counts[0] == counts[1]
 
@@ -55,8 +60,8 @@ def test_attaching_and_detaching_a_model_run_the_same_lines_beside_10_or_300_mod
     for count in (FEW, MANY):
         engine, _ = engine_of(count)
         module = sized(SIZE)
-        attach = lines_run(lambda: engine.attach("new", module))
-        detach = lines_run(lambda: engine.detach("new"))
+        attach = lines_run(engine.attach, "new", module)
+        detach = lines_run(engine.detach, "new")
         counts.append((attach, detach))
         assert not engine.has_hook("new")
     assert counts[0] == counts[1]

@@ -264,6 +264,25 @@ def test_the_denoisers_device_is_found_from_the_engines_sizes_without_walking_te
     cm.disable_auto_cpu_offload()
 
 
+def test_each_models_source_files_are_read_once_when_it_is_attached_to_one_of_several_devices(monkeypatch):
+    """Enabling over a device list, and adding a model after, ask ``weight_files`` once per model."""
+    import components.offload_link
+
+    asked = []
+    weight_files = components.offload_link.weight_files
+    monkeypatch.setattr(components.offload_link, "weight_files", lambda m: asked.append(m) or weight_files(m))
+    cm = ComponentsManager()
+    models = [sized(400), sized(800)]
+    for index, model in enumerate(models):
+        cm.add(f"m{index}", model)
+    cm.enable_auto_cpu_offload(device=two_devices(10**6), memory_reserve_margin=0)
+    assert sorted(map(id, asked)) == sorted(map(id, models))
+    added = sized(400)
+    cm.add("later", added)
+    assert [m for m in asked if m is added] == [added]
+    cm.disable_auto_cpu_offload()
+
+
 # ---- bad input: a clear error, nothing changed ---------------------------------------------------------
 
 
