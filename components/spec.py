@@ -23,6 +23,7 @@ from .load_id import (
 )
 from .load_kwargs import LOAD_OPTIONS, PASSED_ON_OPTIONS, split_load_kwargs
 from .loadable_type import check_loadable_type
+from .public_repr import public_repr
 from .quantization import resolve_quantization
 from .remote_code import check_consent, consent_covers, refusal_hint
 from .repo import Location, describe, resolve_location
@@ -101,7 +102,7 @@ def _none_to_empty(value: str | None) -> str:
     return "" if value is None else value
 
 
-@attrs.frozen(init=False, eq=False)
+@attrs.frozen(init=False, eq=False, repr=False)
 class ComponentSpec:
     """What a block needs under one name, and how to make it.
 
@@ -135,6 +136,8 @@ class ComponentSpec:
     default_creation_method: str = attrs.field(
         default="from_pretrained", validator=attrs.validators.in_(CREATION_METHODS)
     )
+
+    __repr__ = public_repr  # type_hint=, not the private field's name
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import attrs
 
+from components.public_repr import public_repr
 from modular._siblings import check_siblings
 
 __all__ = ["BlockFamily", "available_families", "family_for_index", "family_of_blocks", "register_family"]
@@ -33,7 +34,7 @@ def _inputs(values: Mapping[str, Any]) -> dict[str, Any]:
     return dict(values)
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class BlockFamily:
     """One pipeline family written with the framework.
 
@@ -87,6 +88,8 @@ class BlockFamily:
     _workflows: tuple[str, ...] | None = attrs.field(
         default=None, converter=attrs.converters.optional(_names), alias="workflows"
     )
+
+    __repr__ = public_repr  # blocks_class=, not the private field's name
 
     def _resolve(self, value: Any, what: str, *, want_class: bool = False) -> Any:
         """``value``, or what its dotted path names (imported now; the import system keeps it)."""
