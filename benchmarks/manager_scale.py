@@ -124,12 +124,9 @@ def peer_on_cpu() -> Iterator[None]:
         yield
 
 
-def measure_ours(count: int, calls: int, rounds: int) -> dict[str, float]:
-    """Our manager's medians at ``count`` models; checks that hooked calls compute what unhooked ones do."""
-    shells = models(count)
-    x = torch.ones(1, WIDTH)
-    expected = shells[0](x)
-    cm = ComponentsManager()
+def measure_registry(cm: Any, shells: list[torch.nn.Module], calls: int, rounds: int) -> dict[str, float]:
+    """Medians of what both managers have with one call shape: add every model, look up, search, print."""
+    count = len(shells)
     out: dict[str, float] = {}
     out["add"] = once(lambda: [cm.add(f"m{i}", shell) for i, shell in enumerate(shells)]) / count
     ids = [f"m{i}_{id(shell)}" for i, shell in enumerate(shells)]
@@ -139,6 +136,16 @@ def measure_ours(count: int, calls: int, rounds: int) -> dict[str, float]:
     )
     out["search_components"] = per_call(lambda i: cm.search_components("m1*"), max(calls // 50, 3), rounds)
     out["table (str)"] = statistics.median(once(lambda: str(cm)) for _ in range(max(rounds // 2, 1)))
+    return out
+
+
+def measure_ours(count: int, calls: int, rounds: int) -> dict[str, float]:
+    """Our manager's medians at ``count`` models; checks that hooked calls compute what unhooked ones do."""
+    shells = models(count)
+    x = torch.ones(1, WIDTH)
+    expected = shells[0](x)
+    cm = ComponentsManager()
+    out = measure_registry(cm, shells, calls, rounds)
     device = SimulatedDevice(MODEL_BYTES * RESIDENT, name="scale")
     enables, disables = [], []
     for _ in range(max(rounds // 2, 1)):
@@ -172,15 +179,7 @@ def measure_peer(count: int, calls: int, rounds: int) -> dict[str, float]:
 
     shells = models(count)
     cm = PeerManager()
-    out: dict[str, float] = {}
-    out["add"] = once(lambda: [cm.add(f"m{i}", shell) for i, shell in enumerate(shells)]) / count
-    ids = [f"m{i}_{id(shell)}" for i, shell in enumerate(shells)]
-    out["get_one(component_id=)"] = per_call(lambda i: cm.get_one(component_id=ids[i % count]), calls, rounds)
-    out["get_one(name=)"] = per_call(
-        lambda i: cm.get_one(name=f"m{(i * 7919) % count}"), max(calls // 50, 3), rounds
-    )
-    out["search_components"] = per_call(lambda i: cm.search_components("m1*"), max(calls // 50, 3), rounds)
-    out["table (str)"] = statistics.median(once(lambda: str(cm)) for _ in range(max(rounds // 2, 1)))
+    out = measure_registry(cm, shells, calls, rounds)
     with peer_on_cpu():
         enables, disables = [], []
         for _ in range(max(rounds // 2, 1)):
