@@ -32,7 +32,7 @@ class Chain(torch.nn.Module):
     """A bf16 stand-in for a model of about ``nbytes``: ``proj_in`` and a ``blocks`` list of square Linears.
 
     Shaped as a transformer is: the blocks sit in a top-level ``ModuleList``, which is what both our
-    ``offload.groups`` and diffusers' block-level group offloading split into groups, and ``proj_in`` is
+    ``offload.partial.groups`` and diffusers' block-level group offloading split into groups, and ``proj_in`` is
     the rest (our base group, diffusers' "unmatched" group, whose hook sets up its stream prefetch). A bare
     ``nn.Sequential`` of Linears would give diffusers no blocks: it would move the whole model as one group.
 

@@ -73,7 +73,7 @@ from gpu_methods import (  # noqa: E402
 )
 
 import components.quiet_imports  # noqa: E402, F401  (the peer rows import diffusers: no torchao noise)
-from offload.units import GB  # noqa: E402  (1024**3, as the manager table and the seed print sizes)
+from offload.devices.units import GB  # noqa: E402  (1024**3, as the manager table and the seed print sizes)
 
 SMOKE = {"width": 64, "tokens": 4, "steps": 3, "repeats": 1}
 SMOKE_TRANSFORMER_BLOCKS = 12

@@ -33,7 +33,7 @@ from offload_bounds import optimum  # noqa: E402
 from offload_traces import PeerAutoOffload, Trace, flux_traces  # noqa: E402
 
 from offload import OffloadEngine, SimulatedDevice  # noqa: E402
-from offload.units import GB  # noqa: E402
+from offload.devices.units import GB  # noqa: E402
 
 BANDWIDTH = "25GB/s"
 BLOCKS = {"clip": 12, "t5": 24, "transformer": 57, "canny": 57, "depth": 57, "vae": 1}

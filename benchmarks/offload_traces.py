@@ -42,8 +42,8 @@ from offload import (  # noqa: E402
     SmallestSufficientSet,
     WatermarkStrategy,
 )
-from offload.replay import meta_module  # noqa: E402  (modules of exact byte sizes, nothing allocated)
-from offload.units import GB  # noqa: E402  (1024**3, as printed everywhere)
+from offload.devices.units import GB  # noqa: E402  (1024**3, as printed everywhere)
+from offload.engine.replay import meta_module  # noqa: E402  (modules of exact byte sizes, nothing allocated)
 
 HUB_GB = 10**9  # the Hub lists file sizes in decimal GB
 Use = str | tuple[str, int]  # a component, or (component, loop steps)

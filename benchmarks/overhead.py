@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from diffusers import StableDiffusionPipeline
 
-import modular.pipeline
+import modular.pipeline.pipeline
 from blocks.stable_diffusion import StableDiffusionAutoBlocks, make_tiny_repo
 
 PROMPT = "a photo of a cat"
@@ -125,7 +125,9 @@ def grad_mode_runners(ours, inputs: dict[str, Any]) -> list[tuple[str, Callable[
         return ours(generator=torch.Generator("cpu").manual_seed(0), output="images", **inputs)
 
     def without_clones():
-        with mock.patch.object(modular.pipeline, "call_result", lambda state, output: state.get(output)):
+        with mock.patch.object(
+            modular.pipeline.pipeline, "call_result", lambda state, output: state.get(output)
+        ):
             return as_it_is()
 
     def under_no_grad():

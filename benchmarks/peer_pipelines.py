@@ -7,7 +7,7 @@ For the peer's SDXL, Flux, Qwen-Image and Wan pipelines on tiny repos, two text-
 run on a SimulatedDevice budget that forces evictions: once wrapped in ``PlannedPeerPipeline`` (plan
 derived from the peer's block tree), once unwrapped (our engine decides without a plan). The peer's own
 ``enable_auto_cpu_offload`` refuses a CPU device (no ``mem_get_info``), so its rule (smallest sufficient
-set, victims copied back) is replayed on the planned run's model uses (``offload.replay``). Prints bytes
+set, victims copied back) is replayed on the planned run's model uses (``offload.engine.replay``). Prints bytes
 to the device and back, and the peer rule's host->device bytes over ours.
 """
 
@@ -31,7 +31,7 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 from components import ComponentsManager  # noqa: E402
 from components.peer_pipelines import PlannedPeerPipeline  # noqa: E402
 from offload import SimulatedDevice, SmallestSufficientSet, module_nbytes  # noqa: E402
-from offload.replay import UseRecorder, replay  # noqa: E402
+from offload.engine.replay import UseRecorder, replay  # noqa: E402
 from tests.components.test_peer_pipelines import FAMILIES, Family  # noqa: E402  (the tested families)
 
 if not hasattr(wan_encoders, "ftfy"):  # ASCII prompts pass through ftfy unchanged; it is not installed here

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .manager_offload import OffloadMethods
@@ -20,6 +20,31 @@ from .table import manager_table
 __all__ = ["INFO_FIELDS", "ComponentsManager"]
 
 logger = logging.getLogger(__name__)
+
+
+class _Locked:
+    """The manager's lock, entered after dropping the registrations whose owners are gone (``_locked``).
+
+    One reusable object rather than a generator context per call: every public method enters it.
+    """
+
+    __slots__ = ("_lock", "_registry")
+
+    def __init__(self, lock: threading.RLock, registry: Registry) -> None:
+        self._lock = lock
+        self._registry = registry
+
+    def __enter__(self) -> Registry:
+        self._lock.acquire()
+        try:
+            self._registry.release_collected()
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._registry
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
 
 
 class ComponentsManager(OffloadMethods):
@@ -38,16 +63,14 @@ class ComponentsManager(OffloadMethods):
         self._wait_timeout = DEFAULT_WAIT_TIMEOUT  # for changes of models and the calls they wait for
         self._offload = OffloadLink()  # the engine placing the models while auto offload is on
         self._registry = Registry(on_add=self._offload.attach, on_remove=self._offload.detach)
+        self._guard = _Locked(self._lock, self._registry)
         self._loads = SharedLoads(
             self._lock, self._locked, self._registry
         )  # get_or_load: reuse, or load once
 
-    @contextmanager
-    def _locked(self) -> Iterator[Registry]:
+    def _locked(self) -> AbstractContextManager[Registry]:
         """The lock, after dropping registrations whose owners are gone: every public method enters here."""
-        with self._lock:
-            self._registry.release_collected()
-            yield self._registry
+        return self._guard
 
     # ---- registry -------------------------------------------------------------------------------------------
 
@@ -90,8 +113,15 @@ class ComponentsManager(OffloadMethods):
 
         Raises:
             ValueError: ``name`` is not an identifier, or the object is registered under another name.
-            TypeError: ``owner`` does not support weak references.
+            TypeError: ``owner`` does not support weak references, or ``component`` is ``None`` (nothing to
+                register: a pipeline's missing component is not added, and two ``None`` would be one object).
         """
+        if component is None:
+            msg = (
+                f"add({name!r}, None): None is not a component; leave it out (a pipeline registers only the "
+                "components it holds)"
+            )
+            raise TypeError(msg)
         with self._locked() as registry:
             return registry.add(name, component, collection, None, owner)
 
@@ -198,6 +228,15 @@ class ComponentsManager(OffloadMethods):
             ValueError: ``component_id`` combined with other filters, or several components match.
             ComponentNotFoundError: nothing matches (the message lists what is registered).
         """
+        if component_id is not None and name is None and collection is None and load_id is None:
+            # The common look-up is one dict read, without the lock (as cheap as the peer's): under the GIL a
+            # read is atomic, so it answers as if it ran just before or just after a change in another thread.
+            # Pending releases, and a miss (to raise under the lock), take the full path below.
+            registry = self._registry
+            if not registry.released:
+                entry = registry.entries.get(component_id)
+                if entry is not None:
+                    return entry.component
         with self._locked() as registry:
             if component_id is not None:
                 if (name, collection, load_id) != (None, None, None):

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from offload import MergedOffloadLog, OffloadEngine, OffloadLog
-from offload.calls import check_wait_timeout
+from offload.engine.calls import check_wait_timeout
 
 from .model_calls import MODEL_CALLS
 from .offload_link import OffloadLink
@@ -112,7 +112,7 @@ class OffloadMethods:
         Args:
             device: Execution device: ``None`` (the default accelerator), ``"cuda:0"``, a ``torch.device`` or
                 an ``offload.SimulatedDevice``; or a list of them (``["cuda:0", "cuda:1"]``): one engine per
-                device, each model placed by the one ``offload.device_choice`` picks (see docs/offload.md).
+                device, each model placed by the one ``offload.devices.device_choice`` picks (see docs/offload.md).
             memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
             offload_strategy: An ``offload.OffloadStrategy`` or one written for diffusers' manager (``offload.
                 PeerStrategy``); ``None`` for the engine's default.

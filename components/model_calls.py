@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from offload.calls import wait_while_busy
+from offload.engine.calls import wait_while_busy
 from offload.errors import OffloadTimeoutError
 
 __all__ = ["DEFAULT_WAIT_TIMEOUT", "MODEL_CALLS", "ModelCalls"]

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from offload.residency import Residency
-from offload.storage import module_nbytes
+from offload.devices.storage import module_nbytes
+from offload.records.residency import Residency
 
 from .load_id import get_load_id
 from .quantization import describe_quantization, quantization_method
@@ -253,7 +253,7 @@ def component_info(
         hook = getattr(component, "_hf_hook", None)
         on_disk = (
             residency is not None and residency.on_disk
-        )  # its slots hold placeholders (offload.host_tier)
+        )  # its slots hold placeholders (offload.host.host_tier)
         info.update(
             size_gb=(residency.disk_nbytes if residency and on_disk else storage_bytes(component)) / 1024**3,
             device="disk" if on_disk else ",".join(module_devices(component)) or None,
@@ -268,7 +268,7 @@ def component_info(
             quantization=quantization_info(component),
             # Partly resident under auto offload (its tail streamed per call): the share on the device.
             resident_share=None if residency is None else residency.resident_share,
-            # Pinned under auto offload (offload.pinned): where it stays, e.g. "sim" or "cuda:0".
+            # Pinned under auto offload (offload.weights.pinned): where it stays, e.g. "sim" or "cuda:0".
             pinned=None if residency is None else residency.pinned,
             # How its weights differ from its load ID's (components.weight_marks), or None: they do not.
             modified=modifications(component),

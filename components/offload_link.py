@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 import offload
 from offload import MergedOffloadLog, OffloadEngine, OffloadLog, Residency, parse_bytes
-from offload.device_choice import DenoiserFirst, DeviceChoice, DeviceRoom, check_choice, device_choice_of
-from offload.device_list import is_device_list, resolve_devices
-from offload.host_budget import SharedHostBudget, default_host_budget, spill_subfolders
-from offload.storage import module_nbytes
+from offload.devices.device_choice import (
+    DenoiserFirst,
+    DeviceChoice,
+    DeviceRoom,
+    check_choice,
+    device_choice_of,
+)
+from offload.devices.device_list import is_device_list, resolve_devices
+from offload.devices.storage import module_nbytes
+from offload.host.host_budget import SharedHostBudget, default_host_budget, spill_subfolders
 
 from .model_info import is_bitsandbytes
 from .weight_sources import weight_files
 
 __all__ = ["OffloadLink", "cannot_move"]
+
+_Attach = tuple[torch.nn.Module, Sequence[str], bool]  # what attaching one model takes: module, files, pinned
 
 
 def cannot_move(module: torch.nn.Module) -> bool:
@@ -33,8 +41,8 @@ class OffloadLink:
     """Holds the engine that places a manager's models while auto offload is on, and ``None`` while it is off.
 
     Given several devices, it holds one engine per device and each model is placed by one of them, chosen
-    when it is attached (``offload.device_choice``); plans go to each engine restricted to its models. The
-    host budget is one budget split between the engines (``offload.host_budget``), shares recomputed as
+    when it is attached (``offload.devices.device_choice``); plans go to each engine restricted to its models. The
+    host budget is one budget split between the engines (``offload.host.host_budget``), shares recomputed as
     models are attached and detached; the spill folder holds one subfolder per device.
 
     The manager owns one link and tells it what happens to its registry: models are attached as they are
@@ -123,9 +131,9 @@ class OffloadLink:
         Each model's source files (``weight_files``) go with it, so that under a host budget the engine reads
         its unchanged weights back from them. Models that cannot move (``cannot_move``) are attached pinned.
 
-        ``device`` may be a list of devices (``offload.device_list``): one engine each, every model attached
-        to the one the device-choice rule picks (``offload.device_choice``), ``host_budget`` split between
-        them (``offload.host_budget``; a model is then checked against its device's share), and one
+        ``device`` may be a list of devices (``offload.devices.device_list``): one engine each, every model attached
+        to the one the device-choice rule picks (``offload.devices.device_choice``), ``host_budget`` split between
+        them (``offload.host.host_budget``; a model is then checked against its device's share), and one
         subfolder of ``spill_folder`` per device.
 
         Raises:
@@ -150,23 +158,12 @@ class OffloadLink:
             spill_folder=spill_folder,
         )
         models = {key: obj for key, obj in components.items() if isinstance(obj, torch.nn.Module)}
-        files = {key: weight_files(module) for key, module in models.items()}
-        pinned = [key for key, module in models.items() if cannot_move(module)]
-        state = "on with the previous settings" if self._engines else "off"
         try:
-            engine.check_fit(
-                models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
-            )
+            attaching = self._check_fit(engine, models)
         except BaseException:
             engine.close()  # removes the spill folder it made
             raise
-        self.disable()
-        try:
-            for component_id, module in models.items():
-                engine.attach(component_id, module, files[component_id], pinned=component_id in pinned)
-        except BaseException:
-            engine.close()
-            raise
+        self._replace_engines({key: engine for key in models}, attaching, undo=engine.close)
         self._engines, self._owner, self._choice = [engine], {}, DenoiserFirst()
 
     def _enable_several(
@@ -216,29 +213,48 @@ class OffloadLink:
                 for engine in engines
             ]
             budget.start(budget.shares(dict(enumerate(placed))))
-            state = "on with the previous settings" if self._engines else "off"
+            attaching: dict[str, _Attach] = {}
             for engine in engines:
                 mine = {key: module for key, module in models.items() if owner[key] is engine}
-                files = {key: weight_files(module) for key, module in mine.items()}
-                pinned = [key for key, module in mine.items() if cannot_move(module)]
-                engine.check_fit(
-                    mine, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned
-                )
+                attaching.update(self._check_fit(engine, mine))
         except BaseException:
             leftovers.detach()
             _close_all(engines, made)
             raise
-        self.disable()
-        try:
-            for component_id, module in models.items():
-                attach_to(owner[component_id], component_id, module)
-        except BaseException:
+
+        def undo() -> None:
             leftovers.detach()
             _close_all(engines, made)
-            raise
+
+        self._replace_engines(owner, {key: attaching[key] for key in models}, undo)
         self._engines, self._owner, self._choice = engines, owner, choice
         self._host_budget, self._spill_made, self._leftovers = budget, made, leftovers
         self._merged = MergedOffloadLog([engine.log for engine in engines]) if len(engines) > 1 else None
+
+    def _check_fit(self, engine: OffloadEngine, models: Mapping[str, torch.nn.Module]) -> dict[str, _Attach]:
+        """``engine.check_fit`` of ``models``, before anything changes; returns what attaching each takes: the
+        module, its source files (``weight_files``, read once) and whether it is pinned (``cannot_move``)."""
+        files = {key: weight_files(module) for key, module in models.items()}
+        pinned = [key for key, module in models.items() if cannot_move(module)]
+        state = "on with the previous settings" if self._engines else "off"
+        engine.check_fit(models, after=f" Auto offload was left {state}.", weight_files=files, pinned=pinned)
+        return {key: (module, files[key], key in pinned) for key, module in models.items()}
+
+    def _replace_engines(
+        self,
+        owner: Mapping[str, OffloadEngine],
+        attaching: Mapping[str, _Attach],
+        undo: Callable[[], None],
+    ) -> None:
+        """The checked tail of ``enable``: close the engines in use, then attach each model of ``attaching`` (in
+        its order) to its engine in ``owner``; if an attach raises, ``undo`` closes the new engines."""
+        self.disable()
+        try:
+            for component_id, (module, files, pinned) in attaching.items():
+                owner[component_id].attach(component_id, module, files, pinned=pinned)
+        except BaseException:
+            undo()
+            raise
 
     def disable(self) -> None:
         """Closes the engines (hooks removed, weights on their host copies); a no-op when off."""
@@ -261,10 +277,10 @@ class OffloadLink:
         index = _choose(self._choice, self._engines, {component_id: component}, self._owner)[component_id]
         assert self._host_budget is not None  # set with the engines of several devices
         placed = _host_bytes(component)  # 0 for a model that stays where it is: nothing to check
-        modules = {component_id: component} if placed else {}
-        files = {component_id: weight_files(component)} if placed else {}
-        with self._host_budget.attaching(index, placed, modules, files):
-            attach_to(self._engines[index], component_id, component)
+        files = weight_files(component)
+        modules, checked = ({component_id: component}, {component_id: files}) if placed else ({}, {})
+        with self._host_budget.attaching(index, placed, modules, checked):
+            attach_to(self._engines[index], component_id, component, files)
         self._owner[component_id] = self._engines[index]
 
     def detach(self, component_id: str, component: Any) -> None:
@@ -339,9 +355,13 @@ class OffloadLink:
         return residency is not None and residency.attached
 
 
-def attach_to(engine: OffloadEngine, component_id: str, module: torch.nn.Module) -> None:
-    """Attaches ``module`` to ``engine`` with its source files, pinned when it cannot move."""
-    engine.attach(component_id, module, weight_files(module), pinned=cannot_move(module))
+def attach_to(
+    engine: OffloadEngine, component_id: str, module: torch.nn.Module, files: Sequence[str] | None = None
+) -> None:
+    """Attaches ``module`` to ``engine`` with its source files (``files``, read here when not given), pinned
+    when it cannot move."""
+    files = weight_files(module) if files is None else files
+    engine.attach(component_id, module, files, pinned=cannot_move(module))
 
 
 def _host_bytes(module: torch.nn.Module) -> int:

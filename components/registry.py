@@ -74,6 +74,9 @@ class Registry:
 
     def __init__(self, on_add: Callable[[str, Any], None], on_remove: Callable[[str, Any], None]) -> None:
         self.entries: dict[str, Entry] = {}
+        self._ids: dict[
+            int, str
+        ] = {}  # id(object) -> component id: a registered object lives while it is here
         self.collections: dict[str, dict[str, str]] = {}  # collection -> {name: component id}
         self.released: deque[tuple[str, int]] = deque()  # (id, serial) whose owner was garbage-collected
         self._on_add = on_add
@@ -98,10 +101,7 @@ class Registry:
 
     def id_of(self, component: Any) -> str | None:
         """The id ``component`` (the very object) is registered under, or ``None``."""
-        for component_id, entry in self.entries.items():
-            if entry.component is component:
-                return component_id
-        return None
+        return self._ids.get(id(component))
 
     # ---- adding and removing --------------------------------------------------------------------------------
 
@@ -127,6 +127,7 @@ class Registry:
             options = options or LoadOptions.from_object(component)
             owners = 0 if owner is not None else None
             self.entries[component_id] = Entry(component, name, time.time(), options, owners=owners)
+            self._ids[id(component)] = component_id
             logger.info("Added component %s", component_id)
         entry = self.entries[component_id]
         if owner is None:
@@ -155,6 +156,7 @@ class Registry:
         entry = self.entries[component_id]
         self._on_remove(component_id, entry.component)
         del self.entries[component_id]
+        del self._ids[id(entry.component)]
         for collection, members in list(self.collections.items()):
             for name, member in list(members.items()):
                 if member == component_id:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import ntpath
 import os
 import posixpath
@@ -19,7 +20,14 @@ from .errors import (
     SubfolderOutsideRepoError,
 )
 
-__all__ = ["Location", "describe", "download_snapshot", "resolve_location", "subfolder_escape"]
+__all__ = [
+    "Location",
+    "describe",
+    "download_snapshot",
+    "mistyped_folder",
+    "resolve_location",
+    "subfolder_escape",
+]
 
 # Weight formats we never need: skipping them keeps a hub fetch to the component's own files.
 _FOREIGN_FORMATS = ["*.msgpack", "*.h5", "*.onnx", "*.onnx_data", "*.tflite", "*.ot", "*.gguf"]
@@ -69,6 +77,26 @@ class Location:
 
 # "name" or "org/name": what the hub accepts as a model repo id.
 _REPO_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)?$")
+
+
+def mistyped_folder(repo: str) -> str | None:
+    """``"no such folder <path> (did you mean ...)"`` when a repo id the hub does not give is likely a local
+    folder typed wrong: its parent folder exists (``out/tiny-sd`` beside an ``out`` folder), or a folder of a
+    close name is where it points; ``None`` when nothing local suggests it (a bare hub id).
+    """
+    expanded = os.path.expanduser(repo)
+    parent = os.path.dirname(expanded)
+    listed = parent or "."
+    names = (
+        sorted(n for n in os.listdir(listed) if os.path.isdir(os.path.join(listed, n)))
+        if os.path.isdir(listed)
+        else []
+    )
+    close = difflib.get_close_matches(os.path.basename(expanded), names, n=1, cutoff=0.8)
+    if not (parent and os.path.isdir(parent)) and not close:
+        return None
+    hint = f" (did you mean {os.path.join(parent, close[0])!r}?)" if close else ""
+    return f"no such folder {os.path.abspath(expanded)}{hint}"
 
 
 def download_snapshot(
@@ -121,6 +149,10 @@ def download_snapshot(
             else "the hub cannot be reached"
         )
         if not os.path.isdir(storage):
+            folder = mistyped_folder(repo)
+            if folder is not None:
+                msg = f"Repo {where}: {folder}; check the path (as a hub repo id it is not cached, and {reason})."
+                raise RepoNotFoundError(msg) from error
             msg = (
                 f"Repo {where} is neither a local folder nor in the hub cache at {cache}, and {reason} forbids "
                 f"downloading it. Check the id, download it once online (`hf download {repo}`), or pass the "

@@ -10,8 +10,8 @@ from typing import Any
 import attrs
 import torch
 
-from .errors import RemoteCodeError
-from .importing import declared_remote_code, remote_code_refused, resolve_type_from_folder
+from .errors import ComponentLoadError, RemoteCodeError
+from .importing import declared_remote_code, import_type, remote_code_refused, resolve_type_from_folder
 from .load_id import (
     LOAD_ID_FIELDS,
     NULL_LOAD_ID,
@@ -23,6 +23,7 @@ from .load_id import (
 )
 from .load_kwargs import LOAD_OPTIONS, PASSED_ON_OPTIONS, split_load_kwargs
 from .loadable_type import check_loadable_type
+from .public_repr import public_repr
 from .quantization import resolve_quantization
 from .remote_code import check_consent, consent_covers, refusal_hint
 from .repo import Location, describe, resolve_location
@@ -80,9 +81,15 @@ def _check_name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _check_type_hint(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and not isinstance(value, type):
-        msg = f"ComponentSpec.type_hint must be a class or None (got {value!r} that is a {type(value)})."
-        raise TypeError(msg)
+    if value is None or isinstance(value, type):
+        return
+    if isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split(".")):
+        return
+    msg = (
+        f"ComponentSpec.type_hint must be a class or None, or the class's dotted path such as "
+        f"'diffusers.AutoencoderKL' (got {value!r} that is a {type(value)})."
+    )
+    raise TypeError(msg)
 
 
 def _to_path_str(value: Any) -> Any:
@@ -95,7 +102,7 @@ def _none_to_empty(value: str | None) -> str:
     return "" if value is None else value
 
 
-@attrs.frozen(init=False, eq=False)
+@attrs.frozen(init=False, eq=False, repr=False)
 class ComponentSpec:
     """What a block needs under one name, and how to make it.
 
@@ -104,7 +111,9 @@ class ComponentSpec:
 
     Attributes:
         name: The component's name in a pipeline, e.g. ``"unet"``.
-        type_hint: Its class; ``None`` lets ``load`` read the class from the repo's config files.
+        type_hint: Its class, or the class's dotted path (``"diffusers.FluxTransformer2DModel"``), imported on
+            first use: a block module that names its models by path imports none of them until a pipeline is
+            composed, loaded or checked. ``None`` lets ``load`` read the class from the repo's config files.
         description: One line for docs.
         config: Config for ``create`` (components made with ``from_config``).
         pretrained_model_name_or_path: Local folder or hub repo id.
@@ -115,7 +124,7 @@ class ComponentSpec:
     """
 
     name: str = attrs.field(validator=_check_name)
-    type_hint: type | None = attrs.field(default=None, validator=_check_type_hint)
+    _type_hint: type | str | None = attrs.field(default=None, validator=_check_type_hint, alias="type_hint")
     description: str | None = attrs.field(default=None)
     config: dict[str, Any] | None = attrs.field(default=None, converter=attrs.converters.optional(dict))
     pretrained_model_name_or_path: str | None = attrs.field(
@@ -128,10 +137,12 @@ class ComponentSpec:
         default="from_pretrained", validator=attrs.validators.in_(CREATION_METHODS)
     )
 
+    __repr__ = public_repr  # type_hint=, not the private field's name
+
     def __init__(
         self,
         name: str,
-        type_hint: type | None = None,
+        type_hint: type | str | None = None,
         description: str | None = None,
         config: dict[str, Any] | None = None,
         pretrained_model_name_or_path: str | os.PathLike | None = None,
@@ -163,6 +174,20 @@ class ComponentSpec:
             revision,
             default_creation_method,
         )
+
+    @property
+    def type_hint(self) -> type | None:
+        """The component's class (imported now if the spec names it by path, then kept); ``None`` if unknown."""
+        value = self._type_hint
+        if isinstance(value, str):
+            module_name, _, class_name = value.rpartition(".")
+            try:  # the path is the program's own code, not a repo's: any module may be named
+                value = import_type(module_name, class_name, trust_remote_code=True)
+            except ComponentLoadError as error:
+                msg = f"ComponentSpec {self.name!r}: type_hint {value!r} names no class. {error}"
+                raise ComponentLoadError(msg) from error
+            object.__setattr__(self, "_type_hint", value)  # a cache: equality and hashing ignore the class
+        return value
 
     @property
     def repo(self) -> str | None:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from offload.residency import Residency
-from offload.units import format_bytes
+from offload.devices.units import format_bytes
+from offload.records.residency import Residency
 
 if TYPE_CHECKING:
     from .manager import ComponentsManager
@@ -109,7 +109,7 @@ def device_cell(residency: Residency) -> str:
     ``"sim(sim)"`` or ``"cuda:0(cuda:0)"`` while it is on the device, ``"cpu(sim)"`` or ``"cpu(cuda:0)"``
     while it is on its host copy, ``"disk(sim)"`` while its host copy is dropped under a host budget,
     ``"partial 62%(sim)"`` while 62 % of its bytes are on the device and the rest streams per call;
-    ``"cuda:0(pinned)"`` or ``"sim(pinned)"`` for a pinned model, which stays where it is (``offload.pinned``).
+    ``"cuda:0(pinned)"`` or ``"sim(pinned)"`` for a pinned model, which stays where it is (``offload.weights.pinned``).
     """
     if residency.pinned is not None:
         return f"{residency.pinned}(pinned)"

@@ -3,11 +3,16 @@
 The public names of the project live here; each also lives in the package that owns it.
 """
 
-from components import ComponentsManager, ComponentSpec, ConfigSpec
+# Before anything imports them: `components` and `offload` must be this distribution's.
+from modular import _siblings  # noqa: F401
 
-from .block import ModularPipelineBlocks
-from .conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
-from .errors import (
+# isort: split
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
+
+# quiet_imports installs its log filters before any module imports diffusers (importing components runs it).
+from components import quiet_imports  # noqa: F401
+from modular.errors import (
     BlockCodeError,
     BlockCompositionError,
     BlockRepoError,
@@ -19,13 +24,27 @@ from .errors import (
     UnknownInputError,
     UnknownOutputError,
 )
-from .families import BlockFamily, available_families, register_family
-from .loop import LoopSequentialPipelineBlocks
-from .params import InputParam, OutputParam
-from .pipeline import ModularPipeline
-from .remote import BlockSource
-from .sequential import SequentialPipelineBlocks
-from .state import BlockState, PipelineState
+from offload.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from components import ComponentsManager, ComponentSpec, ConfigSpec
+    from modular.families import BlockFamily, available_families, register_family
+    from modular.framework.block import ModularPipelineBlocks
+    from modular.framework.conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
+    from modular.framework.loop import LoopSequentialPipelineBlocks
+    from modular.framework.params import InputParam, OutputParam
+    from modular.framework.sequential import SequentialPipelineBlocks
+    from modular.framework.state import BlockState, PipelineState
+    from modular.pipeline.pipeline import ModularPipeline
+    from modular.remote import BlockSource
+
+try:
+    __version__ = version("modular-pipelines")
+except PackageNotFoundError:  # a checkout that was never installed
+    __version__ = "0+unknown"
+
+# Each name is imported on first use (PEP 562): importing the package imports none of its modules.
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "AutoPipelineBlocks",

@@ -18,5 +18,5 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
 status=0
 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$LOGS/gpu-tests.log" || status=1
-"$PY" benchmarks/gpu_offload.py 2>&1 | tee "$LOGS/gpu-offload.log" || status=1
+"$PY" benchmarks/gpu_offload.py 2>&1 | tee "$LOGS/gpu-offload.records.log" || status=1
 exit $status

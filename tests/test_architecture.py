@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# `offload/engine.py`, `blocks/common`, `pyproject.toml`: backticked words with a slash or a file suffix.
+# `offload/engine/engine.py`, `blocks/common`, `pyproject.toml`: backticked words with a slash or a file suffix.
 _PATH = re.compile(r"`([\w./-]+(?:/[\w./-]*|\.(?:py|toml|md)))`")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from offload.groups import BASE, split_groups
+from offload.partial.groups import BASE, split_groups
 
 BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
 OURS = [
@@ -217,3 +217,50 @@ def test_a_row_that_raises_is_reported_and_the_others_still_run(modules, monkeyp
     assert "enable_model_cpu_offload (approx.): FAILED (RuntimeError: no such hook)" in lines
     ran = [line[:40].strip() for line in lines if line.endswith(" yes")]
     assert ran == OURS + ["diffusers group offload (cpu: no stream)"]
+
+
+def test_the_startup_smoke_run_prints_its_table():
+    """benchmarks/startup.py with one round of two commands: a row per command, ratios to the peer's import."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        startup = importlib.import_module("startup")
+    finally:
+        sys.path.remove(BENCHMARKS)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = startup.main(["--rounds", "1", "--only", "modular --help"])
+    assert status == 0
+    lines = out.getvalue().splitlines()
+    assert lines[1].split() == ["command", "median", "s", "x", "peer", "target"]
+    assert [line[:46].strip() for line in lines[2:]] == [
+        "modular --help",
+        "import diffusers.modular_pipelines",
+    ]
+    assert lines[3].split()[-1] == "1.00x"  # the peer's import, its own unit
+    assert "<= 0.1x" in lines[2]
+
+
+def test_the_manager_scale_quick_run_prints_every_row_at_each_size_beside_the_peer():
+    """``manager_scale.py --quick``: each operation at 20 and 200 models, the peer's time where it has the
+    operation, and the ratio to the smallest size; its hooked calls computed what unhooked ones do."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        script = importlib.import_module("manager_scale")
+    finally:
+        sys.path.remove(BENCHMARKS)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = script.main(["--quick"])
+    assert status == 0
+    lines = out.getvalue().splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("operation")))
+    assert lines[header].split() == "operation models ours peer ours/peer vs 20".split()
+    rows = lines[header + 1 : header + 1 + 2 * len(script.OPERATIONS)]
+    for row, (size, operation) in zip(
+        rows, [(s, op) for s in (20, 200) for op in script.OPERATIONS], strict=True
+    ):
+        name = operation + (" (all)" if operation in script.WHOLE else "")
+        assert row.startswith(name) and row[32:].split()[0] == str(size)
+        assert row.endswith("x")
+        assert ("hooked call" in operation) == (row.split()[-3:-1] == ["-", "-"])
+    assert lines[header + 1 + 2 * len(script.OPERATIONS)].startswith("unhooked call: ")

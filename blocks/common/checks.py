@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from modular import BlockState, ModularPipelineBlocks, PipelineState
+from modular import BlockState, InputParam, ModularPipelineBlocks, PipelineState
 
 from .image_checks import (
     ImageInfo,
@@ -107,6 +107,11 @@ class CheckInputsStep(ModularPipelineBlocks):
 
     intermediate_outputs = []
     same_dtype_models: tuple[str, ...] = ()
+
+    def workflow_inputs(self) -> list[InputParam]:
+        """The inputs this workflow adds (its reference image, its size), where the family's ``inputs`` puts
+        them; none by default."""
+        return []
 
     def check(self, components: Any, block_state: BlockState, problems: InputProblems) -> None:
         """Add to `problems` what is wrong with the inputs in `block_state`."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKL
 
 from modular import BlockState, ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam, PipelineState
 
@@ -27,7 +26,7 @@ class VaeDecodeStep(ModularPipelineBlocks):
 
     @property
     def expected_components(self) -> list[ComponentSpec]:
-        return [ComponentSpec("vae", AutoencoderKL), self.image_processor]
+        return [ComponentSpec("vae", "diffusers.AutoencoderKL"), self.image_processor]
 
     @property
     def extra_inputs(self) -> list[InputParam]:

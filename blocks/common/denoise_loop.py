@@ -10,7 +10,7 @@ from modular import InputParam, LoopSequentialPipelineBlocks, OutputParam, Pipel
 
 from .lora_scale import denoiser_weights_kept_at_scale_zero
 
-__all__ = ["TimestepLoopBlocks"]
+__all__ = ["TimestepLoopBlocks", "progress_ticks"]
 
 
 class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
@@ -48,12 +48,26 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
         denoisers = [getattr(components, spec.name, None) for spec in self.loop_expected_components]
         values = block_state.__dict__
         attention_kwargs = values.get("cross_attention_kwargs") or values.get("joint_attention_kwargs")
+        ticks = progress_ticks(
+            len(block_state.timesteps),
+            block_state.num_inference_steps,
+            getattr(getattr(components, "scheduler", None), "order", 1),
+        )
         with (
             denoiser_weights_kept_at_scale_zero(denoisers, attention_kwargs),
-            self.progress_bar(total=block_state.num_inference_steps) as progress_bar,
+            self.progress_bar(total=sum(ticks)) as progress_bar,
         ):
             for i, t in enumerate(block_state.timesteps):
                 components, block_state = self.loop_step(components, block_state, i=i, t=t)
-                progress_bar.update()
+                if ticks[i]:
+                    progress_bar.update()
         self.set_block_state(state, block_state)
         return components, state
+
+
+def progress_ticks(timesteps: int, num_inference_steps: int, order: int) -> list[bool]:
+    """Which timesteps move the progress bar, as the classic pipelines count them: one tick per step of the
+    scheduler (a second-order scheduler takes two timesteps a step; PNDM's warm-up adds timesteps), so the
+    bar ends at its total, ``2/2``, never ``3it``."""
+    warmup = max(timesteps - num_inference_steps * order, 0)
+    return [i == timesteps - 1 or (i + 1 > warmup and (i + 1) % order == 0) for i in range(timesteps)]

@@ -24,20 +24,23 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.configuration_utils import FrozenDict
-from diffusers.guiders import ClassifierFreeGuidance
-from diffusers.guiders.guider_utils import BaseGuidance, GuiderOutput
-from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
 
 from modular import ComponentSpec
 
 from .perturbed_attention import PERTURBED, perturbed_attention, perturbed_self_attention
 
+# diffusers.guiders imports diffusers.hooks, peft and transformers' models (seconds): the functions import it
+# when a guider is first checked or called, not when a family's blocks are imported.
+if TYPE_CHECKING:
+    from diffusers.guiders.guider_utils import BaseGuidance, GuiderOutput
+
 __all__ = [
     "GUIDER",
+    "GuiderKindCheck",
     "call_guider",
     "check_guider",
     "check_guider_kind",
@@ -63,7 +66,7 @@ def guider_spec(**config: Any) -> ComponentSpec:
     """
     return ComponentSpec(
         GUIDER,
-        ClassifierFreeGuidance,
+        "diffusers.guiders.ClassifierFreeGuidance",
         description="How guidance combines the model's predictions (any diffusers.guiders guider).",
         config=FrozenDict(config),
         default_creation_method="from_config",
@@ -94,6 +97,8 @@ def call_guider(guider: BaseGuidance, guidance_scale: float | None, *, guidance_
     Raises:
         TypeError: `guider` is not a diffusers guider.
     """
+    from diffusers.guiders.guider_utils import BaseGuidance
+
     if not isinstance(guider, BaseGuidance):
         msg = (
             f"the 'guider' component must be a diffusers.guiders guider such as ClassifierFreeGuidance "
@@ -109,6 +114,8 @@ def call_guider(guider: BaseGuidance, guidance_scale: float | None, *, guidance_
 
 
 def _touches_models(guider: BaseGuidance) -> bool:
+    from diffusers.guiders.guider_utils import BaseGuidance
+
     cls = type(guider)
     return (
         cls.prepare_models is not BaseGuidance.prepare_models
@@ -207,6 +214,8 @@ def check_guider_kind(guider: Any, block_name: str) -> None:
         TypeError: `guider` is not a diffusers guider.
         ValueError: it asks for predictions this denoiser cannot make.
     """
+    from diffusers.guiders.guider_utils import BaseGuidance
+
     if not isinstance(guider, BaseGuidance):
         msg = (
             f"{block_name}: the 'guider' component must be a diffusers.guiders guider such as "
@@ -224,6 +233,16 @@ def check_guider_kind(guider: Any, block_name: str) -> None:
         raise ValueError(msg)
 
 
+class GuiderKindCheck:
+    """Mixin for a denoiser block that declares the ``guider``: its ``check_component``, which
+    ``update_components`` and a saved index ask (``modular/pipeline/replacement.py``), refuses a guider it cannot serve."""
+
+    def check_component(self, name: str, component: Any) -> None:
+        """Refuses a guider this denoiser cannot serve (``check_guider_kind``), before any model runs."""
+        if name == GUIDER:
+            check_guider_kind(component, type(self).__name__)
+
+
 def check_guider(guider: BaseGuidance, model: torch.nn.Module, model_name: str, block_name: str) -> None:
     """Checks, before any pass runs, that the denoiser can serve the guider (``check_guider_kind``) and that
     the layers it perturbs (PAG, skip-layer guidance) exist.
@@ -231,6 +250,8 @@ def check_guider(guider: BaseGuidance, model: torch.nn.Module, model_name: str, 
     Raises:
         ValueError: a layer config names blocks `model` does not have; nothing has been hooked.
     """
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
     check_guider_kind(guider, block_name)
     for config in getattr(guider, "skip_layer_config", None) or []:
         if not isinstance(config.indices, list | tuple):

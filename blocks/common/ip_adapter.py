@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers.models.embeddings import ImageProjection, MultiIPAdapterImageProjection
 
+# diffusers' projection classes (diffusers.models.embeddings) are imported by the functions that test for them,
+# when an adapter is used: importing a family's blocks imports no diffusers model module.
 from components.model_info import IP_ADAPTER_ENCODER, IP_ADAPTER_SOURCE
 from modular import (
     BlockState,
@@ -25,7 +26,7 @@ from modular import (
     OutputParam,
     PipelineState,
 )
-from modular.params import INPUT_TEMPLATES
+from modular.framework.params import INPUT_TEMPLATES
 
 from .workflows import STAGES
 
@@ -94,6 +95,8 @@ def loaded_projections(components: Any, denoiser_name: str, block_name: str) -> 
         ValueError: no IP-Adapter is loaded (the message says how to load one).
     """
     projection = getattr(getattr(components, denoiser_name, None), "encoder_hid_proj", None)
+    from diffusers.models.embeddings import MultiIPAdapterImageProjection
+
     if not isinstance(projection, MultiIPAdapterImageProjection):
         msg = (
             f"{block_name}: IP-Adapter inputs were given, but no IP-Adapter is loaded into {denoiser_name!r}; "
@@ -185,6 +188,8 @@ class IPAdapterImageStep(_IPAdapterStepBase):
         self, components: Any, projection: torch.nn.Module, pixels: torch.Tensor, positive: torch.Tensor
     ) -> torch.Tensor:
         """The unconditional embeddings of one adapter when no negative image prompt is given."""
+        from diffusers.models.embeddings import ImageProjection
+
         if isinstance(projection, ImageProjection):
             return torch.zeros_like(positive)
         return self.encode(components, torch.zeros_like(pixels), hidden_states=True)
@@ -239,6 +244,8 @@ class IPAdapterImageStep(_IPAdapterStepBase):
             if block_state.negative_ip_adapter_image is None
             else _per_adapter(block_state.negative_ip_adapter_image, count, "negative_ip_adapter_image", name)
         )
+        from diffusers.models.embeddings import ImageProjection
+
         positive_embeds, negative_embeds = [], []
         for index, (image, projection) in enumerate(zip(images, projections)):
             hidden_states = not isinstance(projection, ImageProjection)
@@ -376,6 +383,8 @@ def denoiser_ip_embeds(
     positive = block_state.ip_adapter_image_embeds
     if positive is None:
         projection = getattr(getattr(components, denoiser_name), "encoder_hid_proj", None)
+        from diffusers.models.embeddings import MultiIPAdapterImageProjection
+
         if isinstance(projection, MultiIPAdapterImageProjection):
             msg = (
                 f"{block_name}: an IP-Adapter is loaded into {denoiser_name!r}, so each call needs an image "

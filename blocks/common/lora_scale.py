@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.utils import scale_lora_layers
-from peft.tuners.tuners_utils import BaseTunerLayer
+
+if TYPE_CHECKING:
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
 __all__ = ["denoiser_weights_kept_at_scale_zero", "lora_scale_from", "lora_scaled_encoders"]
 
@@ -73,7 +76,12 @@ def lora_scale_from(
 
 
 def _lora_layers(model: torch.nn.Module) -> list[BaseTunerLayer]:
-    return [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    # peft makes every LoRA layer: until something imported it there is none, and importing it here would
+    # cost every first call seconds (peft imports transformers' models).
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    if tuners is None:
+        return []
+    return [module for module in model.modules() if isinstance(module, tuners.BaseTunerLayer)]
 
 
 @contextlib.contextmanager

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers.guiders import PerturbedAttentionGuidance
-from diffusers.guiders.guider_utils import BaseGuidance
-from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS, _ATTENTION_CLASSES
-from diffusers.models.attention_processor import (
-    Attention,
-    PAGCFGIdentitySelfAttnProcessor2_0,
-    PAGIdentitySelfAttnProcessor2_0,
-)
+
+# diffusers' guiders and hooks import peft and transformers' models (seconds): imported when a guider is used.
+if TYPE_CHECKING:
+    from diffusers.guiders.guider_utils import BaseGuidance
+    from diffusers.models.attention_processor import Attention
 
 __all__ = ["PERTURBED", "perturbed_attention", "perturbed_self_attention"]
 
@@ -42,6 +40,10 @@ def perturbed_self_attention(guider: BaseGuidance, model: torch.nn.Module) -> li
     ``Attention`` (the kind the PAG processors are written for): its own hooks then perturb a pass of its own.
     The layers are assumed checked (``check_guider``); ``fqn="auto"`` is resolved the way diffusers' hook does.
     """
+    from diffusers.guiders import PerturbedAttentionGuidance
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS, _ATTENTION_CLASSES
+    from diffusers.models.attention_processor import Attention
+
     if not isinstance(guider, PerturbedAttentionGuidance):
         return None
     found: list[Attention] = []
@@ -71,6 +73,11 @@ def perturbed_attention(modules: list[Attention], with_unconditional: bool) -> I
         modules: From ``perturbed_self_attention``.
         with_unconditional: The batch is (unconditional, conditional, perturbed); else (conditional, perturbed).
     """
+    from diffusers.models.attention_processor import (
+        PAGCFGIdentitySelfAttnProcessor2_0,
+        PAGIdentitySelfAttnProcessor2_0,
+    )
+
     processor = (
         PAGCFGIdentitySelfAttnProcessor2_0() if with_unconditional else PAGIdentitySelfAttnProcessor2_0()
     )

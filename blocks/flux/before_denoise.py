@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from diffusers import FluxTransformer2DModel
 from diffusers.utils.torch_utils import randn_tensor
 
 from blocks.common.batch import check_generators, repeat_images
@@ -29,7 +28,7 @@ __all__ = [
     "FluxImg2ImgGuidanceStep",
 ]
 
-_TRANSFORMER = ComponentSpec("transformer", FluxTransformer2DModel)
+_TRANSFORMER = ComponentSpec("transformer", "diffusers.FluxTransformer2DModel")
 _LATENT_OUTPUTS = [
     OutputParam(
         "latents", type_hint=torch.Tensor, description="The packed initial latents [B, tokens, C * 4]."

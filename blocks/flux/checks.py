@@ -57,10 +57,6 @@ class FluxCheckInputsStep(CheckInputsStep):
         "shape of given packed latents, and the size of the latents (at most 64 GiB)."
     )
 
-    def workflow_inputs(self) -> list[InputParam]:
-        """The inputs of this workflow's reference image, if any."""
-        return []
-
     @property
     def inputs(self) -> list[InputParam]:
         return [

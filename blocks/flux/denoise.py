@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from diffusers import FluxTransformer2DModel
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
@@ -28,7 +27,7 @@ __all__ = [
     "FluxControlDenoiseStep",
 ]
 
-_TRANSFORMER = ComponentSpec("transformer", FluxTransformer2DModel)
+_TRANSFORMER = ComponentSpec("transformer", "diffusers.FluxTransformer2DModel")
 _LATENTS = InputParam("latents", type_hint=torch.Tensor, required=True, description="The packed latents.")
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 
 import torch
-from diffusers import AutoencoderKL
-from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
 
 from blocks.common.batch import check_generators
 from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
@@ -59,10 +57,10 @@ class FluxTextEncoderStep(ModularPipelineBlocks):
     )
 
     expected_components = [
-        ComponentSpec("text_encoder", CLIPTextModel),
-        ComponentSpec("tokenizer", CLIPTokenizer),
-        ComponentSpec("text_encoder_2", T5EncoderModel),
-        ComponentSpec("tokenizer_2", T5Tokenizer),
+        ComponentSpec("text_encoder", "transformers.CLIPTextModel"),
+        ComponentSpec("tokenizer", "transformers.CLIPTokenizer"),
+        ComponentSpec("text_encoder_2", "transformers.T5EncoderModel"),
+        ComponentSpec("tokenizer_2", "transformers.T5Tokenizer"),
     ]
 
     @property
@@ -256,7 +254,7 @@ class FluxVaeEncoderStep(ModularPipelineBlocks):
         "with the VAE's latent channels is taken as latents already; with given `latents` nothing is encoded."
     )
 
-    expected_components = [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    expected_components = [ComponentSpec("vae", "diffusers.AutoencoderKL"), IMAGE_PROCESSOR]
 
     inputs = [
         InputParam.template("image", required=True),
@@ -306,7 +304,7 @@ class FluxControlImageEncoderStep(ModularPipelineBlocks):
         "generator's draws keep the classic order."
     )
 
-    expected_components = [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    expected_components = [ComponentSpec("vae", "diffusers.AutoencoderKL"), IMAGE_PROCESSOR]
 
     inputs = [
         CONTROL_IMAGE,

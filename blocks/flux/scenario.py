@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from modular.jobs import Demo, Job
+from modular.batch.jobs import Demo, Job
 
 from .control_images import depth_like_map, edge_map
 from .tiny import SEED_SCALE_SIZE, make_seed_scale_repo
@@ -73,7 +73,7 @@ def seed_scenario(folder: str | Path) -> Demo:
         folder: Where the repos go (``tiny-flux-dev``, ``tiny-flux-canny-dev``, ``tiny-flux-depth-dev``).
 
     Returns:
-        A ``modular.jobs.Demo``: jobs ``text2image``, ``canny`` and ``depth`` (seed 42 each, the seed's
+        A ``modular.batch.jobs.Demo``: jobs ``text2image``, ``canny`` and ``depth`` (seed 42 each, the seed's
         steps and guidance, 64x64 images), ``BUDGET`` and ``MARGIN``.
     """
     folder = Path(folder)

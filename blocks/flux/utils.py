@@ -6,8 +6,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
-from diffusers.image_processor import VaeImageProcessor
 
 from blocks.common.vae import processor_for_vae, vae_scale_factor
 from modular import ComponentSpec, InputParam
@@ -31,7 +29,7 @@ MODEL_NAME = "flux"
 
 SCHEDULER = ComponentSpec(
     "scheduler",
-    FlowMatchEulerDiscreteScheduler,
+    "diffusers.FlowMatchEulerDiscreteScheduler",
     description="The flow-matching Euler scheduler (resolution-dependent shift mu).",
 )
 
@@ -40,7 +38,7 @@ SCHEDULER = ComponentSpec(
 # the loaded VAE's values instead (image_processor_for_vae), which the classic pipelines derive from it.
 IMAGE_PROCESSOR = ComponentSpec(
     "image_processor",
-    VaeImageProcessor,
+    "diffusers.image_processor.VaeImageProcessor",
     config={"vae_scale_factor": 16, "vae_latent_channels": 16},
     default_creation_method="from_config",
 )

@@ -6,7 +6,6 @@ Batch expansion is in inputs.py, timesteps in timesteps.py.
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKL, UNet2DConditionModel
 from diffusers.utils.torch_utils import randn_tensor
 
 from blocks.common.batch import check_generators, repeat_images
@@ -51,7 +50,7 @@ class StableDiffusionPrepareLatentsStep(ModularPipelineBlocks):
         "generator, or takes `latents`, and scales them by the scheduler's init_noise_sigma."
     )
 
-    expected_components = [ComponentSpec("unet", UNet2DConditionModel), SCHEDULER]
+    expected_components = [ComponentSpec("unet", "diffusers.UNet2DConditionModel"), SCHEDULER]
 
     inputs = [
         InputParam.template("height"),
@@ -134,8 +133,8 @@ class StableDiffusionInpaintPrepareLatentsStep(ModularPipelineBlocks):
     )
 
     expected_components = [
-        ComponentSpec("vae", AutoencoderKL),
-        ComponentSpec("unet", UNet2DConditionModel),
+        ComponentSpec("vae", "diffusers.AutoencoderKL"),
+        ComponentSpec("unet", "diffusers.UNet2DConditionModel"),
         SCHEDULER,
     ]
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import UNet2DConditionModel
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.guidance import (
-    GUIDER,
+    GuiderKindCheck,
     call_guider,
     check_guider,
-    check_guider_kind,
     guided_prediction,
     guider_spec,
     stack_conditions,
@@ -44,7 +42,7 @@ __all__ = [
     "StableDiffusionInpaintDenoiseStep",
 ]
 
-_UNET = ComponentSpec("unet", UNet2DConditionModel)
+_UNET = ComponentSpec("unet", "diffusers.UNet2DConditionModel")
 # The classic pipeline's guidance: classifier-free, scale 7.5 (the call's guidance_scale sets it per call).
 GUIDER_SPEC = guider_spec(guidance_scale=7.5)
 
@@ -118,7 +116,7 @@ class StableDiffusionInpaintLoopBeforeDenoiser(StableDiffusionLoopBeforeDenoiser
         return components, block_state
 
 
-class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
+class StableDiffusionLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
     """Loop step: predict the noise with the UNet, one pass or batch per condition the guider asks for."""
 
     model_name = MODEL_NAME
@@ -145,11 +143,6 @@ class StableDiffusionLoopDenoiser(ModularPipelineBlocks):
         InputParam.template("cross_attention_kwargs"),
         *IP_ADAPTER_DENOISER_INPUTS,
     ]
-
-    def check_component(self, name: str, component: Any) -> None:
-        """Refuses a guider this denoiser cannot serve (``check_guider_kind``), before any model runs."""
-        if name == GUIDER:
-            check_guider_kind(component, type(self).__name__)
 
     def _timestep_cond(self, components, block_state) -> torch.Tensor | None:
         proj_dim = components.unet.config.time_cond_proj_dim

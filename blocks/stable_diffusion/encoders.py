@@ -5,9 +5,6 @@ from __future__ import annotations
 import logging
 
 import torch
-from diffusers import AutoencoderKL, UNet2DConditionModel
-from diffusers.image_processor import VaeImageProcessor
-from transformers import CLIPTextModel, CLIPTokenizer
 
 from blocks.common.batch import check_generators, repeat_images
 from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
@@ -41,13 +38,13 @@ logger = logging.getLogger(__name__)
 # (image_processor_for_vae), as the classic pipelines do; 8 is the scale of SD's own VAE.
 IMAGE_PROCESSOR = ComponentSpec(
     "image_processor",
-    VaeImageProcessor,
+    "diffusers.image_processor.VaeImageProcessor",
     config={"vae_scale_factor": 8},
     default_creation_method="from_config",
 )
 MASK_PROCESSOR = ComponentSpec(
     "mask_processor",
-    VaeImageProcessor,
+    "diffusers.image_processor.VaeImageProcessor",
     config={"vae_scale_factor": 8, "do_normalize": False, "do_binarize": True, "do_convert_grayscale": True},
     default_creation_method="from_config",
 )
@@ -74,8 +71,8 @@ class StableDiffusionTextEncoderStep(ModularPipelineBlocks):
     )
 
     expected_components = [
-        ComponentSpec("text_encoder", CLIPTextModel),
-        ComponentSpec("tokenizer", CLIPTokenizer),
+        ComponentSpec("text_encoder", "transformers.CLIPTextModel"),
+        ComponentSpec("tokenizer", "transformers.CLIPTokenizer"),
     ]
 
     inputs = [
@@ -177,7 +174,7 @@ class StableDiffusionVaeEncoderStep(ModularPipelineBlocks):
         "A 4-channel tensor image is taken as latents already."
     )
 
-    expected_components = [ComponentSpec("vae", AutoencoderKL), IMAGE_PROCESSOR]
+    expected_components = [ComponentSpec("vae", "diffusers.AutoencoderKL"), IMAGE_PROCESSOR]
 
     inputs = [InputParam.template("image", required=True), *BATCH_INPUTS, DTYPE]
 
@@ -218,8 +215,8 @@ class StableDiffusionInpaintVaeEncoderStep(ModularPipelineBlocks):
     )
 
     expected_components = [
-        ComponentSpec("vae", AutoencoderKL),
-        ComponentSpec("unet", UNet2DConditionModel),
+        ComponentSpec("vae", "diffusers.AutoencoderKL"),
+        ComponentSpec("unet", "diffusers.UNet2DConditionModel"),
         IMAGE_PROCESSOR,
         MASK_PROCESSOR,
     ]

@@ -9,7 +9,6 @@ from typing import Any
 
 import attrs
 import torch
-from diffusers import SchedulerMixin
 
 from blocks.common.guidance import guidance_scale_of
 from blocks.common.vae import processor_for_vae, sample_latents, vae_scale_factor
@@ -42,7 +41,7 @@ INPAINT_STRENGTH = 1.0
 
 # Any diffusers scheduler works with these blocks (SD repos ship PNDM; Euler, DDIM ... can be swapped in).
 SCHEDULER = ComponentSpec(
-    "scheduler", SchedulerMixin, description="The noise scheduler (any diffusers scheduler)."
+    "scheduler", "diffusers.SchedulerMixin", description="The noise scheduler (any diffusers scheduler)."
 )
 
 

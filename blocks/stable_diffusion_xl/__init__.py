@@ -8,60 +8,67 @@ registers the auto blocks for the classic ``StableDiffusionXL*Pipeline`` repos (
 """
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modular import BlockFamily
+from offload.lazy_exports import lazy_exports
 
-from .before_denoise import (
-    StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep,
-    StableDiffusionXLImg2ImgPrepareLatentsStep,
-    StableDiffusionXLInpaintPrepareLatentsStep,
-    StableDiffusionXLPrepareAdditionalConditioningStep,
-    StableDiffusionXLPrepareLatentsStep,
-)
-from .checks import (
-    StableDiffusionXLCheckInputsStep,
-    StableDiffusionXLImg2ImgCheckInputsStep,
-    StableDiffusionXLInpaintCheckInputsStep,
-)
-from .decoders import StableDiffusionXLDecodeStep
-from .denoise import (
-    StableDiffusionXLDenoiseStep,
-    StableDiffusionXLInpaintDenoiseStep,
-    StableDiffusionXLInpaintLoopAfterDenoiser,
-    StableDiffusionXLInpaintLoopBeforeDenoiser,
-    StableDiffusionXLLoopAfterDenoiser,
-    StableDiffusionXLLoopBeforeDenoiser,
-    StableDiffusionXLLoopDenoiser,
-)
-from .encoders import (
-    StableDiffusionXLInpaintVaeEncoderStep,
-    StableDiffusionXLRefinerTextEncoderStep,
-    StableDiffusionXLTextEncoderStep,
-    StableDiffusionXLVaeEncoderStep,
-)
-from .inputs import StableDiffusionXLInputStep
-from .modular_blocks import (
-    StableDiffusionXLAutoBeforeDenoiseStep,
-    StableDiffusionXLAutoBlocks,
-    StableDiffusionXLAutoCheckInputsStep,
-    StableDiffusionXLAutoDenoiseStep,
-    StableDiffusionXLAutoVaeEncoderStep,
-    StableDiffusionXLBeforeDenoiseStep,
-    StableDiffusionXLImg2ImgBeforeDenoiseStep,
-    StableDiffusionXLInpaintBeforeDenoiseStep,
-    StableDiffusionXLRefinerBlocks,
-)
-from .timesteps import (
-    StableDiffusionXLImg2ImgSetTimestepsStep,
-    StableDiffusionXLInpaintSetTimestepsStep,
-    StableDiffusionXLSetTimestepsStep,
-)
-from .tiny import make_tiny_repo
+if TYPE_CHECKING:
+    from .before_denoise import (
+        StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep,
+        StableDiffusionXLImg2ImgPrepareLatentsStep,
+        StableDiffusionXLInpaintPrepareLatentsStep,
+        StableDiffusionXLPrepareAdditionalConditioningStep,
+        StableDiffusionXLPrepareLatentsStep,
+    )
+    from .checks import (
+        StableDiffusionXLCheckInputsStep,
+        StableDiffusionXLImg2ImgCheckInputsStep,
+        StableDiffusionXLInpaintCheckInputsStep,
+    )
+    from .decoders import StableDiffusionXLDecodeStep
+    from .denoise import (
+        StableDiffusionXLDenoiseStep,
+        StableDiffusionXLInpaintDenoiseStep,
+        StableDiffusionXLInpaintLoopAfterDenoiser,
+        StableDiffusionXLInpaintLoopBeforeDenoiser,
+        StableDiffusionXLLoopAfterDenoiser,
+        StableDiffusionXLLoopBeforeDenoiser,
+        StableDiffusionXLLoopDenoiser,
+    )
+    from .encoders import (
+        StableDiffusionXLInpaintVaeEncoderStep,
+        StableDiffusionXLRefinerTextEncoderStep,
+        StableDiffusionXLTextEncoderStep,
+        StableDiffusionXLVaeEncoderStep,
+    )
+    from .inputs import StableDiffusionXLInputStep
+    from .modular_blocks import (
+        StableDiffusionXLAutoBeforeDenoiseStep,
+        StableDiffusionXLAutoBlocks,
+        StableDiffusionXLAutoCheckInputsStep,
+        StableDiffusionXLAutoDenoiseStep,
+        StableDiffusionXLAutoVaeEncoderStep,
+        StableDiffusionXLBeforeDenoiseStep,
+        StableDiffusionXLImg2ImgBeforeDenoiseStep,
+        StableDiffusionXLInpaintBeforeDenoiseStep,
+        StableDiffusionXLRefinerBlocks,
+    )
+    from .timesteps import (
+        StableDiffusionXLImg2ImgSetTimestepsStep,
+        StableDiffusionXLInpaintSetTimestepsStep,
+        StableDiffusionXLSetTimestepsStep,
+    )
+    from .tiny import make_tiny_repo
+
+# Each name is imported on first use (PEP 562): importing the package imports none of its modules.
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 
 def _blocks_for_classic_index(index: Mapping[str, Any]) -> type:
     """A refiner repo has no first text encoder; everything else gets the auto blocks."""
+    from .modular_blocks import StableDiffusionXLAutoBlocks, StableDiffusionXLRefinerBlocks
+
     text_encoder = index.get("text_encoder")
     if text_encoder is None or list(text_encoder)[:2] == [None, None]:
         return StableDiffusionXLRefinerBlocks
@@ -70,18 +77,19 @@ def _blocks_for_classic_index(index: Mapping[str, Any]) -> type:
 
 FAMILY = BlockFamily(
     name="stable-diffusion-xl",
-    blocks_class=StableDiffusionXLAutoBlocks,
+    blocks_class="blocks.stable_diffusion_xl.modular_blocks.StableDiffusionXLAutoBlocks",
     classic_pipelines=(
         "StableDiffusionXLPipeline",
         "StableDiffusionXLImg2ImgPipeline",
         "StableDiffusionXLInpaintPipeline",
     ),
-    make_tiny_repo=make_tiny_repo,
-    variants=(StableDiffusionXLRefinerBlocks,),
+    make_tiny_repo="blocks.stable_diffusion_xl.tiny.make_tiny_repo",
+    variants=("blocks.stable_diffusion_xl.modular_blocks.StableDiffusionXLRefinerBlocks",),
     choose_blocks=_blocks_for_classic_index,
     peer_pipeline_class="StableDiffusionXLModularPipeline",
     lora_loader="diffusers.loaders.StableDiffusionXLLoraLoaderMixin",
     ip_adapter_loader="diffusers.loaders.ModularIPAdapterMixin",
+    workflows=("text2image", "image2image", "inpainting"),
 )
 
 __all__ = [

@@ -4,7 +4,6 @@ and SDXL's micro-conditioning (add_time_ids)."""
 from __future__ import annotations
 
 import torch
-from diffusers import UNet2DConditionModel
 from diffusers.utils.torch_utils import randn_tensor
 
 from blocks.common.batch import check_generators, repeat_images
@@ -244,7 +243,7 @@ class StableDiffusionXLPrepareAdditionalConditioningStep(ModularPipelineBlocks):
         "width), and negative_add_time_ids for guidance (the same ids unless both negative sizes are given)."
     )
 
-    expected_components = [ComponentSpec("unet", UNet2DConditionModel)]
+    expected_components = [ComponentSpec("unet", "diffusers.UNet2DConditionModel")]
 
     inputs = [InputParam.template("height"), InputParam.template("width"), *_CONDITIONING_INPUTS]
 
@@ -290,7 +289,7 @@ class StableDiffusionXLImg2ImgPrepareAdditionalConditioningStep(ModularPipelineB
         "requires_aesthetics_score (refiners), and the negative ids likewise."
     )
 
-    expected_components = [ComponentSpec("unet", UNet2DConditionModel)]
+    expected_components = [ComponentSpec("unet", "diffusers.UNet2DConditionModel")]
 
     expected_configs = [
         ConfigSpec(

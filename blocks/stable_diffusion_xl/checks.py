@@ -107,12 +107,5 @@ class StableDiffusionXLInpaintCheckInputsStep(_SDXLRules, StableDiffusionInpaint
     )
 
     def workflow_inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("image"),
-            InputParam.template("mask_image"),
-            InputParam.template("height"),
-            InputParam.template("width"),
-            strength_input(self.default_strength),
-            DENOISING_START,
-            InputParam.template("latents"),
-        ]
+        *inputs, latents = super().workflow_inputs()
+        return [*inputs, DENOISING_START, latents]

@@ -4,7 +4,6 @@ and inpainting."""
 from __future__ import annotations
 
 import torch
-from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 from blocks.common.batch import check_generators, repeat_images
 from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
@@ -71,8 +70,12 @@ class StableDiffusionXLTextEncoderStep(ModularPipelineBlocks):
     def expected_components(self) -> list[ComponentSpec]:
         specs = []
         for tokenizer, encoder in self.encoder_names:
-            hint = CLIPTextModelWithProjection if encoder == "text_encoder_2" else CLIPTextModel
-            specs += [ComponentSpec(encoder, hint), ComponentSpec(tokenizer, CLIPTokenizer)]
+            hint = (
+                "transformers.CLIPTextModelWithProjection"
+                if encoder == "text_encoder_2"
+                else "transformers.CLIPTextModel"
+            )
+            specs += [ComponentSpec(encoder, hint), ComponentSpec(tokenizer, "transformers.CLIPTokenizer")]
         return specs
 
     expected_configs = [

@@ -5,40 +5,48 @@
 repos (entry point group ``modular.blocks``).
 """
 
-from modular import BlockFamily
+from typing import TYPE_CHECKING
 
-from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
-from .checks import ZImageCheckInputsStep, ZImageImg2ImgCheckInputsStep
-from .decoders import ZImageDecodeStep
-from .denoise import (
-    ZImageDenoiseLoopWrapper,
-    ZImageDenoiseStep,
-    ZImageLoopAfterDenoiser,
-    ZImageLoopBeforeDenoiser,
-    ZImageLoopDenoiser,
-)
-from .encoders import ZImageTextEncoderStep, ZImageVaeEncoderStep
-from .inputs import ZImageInputStep
-from .modular_blocks import (
-    ZImageAutoBeforeDenoiseStep,
-    ZImageAutoBlocks,
-    ZImageAutoCheckInputsStep,
-    ZImageAutoVaeEncoderStep,
-    ZImageBeforeDenoiseStep,
-    ZImageImg2ImgBeforeDenoiseStep,
-)
-from .timesteps import ZImageImg2ImgSetTimestepsStep, ZImageSetTimestepsStep
-from .tiny import make_tiny_repo, make_tiny_tokenizer
+from modular import BlockFamily
+from offload.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from .before_denoise import ZImageImg2ImgPrepareLatentsStep, ZImagePrepareLatentsStep
+    from .checks import ZImageCheckInputsStep, ZImageImg2ImgCheckInputsStep
+    from .decoders import ZImageDecodeStep
+    from .denoise import (
+        ZImageDenoiseLoopWrapper,
+        ZImageDenoiseStep,
+        ZImageLoopAfterDenoiser,
+        ZImageLoopBeforeDenoiser,
+        ZImageLoopDenoiser,
+    )
+    from .encoders import ZImageTextEncoderStep, ZImageVaeEncoderStep
+    from .inputs import ZImageInputStep
+    from .modular_blocks import (
+        ZImageAutoBeforeDenoiseStep,
+        ZImageAutoBlocks,
+        ZImageAutoCheckInputsStep,
+        ZImageAutoVaeEncoderStep,
+        ZImageBeforeDenoiseStep,
+        ZImageImg2ImgBeforeDenoiseStep,
+    )
+    from .timesteps import ZImageImg2ImgSetTimestepsStep, ZImageSetTimestepsStep
+    from .tiny import make_tiny_repo, make_tiny_tokenizer
+
+# Each name is imported on first use (PEP 562): importing the package imports none of its modules.
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 FAMILY = BlockFamily(
     name="z-image",
-    blocks_class=ZImageAutoBlocks,
+    blocks_class="blocks.z_image.modular_blocks.ZImageAutoBlocks",
     classic_pipelines=("ZImagePipeline", "ZImageImg2ImgPipeline"),
     # The classic default is 1024 px; the tiny transformer's rope tables cover 32 positions per side.
     tiny_repo_inputs={"height": 32, "width": 32},
-    make_tiny_repo=make_tiny_repo,
+    make_tiny_repo="blocks.z_image.tiny.make_tiny_repo",
     peer_pipeline_class="ZImageModularPipeline",
     lora_loader="diffusers.loaders.ZImageLoraLoaderMixin",
+    workflows=("text2image", "image2image"),
 )
 
 __all__ = [

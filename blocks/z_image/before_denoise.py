@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from diffusers import ZImageTransformer2DModel
 from diffusers.utils.torch_utils import randn_tensor
 
 from blocks.common.batch import check_generators, repeat_images
@@ -15,7 +14,7 @@ from .utils import MODEL_NAME, SCHEDULER, resolve_size
 
 __all__ = ["ZImagePrepareLatentsStep", "ZImageImg2ImgPrepareLatentsStep"]
 
-_TRANSFORMER = ComponentSpec("transformer", ZImageTransformer2DModel)
+_TRANSFORMER = ComponentSpec("transformer", "diffusers.ZImageTransformer2DModel")
 
 
 def _latent_shape(components, total: int, height: int, width: int) -> tuple[int, int, int, int]:

@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import ZImageTransformer2DModel
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.guidance import (
-    GUIDER,
+    GuiderKindCheck,
     call_guider,
     check_guider,
-    check_guider_kind,
     guided_prediction,
     guider_spec,
     neutral_scale,
@@ -41,7 +39,7 @@ __all__ = [
     "ZImageDenoiseStep",
 ]
 
-_TRANSFORMER = ComponentSpec("transformer", ZImageTransformer2DModel)
+_TRANSFORMER = ComponentSpec("transformer", "diffusers.ZImageTransformer2DModel")
 # The classic pipeline's guidance, pred = pos + scale * (pos - neg): classifier-free in its original
 # formulation (diffusers' modular Z-Image declares the same class with the Imagen formulation, disabled).
 GUIDER_SPEC = guider_spec(guidance_scale=GUIDANCE_SCALE, use_original_formulation=True)
@@ -99,7 +97,7 @@ def _normalize(pred: torch.Tensor, pos: torch.Tensor, factor: float) -> torch.Te
     return pred * (max_norm / norm) if norm > max_norm else pred
 
 
-class ZImageLoopDenoiser(ModularPipelineBlocks):
+class ZImageLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
     """Loop step: the transformer's velocity per condition the guider asks for, combined by the guider."""
 
     model_name = MODEL_NAME
@@ -131,11 +129,6 @@ class ZImageLoopDenoiser(ModularPipelineBlocks):
             description="Extra kwargs for the attention processors.",
         ),
     ]
-
-    def check_component(self, name: str, component: Any) -> None:
-        """Refuses a guider this denoiser cannot serve (``check_guider_kind``), before any model runs."""
-        if name == GUIDER:
-            check_guider_kind(component, type(self).__name__)
 
     def call_guider(self, components, block_state):
         """The call's copy of the guider (made at the first step and checked against the transformer)."""

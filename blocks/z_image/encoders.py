@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKL, ZImageTransformer2DModel
-from transformers import PreTrainedModel, Qwen2Tokenizer
 
 from blocks.common.params import DTYPE, HEIGHT_WIDTH_OUTPUTS, tensor_output
 from blocks.common.prompts import as_list, check_prompt_or_embeds
@@ -57,8 +55,8 @@ class ZImageTextEncoderStep(ModularPipelineBlocks):
     )
 
     expected_components = [
-        ComponentSpec("text_encoder", PreTrainedModel),
-        ComponentSpec("tokenizer", Qwen2Tokenizer),
+        ComponentSpec("text_encoder", "transformers.PreTrainedModel"),
+        ComponentSpec("tokenizer", "transformers.Qwen2Tokenizer"),
     ]
 
     inputs = [
@@ -149,8 +147,8 @@ class ZImageVaeEncoderStep(ModularPipelineBlocks):
     )
 
     expected_components = [
-        ComponentSpec("vae", AutoencoderKL),
-        ComponentSpec("transformer", ZImageTransformer2DModel),
+        ComponentSpec("vae", "diffusers.AutoencoderKL"),
+        ComponentSpec("transformer", "diffusers.ZImageTransformer2DModel"),
         IMAGE_PROCESSOR,
     ]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
-from diffusers.image_processor import VaeImageProcessor
 
 from blocks.common.guidance import guidance_scale_of
 from blocks.common.vae import processor_for_vae, vae_scale_factor
@@ -32,7 +30,7 @@ MODEL_NAME = "z-image"
 # Flow matching: the scheduler takes custom sigmas and the resolution-dependent shift `mu`.
 SCHEDULER = ComponentSpec(
     "scheduler",
-    FlowMatchEulerDiscreteScheduler,
+    "diffusers.FlowMatchEulerDiscreteScheduler",
     description="The flow-matching scheduler (takes custom sigmas and a shift mu).",
 )
 
@@ -41,7 +39,7 @@ SCHEDULER = ComponentSpec(
 # blocks resize with the loaded VAE's scale instead (image_processor_for_vae), as the classic pipelines.
 IMAGE_PROCESSOR = ComponentSpec(
     "image_processor",
-    VaeImageProcessor,
+    "diffusers.image_processor.VaeImageProcessor",
     config={"vae_scale_factor": 16},
     default_creation_method="from_config",
 )

@@ -19,8 +19,8 @@ from typing import Any
 import attrs
 import torch
 
-from ..jobs import Job
-from .jobfile import JobFileError, JobSpec, Prompt, WorkflowSpec, parse_job, read_job_file
+from modular.batch.jobfile import JobFileError, JobSpec, Prompt, WorkflowSpec, parse_job, read_job_file
+from modular.batch.jobs import Job
 
 __all__ = ["NAME_FIELDS", "BatchEntry", "BatchJob", "derive_seed", "load_job", "torch_dtype"]
 
@@ -90,7 +90,7 @@ class BatchEntry:
         return {**values, **self.workflow.inputs}
 
     def job(self, images: Mapping[str, Any], on_cuda: bool) -> Job:
-        """This entry as one job of ``modular run`` (``modular.jobs.Job``), with its images read."""
+        """This entry as one job of ``modular run`` (``modular.batch.jobs.Job``), with its images read."""
         spec = self.workflow
         load: dict[str, Any] = {"torch_dtype": torch_dtype(spec.dtype, on_cuda)}
         if spec.variant is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from .schema import COUNT_KEYS, PROMPT_KEYS, SHARED, TOP, WORKFLOW, got
+from modular.batch.schema import COUNT_KEYS, PROMPT_KEYS, SHARED, TOP, WORKFLOW, got
 
 __all__ = [
     "DEFAULT_OUTPUT_NAME",

@@ -28,22 +28,28 @@ import torch
 from tqdm.auto import tqdm
 
 from components import ComponentsManager
-from offload.budget import BudgetedDevice
-from offload.simulated import SimulatedDevice
-from offload.units import parse_bytes
-
-from ..families import family_for_index
-from ..index import read_index
-from ..jobs import JobRunner, call_job
-from ..pipeline import ModularPipeline
-from .entries import BatchEntry, BatchJob
-from .jobfile import JobFileError, WorkflowSpec
-from .ranks import RankGroup, RankInfo, split_entries
-from .store import LOGS, OutputStore, check_name_lengths, check_writable, encode, library_versions
+from modular.batch.entries import BatchEntry, BatchJob
+from modular.batch.job_values import OFFLOADS
+from modular.batch.jobfile import JobFileError, WorkflowSpec
+from modular.batch.jobs import JobRunner, call_job
+from modular.batch.ranks import RankGroup, RankInfo, split_entries
+from modular.batch.store import (
+    LOGS,
+    OutputStore,
+    check_name_lengths,
+    check_writable,
+    encode,
+    library_versions,
+)
+from modular.families import family_for_index
+from modular.pipeline.index import read_index
+from modular.pipeline.pipeline import ModularPipeline
+from offload.devices.budget import BudgetedDevice
+from offload.devices.simulated import SimulatedDevice
+from offload.devices.units import parse_bytes
 
 __all__ = ["BatchOptions", "BatchPlan", "BatchResult", "check_batch", "plan_batch", "redo_lines", "run_batch"]
 
-OFFLOADS = ("none", "auto", "sim")
 _CUDA_MARGIN = "3GB"  # the engine's default: room for activations on a real device
 
 

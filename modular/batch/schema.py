@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..jobs import seed_problem
+from modular.batch.jobs import seed_problem
 
 __all__ = ["COUNT_KEYS", "DTYPES", "FORMATS", "PROMPT_KEYS", "SHARED", "TOP", "WORKFLOW", "got"]
 

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-from ..output_folder import unwritable_reason
-from .entries import BatchEntry
-from .jobfile import JobFileError
+from modular.batch.entries import BatchEntry
+from modular.batch.jobfile import JobFileError
+from modular.batch.output_folder import unwritable_reason
 
 __all__ = [
     "LOGS",

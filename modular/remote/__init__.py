@@ -6,9 +6,9 @@ folder or a pinned hub revision (``source.py``), running its code with the peer'
 ``block.save_pretrained(folder)`` writes one (``save.py``).
 """
 
-from .load import load_block
-from .peer_imports import PEER_NAMES, PeerImportError
-from .save import save_block
-from .source import CONFIG_NAME, BlockSource
+from modular.remote.load import load_block
+from modular.remote.peer_imports import PEER_NAMES, PeerImportError
+from modular.remote.save import save_block
+from modular.remote.source import CONFIG_NAME, BlockSource
 
 __all__ = ["CONFIG_NAME", "PEER_NAMES", "BlockSource", "PeerImportError", "load_block", "save_block"]

@@ -14,7 +14,7 @@ import sys
 import types
 from collections.abc import Mapping, Sequence
 
-from .peer_imports import mapped_builtins
+from modular.remote.peer_imports import mapped_builtins
 
 __all__ = ["RepoModules", "module_prefix", "parts_of"]
 

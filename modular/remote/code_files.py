@@ -13,7 +13,7 @@ import ast
 import os
 import stat
 
-from ..errors import BlockRepoError
+from modular.errors import BlockRepoError
 
 __all__ = ["MAX_FILE_BYTES", "read_code_files", "read_regular_file"]
 

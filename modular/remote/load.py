@@ -21,15 +21,14 @@ import attrs
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from components.repo import subfolder_escape
-
-from ..errors import BlockCodeError, BlockRepoError
-from .code import RepoModules, parts_of
-from .code_files import read_code_files
-from .nesting import BlockRepoCycleError, loading_turn
-from .source import CONFIG_NAME, BlockSource, RepoSnapshot, read_repo
+from modular.errors import BlockCodeError, BlockRepoError
+from modular.remote.code import RepoModules, parts_of
+from modular.remote.code_files import read_code_files
+from modular.remote.nesting import BlockRepoCycleError, loading_turn
+from modular.remote.source import CONFIG_NAME, BlockSource, RepoSnapshot, read_repo
 
 if TYPE_CHECKING:
-    from ..block import ModularPipelineBlocks
+    from modular.framework.block import ModularPipelineBlocks
 
 __all__ = ["load_block", "read_config"]
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import BlockRepoError
+from modular.errors import BlockRepoError
 
 __all__ = ["BlockRepoCycleError", "loading_turn"]
 

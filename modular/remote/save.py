@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import diffusers
 
-from ..errors import BlockRepoError
-from .load import AUTO_MAP_KEY
-from .source import CONFIG_NAME
+from modular.errors import BlockRepoError
+from modular.remote.load import AUTO_MAP_KEY
+from modular.remote.source import CONFIG_NAME
 
 if TYPE_CHECKING:
-    from ..block import ModularPipelineBlocks
+    from modular.framework.block import ModularPipelineBlocks
 
 __all__ = ["save_block"]
 

@@ -11,9 +11,8 @@ from huggingface_hub import constants
 
 from components.errors import RepoNotFoundError, SubfolderOutsideRepoError
 from components.repo import download_snapshot, subfolder_escape
-
-from ..errors import BlockRepoError
-from .code_files import read_regular_file
+from modular.errors import BlockRepoError
+from modular.remote.code_files import read_regular_file
 
 __all__ = ["CONFIG_NAME", "BlockSource", "RepoSnapshot", "read_repo"]
 

@@ -15,6 +15,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from diffusers.hooks import HookRegistry
 from safetensors.torch import load_file
 
 from modular import ComponentNotLoadedError, InputTypeError, ModularPipeline, available_families
@@ -176,6 +177,15 @@ def assert_latents_and_generator_list(run_both, pipe, latents_shape):
     }
     assert_identical(*run_both(pipe, "text2image", seed=None, latents=latents, **kwargs))
     assert_identical(*run_both(pipe, "text2image", seed=(1, 2), **kwargs))
+
+
+def hooked_modules(module: torch.nn.Module) -> list[str]:
+    """Names of the submodules that carry a diffusers hook (a guider's, left installed or not)."""
+    return [
+        name
+        for name, sub in module.named_modules()
+        if isinstance(getattr(sub, "_diffusers_hook", None), HookRegistry) and sub._diffusers_hook.hooks
+    ]
 
 
 # ----- what every family's tests check the same way -----

@@ -1,6 +1,6 @@
 """A swapped guider is saved in the index in the peer's layout and made again, from its config, on load.
 
-The layout (modular/config_components.py): ``<folder>/guider/guider_config.json`` and an index entry
+The layout (modular/pipeline/config_components.py): ``<folder>/guider/guider_config.json`` and an index entry
 ``[library, class, {pretrained_model_name_or_path: null, subfolder: "guider", ..., type_hint}]``, which the
 peer loads with the class's ``from_pretrained``. A pipeline's default guider is not written, as the peer does.
 """
@@ -22,10 +22,11 @@ import blocks.z_image
 import modular
 from components import ComponentsManager
 from modular import ModularPipeline
-from modular.config_components import changed_config_components
 from modular.errors import IndexFileError
-from modular.index import MODULAR_INDEX
+from modular.pipeline.config_components import changed_config_components
+from modular.pipeline.index import MODULAR_INDEX
 
+from ..modular.saved import saved_index
 from .helpers import seeded
 
 FAMILIES = (blocks.stable_diffusion, blocks.stable_diffusion_xl, blocks.flux, blocks.z_image)
@@ -57,10 +58,6 @@ def public_config(guider) -> dict:
 def run(pipe):
     inputs = {"prompt": "a cat", "num_inference_steps": 2, "output_type": "latent"}
     return pipe(generator=seeded(0), output="images", **inputs)
-
-
-def index_of(folder) -> dict:
-    return json.loads((folder / MODULAR_INDEX).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +101,13 @@ def test_the_default_guider_is_not_written(sd, tmp_path):
     """A save of a pipeline with its default guider writes no guider folder and no guider entry."""
     sd.save_pretrained(tmp_path / "saved")
     assert not (tmp_path / "saved" / "guider").exists()
-    assert "guider" not in index_of(tmp_path / "saved")
+    assert "guider" not in saved_index(tmp_path / "saved")
 
 
 def test_a_swapped_guider_is_written_in_the_peers_layout(saved_with_pag):
     """The guider's config file in guider/ and an entry pointing at it, naming its class."""
     folder, _ = saved_with_pag
-    assert index_of(folder)["guider"] == [
+    assert saved_index(folder)["guider"] == [
         "diffusers",
         "PerturbedAttentionGuidance",
         {
@@ -180,7 +177,7 @@ def test_a_bad_guider_class_in_a_saved_index_is_refused_and_nothing_loaded(saved
     """An unknown class, or one that is no guider, in the guider entry: an IndexFileError naming the file and the
     entry; no pipeline, nothing registered with the manager."""
     folder, _ = saved_with_pag
-    index = index_of(folder)
+    index = saved_index(folder)
     index["guider"] = [*classes, {**index["guider"][2], "type_hint": classes}]
     (folder / MODULAR_INDEX).write_text(json.dumps(index))
     cm = ComponentsManager()
@@ -202,7 +199,7 @@ def test_a_saved_guider_the_family_cannot_serve_is_refused_before_anything_loads
     the pipeline is made, before any weights load; nothing registered with the manager."""
     folder, _ = saved_with_pag
     LTX2Guidance(guidance_scale=3.0, stg_scale=1.0).save_pretrained(str(folder / "guider"))
-    index = index_of(folder)
+    index = saved_index(folder)
     index["guider"] = [
         "diffusers",
         "LTX2Guidance",

@@ -23,7 +23,7 @@ from diffusers.guiders import (
     PerturbedAttentionGuidance,
     SkipLayerGuidance,
 )
-from diffusers.hooks import HookRegistry, LayerSkipConfig
+from diffusers.hooks import LayerSkipConfig
 from diffusers.modular_pipelines import StableDiffusionXLAutoBlocks as PeerSDXLBlocks
 
 import modular
@@ -35,7 +35,7 @@ from blocks.stable_diffusion_xl import make_tiny_repo as make_sdxl_repo
 from components import ComponentsManager
 from offload import SimulatedDevice, module_nbytes
 
-from .helpers import seeded
+from .helpers import hooked_modules, seeded
 
 modular.register_family(SDXL_FAMILY)
 logging.getLogger("diffusers.guiders").setLevel(logging.ERROR)  # "guiders are experimental", per guider made
@@ -99,15 +99,6 @@ def sd(sd_repo):
 @pytest.fixture
 def sdxl(sdxl_repo):
     return load(StableDiffusionXLAutoBlocks, sdxl_repo)
-
-
-def _hooked(module: torch.nn.Module) -> list[str]:
-    """Names of the submodules that carry a diffusers hook."""
-    return [
-        name
-        for name, sub in module.named_modules()
-        if isinstance(getattr(sub, "_diffusers_hook", None), HookRegistry) and sub._diffusers_hook.hooks
-    ]
 
 
 # ----- the default guider -----
@@ -241,7 +232,7 @@ def test_pag_puts_the_unets_attention_processors_back(sd):
     after = _processors(sd.unet)
     assert after.keys() == before.keys()
     assert all(after[name] is before[name] for name in before)
-    assert _hooked(sd.unet) == []
+    assert hooked_modules(sd.unet) == []
 
 
 def test_pag_puts_the_processors_back_when_the_pass_fails(sd):
@@ -362,9 +353,9 @@ def test_pag_under_auto_offload_equals_pag_without(sd_repo):
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     try:
         assert run(pipe, output_type="np").tobytes() == expected.tobytes()
-        # Models made room, whole or down to a resident prefix (offload.shrink, on by default).
+        # Models made room, whole or down to a resident prefix (offload.partial.shrink, on by default).
         assert any(entry.evicted or entry.reason == "shrink" for entry in cm.offload_log)
-        assert _hooked(pipe.unet) == []
+        assert hooked_modules(pipe.unet) == []
     finally:
         cm.disable_auto_cpu_offload()
 
@@ -398,7 +389,7 @@ def test_pag_on_layers_the_unet_lacks_fails_before_any_pass_and_hooks_nothing(sd
             run(sd)
     finally:
         handle.remove()
-    assert calls == [] and _hooked(sd.unet) == []
+    assert calls == [] and hooked_modules(sd.unet) == []
     sd.update_components(guider=ClassifierFreeGuidance(guidance_scale=7.5))
     assert torch.equal(run(sd), expected)
 
@@ -422,7 +413,7 @@ def test_a_layer_config_with_an_int_index_says_how_to_fix_it(sd):
     sd.update_components(guider=SkipLayerGuidance(skip_layer_config=config))
     with pytest.raises(ValueError, match=r"indices 0, which diffusers' layer-skip hook needs as a list"):
         run(sd)
-    assert _hooked(sd.unet) == []
+    assert hooked_modules(sd.unet) == []
 
 
 def test_auto_layers_on_a_unet_ask_for_named_layers(sd):
@@ -432,7 +423,7 @@ def test_auto_layers_on_a_unet_ask_for_named_layers(sd):
         ValueError, match=r"fqn='auto'.*UNet2DConditionModel.*'mid_block.attentions.0.transformer_blocks'"
     ):
         run(sd)
-    assert _hooked(sd.unet) == []
+    assert hooked_modules(sd.unet) == []
 
 
 def test_a_family_without_a_guider_refuses_one(tmp_path):

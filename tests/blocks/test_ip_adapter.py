@@ -13,7 +13,7 @@ from blocks.stable_diffusion_xl import FAMILY as SDXL_FAMILY
 from components import ComponentsManager
 from components.errors import MissingComponentFileError, PickleWeightsError
 from modular import register_family
-from modular.ip_adapter import IPAdapterError
+from modular.adapters.ip_adapter import IPAdapterError
 from offload import SimulatedDevice
 
 from .flux.conftest import FLUX

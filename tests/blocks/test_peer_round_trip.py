@@ -6,7 +6,6 @@ ours -> peer: ours saves; the peer reads that folder into its own family pipelin
 component, and runs on them (Flux and CFG-free Z-Image bit for bit; SDXL only to ~1e-5, see below).
 """
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,8 +23,8 @@ import blocks.stable_diffusion_xl
 import blocks.z_image
 import modular
 from components.load_id import LOAD_ID_FIELDS
-from modular.index import MODULAR_INDEX
 
+from ..modular.saved import saved_index
 from .flux.conftest import classic_from as flux_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
 from .z_image.conftest import classic_from as zimage_classic
@@ -94,10 +93,6 @@ def _type_entry(cls: type | None) -> list[str | None]:
     return [None, None] if cls is None else [cls.__module__.split(".")[0], cls.__name__]
 
 
-def _index(folder) -> dict[str, Any]:
-    return json.loads((folder / MODULAR_INDEX).read_text())
-
-
 def _component_entries(index: dict[str, Any]) -> dict[str, list]:
     return {k: v for k, v in index.items() if not k.startswith("_") and isinstance(v, list)}
 
@@ -140,13 +135,13 @@ def test_ours_reads_the_peers_index_with_our_family_blocks(case_and_repo, peer_s
     _, folder = peer_saved
     pipe = modular.ModularPipeline.from_pretrained(folder)
     assert type(pipe.blocks) is case.family.blocks_class
-    assert type(pipe.blocks).__name__ == _index(folder)["_blocks_class_name"]
+    assert type(pipe.blocks).__name__ == saved_index(folder)["_blocks_class_name"]
 
 
 def test_our_specs_and_config_equal_the_peers_index(peer_saved):
     """Every spec of ours equals its index entry (repo, subfolder, variant, revision, type); configs too."""
     _, folder = peer_saved
-    index = _index(folder)
+    index = saved_index(folder)
     pipe = modular.ModularPipeline.from_pretrained(folder)
     entries = _component_entries(index)
     for name in pipe.pretrained_component_names:
@@ -165,7 +160,7 @@ def test_components_from_the_peers_index_load_and_equal_the_classic_pipeline(cas
     """Ours loads every component the peer saved and its output equals the classic pipeline's bit for bit."""
     case, _ = case_and_repo
     _, folder = peer_saved
-    entries = _component_entries(_index(folder))
+    entries = _component_entries(saved_index(folder))
     pipe = modular.ModularPipeline.from_pretrained(folder)
     pipe.load_components(torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
@@ -184,7 +179,7 @@ def test_our_index_names_the_peers_pipeline_and_blocks_classes(peer_saved, ours_
     """Our index's _class_name and _blocks_class_name are what the peer writes for the same repo."""
     peer_class_name, peer_folder = peer_saved
     _, folder = ours_saved
-    ours, peers = _index(folder), _index(peer_folder)
+    ours, peers = saved_index(folder), saved_index(peer_folder)
     assert ours["_class_name"] == peers["_class_name"] == peer_class_name
     assert ours["_blocks_class_name"] == peers["_blocks_class_name"]
 
@@ -192,7 +187,7 @@ def test_our_index_names_the_peers_pipeline_and_blocks_classes(peer_saved, ours_
 def test_the_peer_reads_our_index_and_loads_every_component(ours_saved):
     """The peer builds its family pipeline from our index; its specs equal our entries and all load."""
     _, folder = ours_saved
-    index = _index(folder)
+    index = saved_index(folder)
     peer = PeerPipeline.from_pretrained(str(folder))
     assert type(peer).__name__ == index["_class_name"]
     assert type(peer.blocks).__name__ == index["_blocks_class_name"]
@@ -229,6 +224,6 @@ def test_the_peer_loads_our_saved_folder_after_it_is_moved(case_and_repo, ours_s
     peer = PeerPipeline.from_pretrained(str(moved))
     peer.load_components(torch_dtype=torch.float32)
     peer.set_progress_bar_config(disable=True)
-    for name in _component_entries(_index(moved)):
+    for name in _component_entries(saved_index(moved)):
         assert peer.get_component_spec(name).pretrained_model_name_or_path == str(moved), name
     case.check_peer(pipe, peer, _inputs(case))

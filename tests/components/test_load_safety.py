@@ -77,7 +77,9 @@ def test_our_modular_pipeline_is_refused_as_a_component_type(tiny_repo, tmp_path
     """This project's ModularPipeline is a pipeline too, and is refused as a component type."""
     from modular import ModularPipeline
 
-    with pytest.raises(PipelineTypeError, match="modular.pipeline.ModularPipeline, a whole pipeline"):
+    with pytest.raises(
+        PipelineTypeError, match="modular.pipeline.pipeline.ModularPipeline, a whole pipeline"
+    ):
         ComponentSpec("unet", ModularPipeline, repo=str(tiny_repo)).load()
 
 

@@ -7,7 +7,7 @@ import torch
 from diffusers import PNDMScheduler
 
 from components import ComponentNotFoundError, ComponentsManager, tag_load_id
-from offload.units import format_bytes
+from offload.devices.units import format_bytes
 
 
 def module(seed=0, tied=False):
@@ -351,3 +351,13 @@ def test_model_info_reads_quantization_config(cm):
     }
     size = format_bytes(cm.get_model_info(component_id)["size_gb"] * 1024**3)
     assert f"  Quantization: bitsandbytes (4-bit), packed {size}" in str(cm)
+
+
+def test_none_is_refused_as_none_not_confused_with_another_entry():
+    """`cm.add("feature_extractor", None)` after another None: a TypeError about None, and nothing registered
+    (before, the second None was "the same object registered as 'image_encoder_...'")."""
+    cm = ComponentsManager()
+    for name in ("image_encoder", "feature_extractor"):
+        with pytest.raises(TypeError, match=rf"add\('{name}', None\): None is not a component; leave it out"):
+            cm.add(name, None)
+    assert len(cm) == 0

@@ -32,7 +32,7 @@ import blocks.stable_diffusion_xl
 from components import ComponentLoadError, ComponentsManager
 from components.peer_pipelines import PlannedPeerPipeline, load_peer_components, peer_component_uses
 from offload import SimulatedDevice, SmallestSufficientSet, module_nbytes
-from offload.replay import UseRecorder, replay
+from offload.engine.replay import UseRecorder, replay
 
 from .peer_repos import make_tiny_qwen_image_repo, make_tiny_wan_repo
 
@@ -158,7 +158,7 @@ def test_peer_from_pretrained_on_our_manager_runs_planned_under_offload(sdxl_rep
         device=SimulatedDevice(_tight_budget(_model_sizes(cm))), memory_reserve_margin=0
     )
     assert torch.equal(_run(PlannedPeerPipeline(peer, cm), family), expected)
-    # Victims left the device, whole or down to a resident prefix (offload.shrink, on by default).
+    # Victims left the device, whole or down to a resident prefix (offload.partial.shrink, on by default).
     assert any(d.evicted or d.reason == "shrink" for d in cm.offload_log)
 
 
@@ -239,7 +239,7 @@ class OffloadFigures:
     to_device: int
     to_host: int
     evictions: int
-    shrinks: int  # victims shrunk to a resident prefix instead of evicted whole (offload.shrink)
+    shrinks: int  # victims shrunk to a resident prefix instead of evicted whole (offload.partial.shrink)
     peer_rule_to_device: int
     peer_rule_to_host: int
 

@@ -15,7 +15,7 @@ from components import quantization as quantization_module
 from components.errors import QuantizationBackendError, QuantizationConfigError
 from components.quantization import describe_quantization, resolve_quantization
 from offload import module_nbytes
-from offload.units import format_bytes
+from offload.devices.units import format_bytes
 
 
 def torchao_int8(library=diffusers):

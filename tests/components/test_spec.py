@@ -203,3 +203,10 @@ def test_config_spec_fields():
     assert ConfigSpec("x", 1) == ConfigSpec("x", 1)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         config.default = True
+
+
+def test_the_repr_names_fields_as_the_constructor_takes_them():
+    """A spec whose class is named by path shows `type_hint=` (the keyword), not its private field's name."""
+    spec = ComponentSpec("unet", "diffusers.UNet2DConditionModel", subfolder="unet")
+    assert repr(spec).startswith("ComponentSpec(name='unet', type_hint='diffusers.UNet2DConditionModel', ")
+    assert "_type_hint" not in repr(spec)

@@ -34,8 +34,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from components import ComponentsManager
 from components.model_info import lora_info
 from offload import HostBudgetError, ModelTooLargeError, SimulatedDevice, module_nbytes
-from offload.groups import split_groups
-from offload.streaming import smallest_layout
+from offload.partial.groups import split_groups
+from offload.partial.streaming import smallest_layout
 
 from .checks import assert_claims_true, assert_sides_agree, assert_weights_readable
 from .world import (

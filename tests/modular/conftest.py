@@ -17,3 +17,14 @@ def repo(tmp_path_factory):
 def lora(repo, tmp_path_factory):
     """A LoRA file for the tiny SD repo's UNet and text encoder (one per test module)."""
     return tiny_sd_lora(repo, tmp_path_factory.mktemp("lora") / "style")
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fail the test if any pipeline loads components."""
+    from modular.pipeline.pipeline import ModularPipeline
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(ModularPipeline, "load_components", refuse)

@@ -6,15 +6,7 @@ import os
 import pytest
 
 from modular.batch import JobFileError, derive_seed, load_job, plan_batch, split_entries
-from modular.cli import main
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    """The tiny Stable Diffusion repo."""
-    from blocks.stable_diffusion import make_tiny_repo
-
-    return make_tiny_repo(tmp_path_factory.mktemp("batch-repo") / "tiny-sd")
+from modular.cli.main import main
 
 
 def _job(repo, **changes):
@@ -35,17 +27,6 @@ def _write(folder, job, name="job.json"):
     path = folder / name
     path.write_text(json.dumps(job))
     return path
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Fail the test if any component is loaded."""
-    from modular.pipeline import ModularPipeline
-
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(ModularPipeline, "load_components", refuse)
 
 
 def test_entries_go_prompt_by_prompt_with_seeds_from_the_job_seed_and_index(repo, tmp_path):

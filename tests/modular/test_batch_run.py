@@ -14,18 +14,10 @@ import pytest
 import torch
 
 from modular.batch import BatchOptions, OutputStore, RankInfo, load_job, run_batch
-from modular.cli import main
+from modular.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRIES = 6
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    """The tiny Stable Diffusion repo."""
-    from blocks.stable_diffusion import make_tiny_repo
-
-    return make_tiny_repo(tmp_path_factory.mktemp("batch-repo") / "tiny-sd")
 
 
 def _job_file(folder: Path, repo: Path, output: str = "out") -> Path:

@@ -245,7 +245,7 @@ def test_loaded_block_composes_with_from_blocks_dict_under_auto_offload(tmp_path
     budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 1024
     manager.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     assert torch.equal(run(pipe), expected)
-    # Victims left the device, whole or down to a resident prefix (offload.shrink, on by default).
+    # Victims left the device, whole or down to a resident prefix (offload.partial.shrink, on by default).
     assert any(entry.evicted or entry.reason == "shrink" for entry in manager.offload_log)
     manager.disable_auto_cpu_offload()
 

@@ -8,7 +8,7 @@ import torch
 from blocks.stable_diffusion import make_tiny_repo
 from components import ComponentsManager
 from modular import InputParam, ModularPipelineBlocks, OutputParam
-from modular.outputs import changeable
+from modular.pipeline.outputs import changeable
 
 from .tiny_sd import tiny_sd_pipeline
 from .toy_blocks import MakeTensor

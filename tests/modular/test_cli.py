@@ -7,7 +7,7 @@ import sys
 import PIL.Image
 import pytest
 
-from modular.cli import main
+from modular.cli.main import main
 
 
 def test_run_saves_an_image_from_a_tiny_repo(tmp_path, capsys):
@@ -75,7 +75,7 @@ def test_unknown_family_is_one_line(capsys):
 
 def test_error_line_keeps_the_first_line_of_the_message(monkeypatch, capsys):
     """Only a message's first line is printed, and a KeyError's message without the quotes str() adds."""
-    import modular.cli as cli
+    import modular.cli.main as cli
 
     def fail(args):
         raise KeyError("no component named 'unte'\nsecond line")
@@ -97,7 +97,7 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
 
 def test_interrupt_exits_130(monkeypatch, capsys):
     """Ctrl-C during a command is exit status 130 and one line, no traceback."""
-    import modular.cli as cli
+    import modular.cli.main as cli
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -166,7 +166,7 @@ def _one_error_line(capsys, text):
 def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
     """`modular run` runs the three Flux workflows, printing a table after each and the offload summary,
     and saves the images, the control images and the memory plot; nothing reaches stderr."""
-    from modular.memory_plot import FIGURE_PIXELS, matplotlib_available
+    from modular.cli.memory_plot import FIGURE_PIXELS, matplotlib_available
 
     out = tmp_path / "out"
     assert main(["run", "--output", str(out), "--quiet", "--steps", "1"]) == 0
@@ -186,7 +186,7 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
         in printed
     )
     summary = printed[printed.index("Offload over the run") :].splitlines()
-    # Victims keep a resident prefix by default (offload.shrink): T5's prefix stays while each transformer
+    # Victims keep a resident prefix by default (offload.partial.shrink): T5's prefix stays while each transformer
     # runs, so ours moves less than whole models (the peer's 92.93 MB); models left the device 8 times, 2
     # whole and 6 down to a prefix (each counted, not only the whole ones); and it peaks higher, within the
     # 29 MB the margin leaves.
@@ -223,7 +223,7 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
 
 def test_without_matplotlib_the_plot_is_one_line_note(tmp_path, capsys, monkeypatch):
     """Without matplotlib a run under offload says so in one line and saves no plot."""
-    import modular.cli_report as cli_report
+    import modular.cli.report as cli_report
     from blocks.stable_diffusion import make_tiny_repo
 
     monkeypatch.setattr(cli_report, "matplotlib_available", lambda: False)
@@ -433,17 +433,6 @@ def test_reuse_takes_components_from_the_previous_job(tmp_path, picture, capsys)
     )
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Fail the test if any pipeline loads components."""
-    from modular.pipeline import ModularPipeline
-
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(ModularPipeline, "load_components", refuse)
-
-
 @pytest.mark.parametrize("where", ["file", "under-a-file"])
 def test_an_output_that_cannot_hold_images_is_refused_before_anything_loads(
     where, tmp_path, capsys, no_model_loads
@@ -503,3 +492,50 @@ def test_a_seed_outside_the_generators_range_is_refused_when_parsed(seed, reason
     assert info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"modular run: error: argument --seed: {reason}"
     assert not (tmp_path / "out").exists()
+
+
+# ---- the first hour (issue 22): what a newcomer types ----------------------------------------------------
+
+
+def test_bare_modular_prints_the_usage_and_version_prints_the_version(capsys):
+    """`modular` alone prints what it can do (status 0), not a one-line error; `--version` the version."""
+    import modular
+
+    assert main([]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: modular") and "modular run REPO" in printed
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0 and capsys.readouterr().out == f"modular {modular.__version__}\n"
+    assert modular.__version__ != "0+unknown"  # the installed distribution's version
+
+
+def test_a_misspelt_family_or_workflow_gets_did_you_mean(seed_repos, capsys):
+    """`--family fluxx` and `--workflow text2imag` name the close installed name."""
+    assert main(["inspect", "--family", "fluxx"]) == 2
+    assert "unknown family 'fluxx' (did you mean 'flux'?); installed families: [" in capsys.readouterr().err
+    assert main(["run", str(seed_repos[0]), "--workflow", "text2imag", "--quiet"]) == 2
+    assert "no workflow 'text2imag' (did you mean 'text2image'?)" in capsys.readouterr().err
+
+
+def test_a_device_the_machine_lacks_suggests_the_command_lines_simulated_device(capsys):
+    """`--offload cuda:7` (no such device here) names the flags that simulate one, not the Python API."""
+    assert main(["run", "--offload", "cuda:7", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("modular: error: ValueError: --offload cuda:7: ") and err.count("\n") == 1
+    assert "On the command line: --offload sim --budget 8GB simulates a device" in err
+
+
+def test_a_run_with_the_default_steps_prints_their_number(tmp_path, capsys):
+    """A job without --steps says how many steps it ran (the blocks' default), not "default steps"."""
+    from blocks.stable_diffusion import make_tiny_repo
+    from modular import available_families
+
+    repo = make_tiny_repo(tmp_path / "tiny-sd")
+    default = next(
+        p.default
+        for p in available_families()["stable-diffusion"].blocks_class().inputs
+        if p.name == "num_inference_steps"
+    )
+    assert main(["run", str(repo), "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    assert f"{default} steps (the default)" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from modular import ComponentsManager
 from offload import SimulatedDevice, module_nbytes
 from tests.blocks.lora_helpers import CLIP_TARGETS, DENOISER_TARGETS, make_lora
 
+from .saved import same_weights
 from .tiny_sd import tiny_sd_images, tiny_sd_pipeline
 
 MODELS = ("unet", "vae", "text_encoder")
@@ -45,11 +46,6 @@ def under_a_host_budget(pipe, cm, tmp_path):
 
 def finite(model) -> bool:
     return all(tensor.isfinite().all() for tensor in model.state_dict().values())
-
-
-def same_weights(a, b) -> bool:
-    first, second = a.state_dict(), b.state_dict()
-    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
 def test_save_pretrained_under_a_host_budget_writes_the_real_weights(repo, tmp_path):

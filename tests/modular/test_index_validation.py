@@ -12,12 +12,12 @@ from huggingface_hub import constants
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import modular.index
+import modular.pipeline.index
 from blocks.stable_diffusion import make_tiny_repo
 from components.errors import PipelineTypeError, SubfolderOutsideRepoError
 from modular import ComponentsManager, ModularPipeline
 from modular.errors import IndexFileError
-from modular.index import CLASSIC_INDEX, ENTRY_FIELDS, MODULAR_INDEX
+from modular.pipeline.index import CLASSIC_INDEX, ENTRY_FIELDS, MODULAR_INDEX
 from tests.components.hub_cache import add_to_hub_cache
 from tests.components.test_load_safety import poisoned_pipeline_repo
 
@@ -35,13 +35,13 @@ def tiny_repo(tmp_path_factory):
 def imports(monkeypatch):
     """The (library, class) pairs that reading the index asked import_type for."""
     calls = []
-    real = modular.index.import_type
+    real = modular.pipeline.index.import_type
 
     def recording(library, class_name, trust_remote_code=False):
         calls.append((library, class_name))
         return real(library, class_name, trust_remote_code=trust_remote_code)
 
-    monkeypatch.setattr(modular.index, "import_type", recording)
+    monkeypatch.setattr(modular.pipeline.index, "import_type", recording)
     return calls
 
 

@@ -7,7 +7,7 @@ import torch
 
 from blocks.stable_diffusion import make_tiny_repo
 from modular import ComponentsManager, ModularPipeline
-from modular.index import MODULAR_INDEX
+from modular.pipeline.index import MODULAR_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ from diffusers import StableDiffusionPipeline
 from diffusers.loaders import StableDiffusionLoraLoaderMixin
 from safetensors.torch import load_file
 
-import modular.lora
-from blocks.stable_diffusion import make_tiny_repo
+import modular.adapters.lora
 from components import CorruptWeightsError, MissingComponentFileError, PickleWeightsError, RepoNotFoundError
 from components.model_info import lora_layers
 from modular import BlockFamily, ComponentsManager, ModularPipeline
@@ -18,11 +17,6 @@ from tests.components.hub_cache import add_to_hub_cache
 
 from .tiny_sd import tiny_sd_pipeline
 from .toy_blocks import AddOneThenDouble
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +277,7 @@ def test_a_pipeline_without_a_family_or_loader_is_refused(repo, loras, monkeypat
         "(modular.register_family)."
     )
     family = BlockFamily(name="no-lora", blocks_class=AddOneThenDouble)
-    monkeypatch.setattr(modular.lora, "family_of_blocks", lambda name: family)
+    monkeypatch.setattr(modular.adapters.lora, "family_of_blocks", lambda name: family)
     with pytest.raises(ValueError, match="its family 'no-lora' names no lora_loader"):
         toy.get_list_adapters()
 

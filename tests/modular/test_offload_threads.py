@@ -5,16 +5,10 @@ import threading
 import pytest
 import torch
 
-from blocks.stable_diffusion import make_tiny_repo
 from modular import ComponentsManager
 from offload import ModelTooLargeError, SimulatedDevice, module_nbytes
 
 from .tiny_sd import tiny_sd_pipeline
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
 
 
 def _run(pipe, seed=0, steps=1):

@@ -76,6 +76,19 @@ def test_unknown_keyword_names_the_closest_valid_input():
     assert isinstance(UnknownInputError("x"), TypeError)
 
 
+def test_an_unknown_keyword_lists_the_inputs_a_caller_can_pass_closest_first():
+    """The listing names the pipeline's own inputs, closest first, not the values its blocks make for each other
+    (`y`, made by `add` for `double`); diffusers' `return_dict` is told what stands for it."""
+    pipe = AddOneThenDouble().init_pipeline()
+    with pytest.raises(UnknownInputError) as caught:
+        pipe(x=1, scal=3)
+    assert str(caught.value).endswith("(inputs, closest first: scale, x; pipe.doc lists them)")
+    with pytest.raises(
+        UnknownInputError, match=r"'return_dict'; a call returns the state, or one value with output="
+    ):
+        pipe(x=1, return_dict=False)
+
+
 def test_wrong_type_for_a_typed_input_is_refused():
     """A value of the wrong type for a typed input raises InputTypeError (a TypeError)."""
     pipe = AddOneThenDouble().init_pipeline()

@@ -10,7 +10,6 @@ from diffusers.quantizers import PipelineQuantizationConfig
 from torchao.quantization import Int8WeightOnlyConfig
 
 from blocks.flux import make_tiny_repo as make_tiny_flux_repo
-from blocks.stable_diffusion import make_tiny_repo
 from components import quantization as quantization_module
 from components.errors import QuantizationBackendError, QuantizationConfigError
 from modular import ComponentsManager, ModularPipeline
@@ -40,11 +39,6 @@ def quanto_mapping():
 
 
 MAPPINGS = {"torchao": torchao_mapping, "quanto": quanto_mapping}
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
 
 
 def quantized_pipeline(repo, cm, **load_options):

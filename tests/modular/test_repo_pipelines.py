@@ -15,20 +15,9 @@ from transformers import CLIPTextModel, CLIPTokenizer
 from blocks.stable_diffusion import StableDiffusionAutoBlocks, make_tiny_repo
 from components import ComponentSpec
 from modular import ComponentsManager, ModularPipeline
-from modular.index import MODULAR_INDEX
+from modular.pipeline.index import MODULAR_INDEX
 
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
-
-
-def _generate(pipe, seed=0):
-    pipe.set_progress_bar_config(disable=True)
-    generator = torch.Generator().manual_seed(seed)
-    return pipe(
-        prompt="a cat", num_inference_steps=2, generator=generator, output_type="latent", output="images"
-    )
+from .tiny_sd import tiny_sd_latents
 
 
 def test_from_pretrained_reads_the_classic_index_lazily(repo):
@@ -105,7 +94,7 @@ def test_save_then_load_gives_an_equal_pipeline(repo, tmp_path):
     again = ModularPipeline.from_pretrained(tmp_path / "saved")
     again.load_components(torch_dtype=torch.float32)
     assert again.get_component_spec("unet").load_id == f"{(tmp_path / 'saved').resolve()}|unet|null|null"
-    assert torch.equal(_generate(pipe), _generate(again))
+    assert torch.equal(tiny_sd_latents(pipe), tiny_sd_latents(again))
 
 
 def test_saved_workflow_stays_pruned(repo, tmp_path):
@@ -242,3 +231,18 @@ def test_each_component_may_point_at_a_different_repo(repo, tmp_path):
     assert mixed.get_component_spec("unet").load_id == f"{other}|unet|null|null"
     assert torch.equal(mixed.unet.conv_in.weight, reference.conv_in.weight)
     assert torch.equal(mixed.vae.decoder.conv_out.weight, pipe.vae.decoder.conv_out.weight)
+
+
+def test_loading_options_at_from_pretrained_name_load_components(repo):
+    """`from_pretrained(repo, torch_dtype=...)`, a diffusers habit, is refused with the call that takes it
+    (`load_components`), as is `init_pipeline(repo, variant=...)`; nothing is registered with the manager."""
+    cm = ComponentsManager()
+    with pytest.raises(
+        TypeError, match=r"torch_dtype=\.\.\.: making a pipeline loads no weights; pass it to "
+    ):
+        ModularPipeline.from_pretrained(repo, components_manager=cm, torch_dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"pipe\.load_components\(variant=\.\.\.\)"):
+        StableDiffusionAutoBlocks().init_pipeline(repo, components_manager=cm, variant="fp16")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'colection'"):
+        ModularPipeline.from_pretrained(repo, colection="x")
+    assert len(cm) == 0

@@ -1,24 +1,18 @@
 """save_pretrained's keywords, as the peer's: overwrite_modular_index, variant, max_shard_size,
 safe_serialization, and push_to_hub through huggingface_hub (its calls faked: no network)."""
 
-import json
-
 import huggingface_hub
 import pytest
 import torch
 from diffusers import UNet2DConditionModel
 
-from blocks.stable_diffusion import make_tiny_repo
 from components import PickleWeightsError
 from modular import ModularPipeline
-from modular.index import MODULAR_INDEX
+from modular.pipeline.index import MODULAR_INDEX
+
+from .saved import same_weights, saved_index
 
 SAVED = ("scheduler", "text_encoder", "tokenizer", "unet", "vae")
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
 
 
 def _loaded(repo, names=None):
@@ -27,25 +21,16 @@ def _loaded(repo, names=None):
     return pipe
 
 
-def _index(folder):
-    return json.loads((folder / MODULAR_INDEX).read_text())
-
-
-def _same_weights(a, b) -> bool:
-    first, second = a.state_dict(), b.state_dict()
-    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
-
-
 def test_an_index_that_keeps_its_sources_is_written_without_weights(repo, tmp_path):
     """overwrite_modular_index=False writes only the index, whose entries keep the repo they came from."""
     pipe = _loaded(repo)
     pipe.save_pretrained(tmp_path / "index-only", overwrite_modular_index=False)
     assert sorted(p.name for p in (tmp_path / "index-only").iterdir()) == [MODULAR_INDEX]
-    index = _index(tmp_path / "index-only")
+    index = saved_index(tmp_path / "index-only")
     assert {index[name][2]["pretrained_model_name_or_path"] for name in SAVED} == {str(repo)}
     again = _loaded(tmp_path / "index-only", ["unet"])
     assert again.get_component_spec("unet").load_id == f"{repo}|unet|null|null"
-    assert _same_weights(again.unet, pipe.unet)
+    assert same_weights(again.unet, pipe.unet)
 
 
 def test_a_component_without_a_source_is_written_even_when_the_index_keeps_sources(repo, tmp_path):
@@ -55,10 +40,10 @@ def test_a_component_without_a_source_is_written_even_when_the_index_keeps_sourc
     pipe.update_components(unet=fresh)
     pipe.save_pretrained(tmp_path / "saved", overwrite_modular_index=False)
     assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == [MODULAR_INDEX, "unet"]
-    index = _index(tmp_path / "saved")
+    index = saved_index(tmp_path / "saved")
     assert index["unet"][2]["pretrained_model_name_or_path"] is None
     assert index["vae"][2]["pretrained_model_name_or_path"] == str(repo)
-    assert _same_weights(_loaded(tmp_path / "saved", ["unet"]).unet, fresh)
+    assert same_weights(_loaded(tmp_path / "saved", ["unet"]).unet, fresh)
 
 
 def test_variant_names_the_saved_weights_and_the_index_records_it(repo, tmp_path):
@@ -66,7 +51,7 @@ def test_variant_names_the_saved_weights_and_the_index_records_it(repo, tmp_path
     pipe = _loaded(repo)
     pipe.save_pretrained(tmp_path / "saved", variant="fp16")
     assert (tmp_path / "saved" / "unet" / "diffusion_pytorch_model.fp16.safetensors").is_file()
-    index = _index(tmp_path / "saved")
+    index = saved_index(tmp_path / "saved")
     variants = {name: index[name][2]["variant"] for name in SAVED}
     # Tokenizers and schedulers have no weights and their saves take no variant.
     assert variants == {
@@ -78,7 +63,7 @@ def test_variant_names_the_saved_weights_and_the_index_records_it(repo, tmp_path
     }
     again = _loaded(tmp_path / "saved")
     assert again.get_component_spec("unet").load_id.endswith("|unet|fp16|null")
-    assert _same_weights(again.unet, pipe.unet)
+    assert same_weights(again.unet, pipe.unet)
 
 
 def test_max_shard_size_shards_the_weights(repo, tmp_path):
@@ -88,7 +73,7 @@ def test_max_shard_size_shards_the_weights(repo, tmp_path):
     files = sorted(p.name for p in (tmp_path / "saved" / "unet").iterdir())
     assert "diffusion_pytorch_model.safetensors.index.json" in files
     assert sum(name.endswith(".safetensors") for name in files) > 1
-    assert _same_weights(_loaded(tmp_path / "saved", ["unet"]).unet, pipe.unet)
+    assert same_weights(_loaded(tmp_path / "saved", ["unet"]).unet, pipe.unet)
 
 
 def test_pickle_files_are_written_only_when_asked_and_read_only_with_consent(repo, tmp_path):
@@ -100,7 +85,7 @@ def test_pickle_files_are_written_only_when_asked_and_read_only_with_consent(rep
     with pytest.raises(PickleWeightsError):
         again.load_components(["unet"])
     again.load_components(["unet"], use_pickle=True)
-    assert _same_weights(again.unet, pipe.unet)
+    assert same_weights(again.unet, pipe.unet)
 
 
 @pytest.mark.parametrize(

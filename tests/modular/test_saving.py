@@ -11,20 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import modular.saving
+import modular.pipeline.saving
 from blocks.stable_diffusion import make_tiny_repo
 from components.load_id import decode_load_id, get_load_id
 from modular import ComponentsManager, ModularPipeline
 from modular.errors import SaveTargetInUseError
-from modular.index import CLASSIC_INDEX, MODULAR_INDEX
+from modular.pipeline.index import CLASSIC_INDEX, MODULAR_INDEX
+
+from .saved import same_weights
+from .tiny_sd import tiny_sd_latents
 
 MODELS = ("unet", "vae", "text_encoder")
 SAVED = ("scheduler", "text_encoder", "tokenizer", "unet", "vae")
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return make_tiny_repo(tmp_path_factory.mktemp("repo") / "tiny-sd")
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +34,6 @@ def _loaded(repo, names=None, **kwargs):
     pipe = ModularPipeline.from_pretrained(repo, **kwargs)
     pipe.load_components(names, torch_dtype=torch.float32)
     return pipe
-
-
-def _generate(pipe, seed=0):
-    pipe.set_progress_bar_config(disable=True)
-    generator = torch.Generator().manual_seed(seed)
-    return pipe(
-        prompt="a cat", num_inference_steps=2, generator=generator, output_type="latent", output="images"
-    )
-
-
-def _same_weights(a, b) -> bool:
-    first, second = a.state_dict(), b.state_dict()
-    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -114,7 +99,7 @@ def test_saving_to_dot_keeps_the_other_files_of_the_current_folder(repo, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beside.txt", "work"]
     assert sorted(p.name for p in work.iterdir()) == sorted(["train.py", MODULAR_INDEX, *SAVED])
     again = _loaded(".")
-    assert torch.equal(_generate(again), _generate(pipe))
+    assert torch.equal(tiny_sd_latents(again), tiny_sd_latents(pipe))
 
 
 def test_saving_into_the_source_repo_keeps_it_loading(repo, tmp_path):
@@ -128,8 +113,8 @@ def test_saving_into_the_source_repo_keeps_it_loading(repo, tmp_path):
     assert {n: entries[n][2]["pretrained_model_name_or_path"] for n in SAVED} == dict.fromkeys(SAVED)
     again = _loaded(source)
     assert again.null_component_names == []
-    assert all(_same_weights(getattr(again, n), getattr(full, n)) for n in MODELS)
-    assert torch.equal(_generate(again), _generate(full))
+    assert all(same_weights(getattr(again, n), getattr(full, n)) for n in MODELS)
+    assert torch.equal(tiny_sd_latents(again), tiny_sd_latents(full))
 
 
 def test_saving_over_files_a_loaded_component_reads_is_refused(repo, tmp_path):
@@ -181,8 +166,8 @@ def test_a_moved_folder_loads_its_own_weights(repo, tmp_path):
     moved = Path(shutil.move(tmp_path / "first", tmp_path / "elsewhere" / "moved"))
     again = _loaded(moved)
     assert again.get_component_spec("unet").load_id == f"{moved}|unet|null|null"
-    assert all(_same_weights(getattr(again, n), getattr(pipe, n)) for n in MODELS)
-    assert torch.equal(_generate(again), _generate(pipe))
+    assert all(same_weights(getattr(again, n), getattr(pipe, n)) for n in MODELS)
+    assert torch.equal(tiny_sd_latents(again), tiny_sd_latents(pipe))
 
 
 def test_a_copied_folder_loads_its_own_weights_not_the_originals(repo, other_repo, tmp_path):
@@ -192,7 +177,7 @@ def test_a_copied_folder_loads_its_own_weights_not_the_originals(repo, other_rep
     copy = Path(shutil.copytree(tmp_path / "original", tmp_path / "copy"))
     _loaded(other_repo).save_pretrained(tmp_path / "original")
     again = _loaded(copy)
-    assert all(_same_weights(getattr(again, n), getattr(pipe, n)) for n in MODELS)
+    assert all(same_weights(getattr(again, n), getattr(pipe, n)) for n in MODELS)
 
 
 def test_a_failed_save_leaves_no_folder(repo, tmp_path, monkeypatch):
@@ -228,7 +213,7 @@ def _stop_after(monkeypatch, function: str, call: int) -> None:
     A save into an existing folder calls os.replace for the staged index, the plan, then the commit, and
     os.rename twice per component (old one aside, new one in); a new folder's save renames once, at the end.
     """
-    monkeypatch.setattr(modular.saving, "_finish", lambda target, staging: None)
+    monkeypatch.setattr(modular.pipeline.saving, "_finish", lambda target, staging: None)
     monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)
     original, calls = getattr(os, function), []
 
@@ -269,7 +254,7 @@ def test_leftovers_of_an_interrupted_save_are_recovered_by_a_load(
     assert _leftovers(target) == []
     assert sorted(p.name for p in target.iterdir()) == sorted([MODULAR_INDEX, *SAVED])
     expected = old if side == "old" else new
-    assert all(_same_weights(getattr(again, n), getattr(expected, n)) for n in MODELS)
+    assert all(same_weights(getattr(again, n), getattr(expected, n)) for n in MODELS)
 
 
 def test_leftovers_of_an_interrupted_save_are_cleaned_by_the_next_save(
@@ -293,7 +278,7 @@ def test_leftovers_of_an_interrupted_save_are_cleaned_by_the_next_save(
     new.save_pretrained(target)
     assert _leftovers(target) == []
     assert sorted(p.name for p in target.iterdir()) == sorted([MODULAR_INDEX, *SAVED])
-    assert all(_same_weights(getattr(_loaded(target), n), getattr(new, n)) for n in MODELS)
+    assert all(same_weights(getattr(_loaded(target), n), getattr(new, n)) for n in MODELS)
 
 
 def test_a_running_save_is_left_alone_by_a_load_and_a_second_save_is_refused(repo, tmp_path, monkeypatch):
@@ -337,13 +322,13 @@ def test_a_running_save_is_left_alone_by_a_load_and_a_second_save_is_refused(rep
 # ----- killed saves -----
 
 # The child loads the new pipeline once, then forks one process per kill: each saves with a tracer that
-# SIGKILLs it at its n-th executed line of modular/saving.py's disk steps (recovery included).
+# SIGKILLs it at its n-th executed line of modular/pipeline/saving.py's disk steps (recovery included).
 _KILLER = r"""
 import json, os, signal, sys
 import torch
 torch.set_num_threads(1)  # no thread pool before the forks
 from modular import ModularPipeline
-import modular.saving
+import modular.pipeline.saving
 
 new_repo, cases = sys.argv[1], json.loads(sys.argv[2])
 pipe = ModularPipeline.from_pretrained(new_repo)
@@ -367,7 +352,7 @@ def traced_save(target, kill_at):
 
     def start(frame, event, arg):
         code = frame.f_code
-        return local if code.co_filename == modular.saving.__file__ and code.co_name in STEPS else None
+        return local if code.co_filename == modular.pipeline.saving.__file__ and code.co_name in STEPS else None
 
     sys.settrace(start)
     try:
@@ -446,7 +431,7 @@ def test_a_save_killed_at_any_point_leaves_the_old_or_the_new_save(repo, other_r
             assert index in (old_index, new_index), (folder, lines)
             expected = old if index == old_index else new
             sides.add(id(expected))
-            same = [_same_weights(getattr(again, n), getattr(expected, n)) for n in MODELS]
+            same = [same_weights(getattr(again, n), getattr(expected, n)) for n in MODELS]
             assert same == [True] * len(MODELS), (folder, lines)
             assert _leftovers(folder) == [], (folder, lines)
         new.save_pretrained(folder)

@@ -120,8 +120,9 @@ class NeedsExtra(ModularPipelineBlocks):
         return components, state
 
 
-class ByProducedValue(ConditionalPipelineBlocks):
-    """Adds extra when y is truthy, else doubles: decided on a value an earlier block makes."""
+class ExtraOrDouble(ConditionalPipelineBlocks):
+    """Adds extra when y is truthy, else doubles: decided on y's value (one an earlier block makes, or one the
+    caller gives)."""
 
     block_classes = [NeedsExtra, Double]
     block_names = ["needs_extra", "double"]
@@ -133,7 +134,7 @@ class ByProducedValue(ConditionalPipelineBlocks):
 
 def test_a_choice_on_a_produced_value_is_left_to_run_time():
     """A custom select_block on a value an earlier block makes is not guessed before the run."""
-    blocks = SequentialPipelineBlocks.from_blocks_dict({"add": AddOne, "branch": ByProducedValue})
+    blocks = SequentialPipelineBlocks.from_blocks_dict({"add": AddOne, "branch": ExtraOrDouble})
     pipe = blocks.init_pipeline()
     assert pipe(x=-1, output="z") == 0  # y == 0 -> double; 'extra' is not demanded up front
     assert pipe(x=1, extra=5, output="z") == 7

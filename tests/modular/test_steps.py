@@ -15,10 +15,10 @@ from modular import (
     PipelineState,
     SequentialPipelineBlocks,
 )
-from modular.planning import plan_call
-from modular.steps import Known, StepKind
+from modular.framework.planning import plan_call
+from modular.framework.steps import Known, StepKind
 
-from .test_selection import ByProducedValue, ByValue, NeedsExtra, Pipeline
+from .test_selection import ByValue, ExtraOrDouble, Pipeline
 from .toy_blocks import AddOne, AddOneThenDouble, Double, DoubleOrNegate, Negate, SumLoop
 
 
@@ -73,7 +73,7 @@ def test_conditional_on_given_names_only_is_left_to_run_time_and_asks_for_values
 
 def test_a_choice_on_a_produced_value_is_a_run_time_step():
     """A value-based choice on what an earlier step makes is one choice step, producing any branch's outputs."""
-    blocks = SequentialPipelineBlocks.from_blocks_dict({"add": AddOne, "branch": ByProducedValue})
+    blocks = SequentialPipelineBlocks.from_blocks_dict({"add": AddOne, "branch": ExtraOrDouble})
     known = Known.of({"x": -1})
     steps = blocks.execution_steps(known)
     assert [(step.path, step.kind) for step in steps] == [
@@ -221,17 +221,6 @@ def test_sub_block_edits_forget_the_plans():
     assert pipe(x=1, output="y") == 2
 
 
-class ByGivenValue(ConditionalPipelineBlocks):
-    """Adds extra when y is truthy, else doubles: decided on a value the caller gives."""
-
-    block_classes = [NeedsExtra, Double]
-    block_names = ["needs_extra", "double"]
-    block_trigger_inputs = ["y"]
-
-    def select_block(self, y=None):
-        return "needs_extra" if y else "double"
-
-
 def test_a_choice_on_a_given_value_is_still_checked_before_the_run():
     """With a value-based choice on a given input, each call is planned with its values: bad ones fail up front."""
     ran = []
@@ -243,7 +232,9 @@ def test_a_choice_on_a_given_value_is_still_checked_before_the_run():
             ran.append(True)
             return components, state
 
-    pipe = SequentialPipelineBlocks.from_blocks_dict({"probe": Probe, "branch": ByGivenValue}).init_pipeline()
+    pipe = SequentialPipelineBlocks.from_blocks_dict(
+        {"probe": Probe, "branch": ExtraOrDouble}
+    ).init_pipeline()
     assert pipe(y=0, output="z") == 0
     with pytest.raises(MissingInputError, match=r"block 'needs_extra' \(NeedsExtra\) needs input 'extra'"):
         pipe(y=1)
@@ -312,7 +303,7 @@ def test_doc_marks_a_choice_left_to_run_time():
     """doc shows a choice that only the run can make as such in a workflow's steps."""
 
     class Flow(SequentialPipelineBlocks):
-        block_classes = [AddOne, ByProducedValue]
+        block_classes = [AddOne, ExtraOrDouble]
         block_names = ["add", "branch"]
         _workflow_map = {"any": {"x": True}}
 

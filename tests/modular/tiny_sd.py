@@ -19,3 +19,12 @@ def tiny_sd_images(pipe: ModularPipeline, steps: int = 2) -> torch.Tensor:
     return pipe(
         prompt="a cat", num_inference_steps=steps, generator=generator, output_type="pt", output="images"
     )
+
+
+def tiny_sd_latents(pipe: ModularPipeline, seed: int = 0) -> torch.Tensor:
+    """The latents of one seeded call ("a cat", 2 steps, ``output_type="latent"``), no progress bar."""
+    pipe.set_progress_bar_config(disable=True)
+    generator = torch.Generator().manual_seed(seed)
+    return pipe(
+        prompt="a cat", num_inference_steps=2, generator=generator, output_type="latent", output="images"
+    )

@@ -5,7 +5,7 @@ import torch
 
 from offload import OffloadEngine
 
-from .helpers import Tower
+from .helpers import Tower, quantized_tower
 
 pytestmark = pytest.mark.gpu
 
@@ -91,10 +91,7 @@ def test_a_streamed_model_and_a_control_model_in_a_loop_equal_no_offload():
 @pytest.mark.parametrize("budget_blocks", [None, 2.5])
 def test_a_torchao_quantized_model_moves_whole_and_streamed_on_cuda(budget_blocks):
     """torchao's tensors cannot take ``.data =``: they move by slot; outputs equal the model on CUDA."""
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-    tower = Tower(depth=7, seed=0, width=WIDTH).to(torch.bfloat16)
-    quantize_(tower, Int8WeightOnlyConfig())
+    tower = quantized_tower(depth=7, width=WIDTH)
     x = torch.randn(4, WIDTH, dtype=torch.bfloat16)
     expected = _expected(tower, x)
     nbytes = sum(p.nbytes for p in tower.parameters())

@@ -5,11 +5,7 @@ import torch
 
 from offload import DeviceProbe, OffloadEngine
 
-from .helpers import Tower
-
-WIDTH = 32
-GROUP = (WIDTH * WIDTH + WIDTH) * 4  # bytes of one Linear(WIDTH, WIDTH) with its bias
-X = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(1))
+from .helpers import GROUP, WIDTH, Tower, X
 
 
 class MetaDriver(DeviceProbe):

@@ -8,13 +8,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import offload.host_budget
+import offload.host.host_budget
 from components import ComponentsManager, tag_load_id
 from components.table import device_cell
 from offload import DiskCopyError, HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
-from offload.disk_copies import drop_tensors, tensor_slots
+from offload.host.tensor_slots import drop_tensors, tensor_slots
 
-from .helpers import MetaProbe
+from .helpers import MetaProbe, check_host_copies_fit
 
 WIDTH = 16
 
@@ -53,10 +53,7 @@ def run(cm, models, times=2, within_budget=True):
             outputs.append(model(X))
             if not within_budget:
                 continue
-            engine = cm.offload_engine
-            on_device = sum(engine.nbytes(model_id) for model_id in engine.resident_ids())
-            # Over the budget only by what is on the (simulated) device, whose weights are host memory here.
-            assert engine.host_tier.held_bytes() <= max(engine.host_tier.budget, on_device)
+            check_host_copies_fit(cm.offload_engine)
     return outputs
 
 
@@ -309,7 +306,7 @@ def test_tied_weights_stay_tied_after_a_read_back():
 
 def test_the_default_budget_is_what_the_host_has_available_less_a_margin(monkeypatch):
     """No host_budget: the host's available memory, less a tenth of its total."""
-    monkeypatch.setattr(offload.host_budget, "host_memory", lambda: (8 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(offload.host.host_budget, "host_memory", lambda: (8 * 2**30, 16 * 2**30))
     engine = OffloadEngine(SimulatedDevice(SIZE), memory_reserve_margin=0)
     assert engine.host_tier.budget == 8 * 2**30 - int(16 * 2**30 * 0.1)
 

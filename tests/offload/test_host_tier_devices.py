@@ -6,10 +6,11 @@ import threading
 
 import pytest
 
-import offload.host_budget
+import offload.host.host_budget
 from components import ComponentsManager
 from offload import HostBudgetError, NextUseStrategy, SimulatedDevice
 
+from .helpers import check_host_copies_fit
 from .test_host_tier import SIZE, X, build, equal, loaded, without_offload
 
 
@@ -41,8 +42,7 @@ def run(cm, models, times=2, check_from=1):
                 continue
             on_device = []
             for engine in cm.offload_engines:
-                on_device.append(sum(engine.nbytes(model_id) for model_id in engine.resident_ids()))
-                assert engine.host_tier.held_bytes() <= max(engine.host_tier.budget, on_device[-1])
+                on_device.append(check_host_copies_fit(engine))
             held = sum(engine.host_tier.held_bytes() for engine in cm.offload_engines)
             assert held <= max(cm.offload_engines[0].host_tier.share.budget, sum(on_device))
     return outputs
@@ -207,7 +207,7 @@ def test_a_share_that_shrinks_drops_copies_at_once_and_one_that_grows_back_drops
 def test_the_default_budget_is_one_budget_split_between_the_devices(five, monkeypatch):
     """host_budget=None: the host's available memory less a tenth of it, once, split by the bytes placed."""
     cm, models, ids = five
-    monkeypatch.setattr(offload.host_budget, "host_memory", lambda: (8 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(offload.host.host_budget, "host_memory", lambda: (8 * 2**30, 16 * 2**30))
     enable(cm, None)
     whole = 8 * 2**30 - int(16 * 2**30 * 0.1)
     assert shares(cm) == [whole * 3 // 5, whole * 2 // 5]

@@ -15,9 +15,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from components import ComponentNotFoundError, ComponentsManager
-from offload import DiskCopyError, OffloadEngine, SimulatedDevice, spill_files
-from offload.hook import remove_hook
-from offload.spill_files import sweep_stale
+from offload import DiskCopyError, OffloadEngine, SimulatedDevice
+from offload.engine.hook import remove_hook
+from offload.host import spill_files
+from offload.host.spill_files import sweep_stale
 
 from .test_host_tier import SIZE, X, build, enable, equal, loaded, reasons, run, without_offload
 

@@ -7,7 +7,7 @@ import torch
 
 from components import ComponentsManager
 from offload import OffloadEngine, SimulatedDevice
-from offload.prefetch import prefetch_victims
+from offload.partial.prefetch import prefetch_victims
 
 from .helpers import MetaProbe, call, sized
 from .test_streaming import GROUP, Tower, X
@@ -121,7 +121,7 @@ def test_prefetch_where_two_groups_do_not_fit_streams_one_group_at_a_time_and_sa
     expected = tower(X)
     engine = OffloadEngine(SimulatedDevice(2 * GROUP), memory_reserve_margin=0)
     engine.prefetch = True
-    with caplog.at_level(logging.WARNING, logger="offload.engine"):
+    with caplog.at_level(logging.WARNING, logger="offload.engine.engine"):
         engine.attach("tower", tower)
         engine.set_plan(["tower"])
         for _ in range(3):
@@ -180,7 +180,7 @@ def test_prefetch_where_a_running_model_holds_the_room_for_a_second_group_stream
     engine.prefetch = True
     engine.attach("outer", outer)
     engine.attach("tower", tower)
-    with caplog.at_level(logging.WARNING, logger="offload.engine"):
+    with caplog.at_level(logging.WARNING, logger="offload.engine.engine"):
         for _ in range(2):
             assert torch.equal(outer(X), expected)
     assert [(d.model_id, d.reason, d.bytes_to_device // GROUP) for d in engine.log][:3] == [

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from offload import DeviceProbe, HostProbe, SimulatedDevice
-from offload.probes import resolve_probe
+from offload.devices.probes import resolve_probe
 
 
 def test_device_probe_counts_reserved_but_unallocated_as_free(monkeypatch):

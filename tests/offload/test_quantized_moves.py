@@ -2,20 +2,13 @@
 puts a device Parameter in the slot and keeps the original as the host copy, whole or streamed."""
 
 import torch
-from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
 from offload import OffloadEngine, module_nbytes
 
-from .helpers import MetaProbe, Tower
+from .helpers import MetaProbe, Tower, quantized_tower
 
 WIDTH = 64
 X = torch.randn(2, WIDTH, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
-
-
-def quantized_tower() -> Tower:
-    tower = Tower(depth=8, width=WIDTH).to(torch.bfloat16)
-    quantize_(tower, Int8WeightOnlyConfig())
-    return tower
 
 
 def host_weights(tower: Tower) -> list[tuple[type, int]]:
@@ -23,7 +16,7 @@ def host_weights(tower: Tower) -> list[tuple[type, int]]:
 
 
 def run_on_meta(budget_share: float) -> tuple[OffloadEngine, Tower, torch.Tensor, list, list]:
-    tower = quantized_tower()
+    tower = quantized_tower(depth=8, width=WIDTH)
     expected, before = tower(X), host_weights(tower)
     engine = OffloadEngine(MetaProbe(int(budget_share * module_nbytes(tower))), memory_reserve_margin=0)
     engine.attach("tower", tower)
@@ -62,7 +55,7 @@ def test_a_quantized_model_streams_its_tail():
 
 def test_attaching_a_quantized_model_on_the_host_keeps_its_parameter_objects():
     """References a user took before attach keep pointing at the live weights."""
-    tower = quantized_tower()
+    tower = quantized_tower(depth=8, width=WIDTH)
     before = [block.weight for block in tower.blocks]
     engine = OffloadEngine(MetaProbe(2 * module_nbytes(tower)), memory_reserve_margin=0)
     engine.attach("tower", tower)

@@ -8,13 +8,15 @@ import pytest
 import torch
 from safetensors import safe_open
 from torch.utils import _pytree as pytree
-from torchao.quantization import Int8WeightOnlyConfig, quantize_
+from torchao.quantization import Int8WeightOnlyConfig, quantize_  # test_tied_...: a model of its own
 
 from components import ComponentsManager
 from offload import HostBudgetError, OffloadEngine, SimulatedDevice, module_nbytes
-from offload.disk_copies import DiskCopy, drop_tensors, read_back, tensor_slots, write_spill
+from offload.host.disk_copies import DiskCopy, missing_from_files, read_back, write_spill
+from offload.host.tensor_slots import drop_tensors, tensor_slots
+from offload.records.messages import reload_hint
 
-from .helpers import MetaProbe, Tower
+from .helpers import MetaProbe, Tower, check_host_copies_fit, quantized_tower
 from .test_host_tier import loaded
 
 WIDTH = 16
@@ -22,9 +24,7 @@ X = torch.randn(1, WIDTH, dtype=torch.bfloat16, generator=torch.Generator().manu
 
 
 def quantized(seed: int) -> Tower:
-    tower = Tower(depth=2, width=WIDTH, seed=seed).to(torch.bfloat16)
-    quantize_(tower, Int8WeightOnlyConfig())
-    return tower
+    return quantized_tower(depth=2, width=WIDTH, seed=seed)
 
 
 QSIZE = module_nbytes(quantized(0))
@@ -44,8 +44,7 @@ def run(cm: ComponentsManager, models: list, times: int) -> list[torch.Tensor]:
         cm.set_execution_plan(models)
         for model in models:
             outputs.append(feed(model))
-            on_device = sum(engine.nbytes(model_id) for model_id in engine.resident_ids())
-            assert engine.host_tier.held_bytes() <= max(engine.host_tier.budget, on_device)
+            check_host_copies_fit(engine)
     return outputs
 
 
@@ -252,7 +251,7 @@ def test_a_subclass_that_cannot_be_flattened_keeps_its_host_copy(tmp_path, caplo
     )
     for model_id, model in models.items():
         engine.attach(model_id, model)
-    with caplog.at_level(logging.INFO, logger="offload.engine"):
+    with caplog.at_level(logging.INFO, logger="offload.engine.engine"):
         for model_id in [*models, *models]:
             engine.ensure_resident(model_id)
     assert (
@@ -295,3 +294,19 @@ def test_a_quantized_model_larger_than_the_budget_is_refused(tmp_path):
     # The fix it offers fits a quantized model: no file can hold its quantized form for reading back.
     assert "save_pretrained" not in str(caught.value) and "pin it (offload.pin)" in str(caught.value)
     assert not os.path.exists(tmp_path / "spill") and torch.equal(feed(model), feed(quantized(0)))
+
+
+def test_the_refusals_fix_keys_on_quantized_weights_not_on_the_message_text():
+    """What the files lack says whether it is quantized weights (FileGaps.quantized), and the fix the refusal
+    offers follows that flag: pin it or hold it unquantized, else read it back from a saved file."""
+    gaps = missing_from_files(quantized(0), [])
+    assert gaps is not None and gaps.quantized and gaps.where == "no file holding the quantized form"
+    assert (
+        reload_hint(gaps.quantized)
+        == "or hold it unquantized, or pin it (offload.pin) so that it stays where it is"
+    )
+    plain = missing_from_files(Tower(depth=2, width=WIDTH, seed=0), [])
+    assert (
+        plain is not None and not plain.quantized and plain.where == "no safetensors file it was loaded from"
+    )
+    assert reload_hint(plain.quantized) == "or save the model with save_pretrained() and load it from there"

@@ -6,8 +6,8 @@ import gc
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 
-import offload.changes
-import offload.ledger
+import offload.weights.changes
+import offload.weights.ledger
 from offload import OffloadEngine, SimulatedDevice, module_nbytes
 from tests.offload.helpers import MetaProbe, call, sized, tiny_vae
 
@@ -73,9 +73,9 @@ def test_a_swapped_submodule_is_measured_again():
 def test_the_model_is_walked_only_after_a_registration_into_an_attached_model(monkeypatch):
     """The change check is one integer comparison; only a registration into an attached model costs a walk."""
     walks = []
-    fingerprint = offload.ledger.module_fingerprint
+    fingerprint = offload.weights.ledger.module_fingerprint
     monkeypatch.setattr(
-        offload.ledger, "module_fingerprint", lambda *args: walks.append(1) or fingerprint(*args)
+        offload.weights.ledger, "module_fingerprint", lambda *args: walks.append(1) or fingerprint(*args)
     )
     module = sized(400)
     engine = OffloadEngine(SimulatedDevice(1000), memory_reserve_margin=0)
@@ -97,10 +97,10 @@ def test_the_model_is_walked_only_after_a_registration_into_an_attached_model(mo
 def test_a_model_dropped_with_its_engine_is_no_longer_watched():
     """A model whose engine was dropped without detaching leaves no watch behind (its id may be reused)."""
     gc.collect()
-    before = offload.changes.watched_count()
+    before = offload.weights.changes.watched_count()
     dropped = OffloadEngine(SimulatedDevice(1000), memory_reserve_margin=0)
     dropped.attach("old", torch.nn.Sequential(sized(400), sized(400)))
-    assert offload.changes.watched_count() == before + 3
+    assert offload.weights.changes.watched_count() == before + 3
     del dropped
     gc.collect()
-    assert offload.changes.watched_count() == before
+    assert offload.weights.changes.watched_count() == before

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from offload import LRUStrategy, NextUseStrategy, OffloadEngine, SimulatedDevice, SmallestSufficientSet
-from offload.budget import BudgetedDevice
-from offload.probes import DeviceProbe
-from offload.replay import UseRecorder, meta_module, replay
+from offload.devices.budget import BudgetedDevice
+from offload.devices.probes import DeviceProbe
+from offload.engine.replay import UseRecorder, meta_module, replay
 
-from .helpers import Tower, call, sized
+from .helpers import GROUP, Tower, call, sized
 
 SIZES = {"a": 400, "b": 800, "c": 1200}
 
@@ -41,9 +41,6 @@ def test_recorder_sees_every_use_and_plan_and_what_was_resident():
     assert recorder.sizes == SIZES
 
 
-GROUP = (32 * 32 + 32) * 4  # one Linear(32, 32) with its bias: one group of a Tower
-
-
 def test_recorder_counts_a_partly_resident_model_at_its_bytes_on_the_device():
     """A victim shrunk to a prefix, and a model streaming its tail, are recorded at the bytes they keep on
     the device, not their whole size, so the residents of every use fit the device."""
@@ -55,7 +52,7 @@ def test_recorder_counts_a_partly_resident_model_at_its_bytes_on_the_device():
     with UseRecorder(engine) as recorder:
         engine.set_plan(["encoder", "a"])
         models["encoder"](x)
-        models["a"](x)  # the encoder keeps 3 of its 6 groups (offload.shrink)
+        models["a"](x)  # the encoder keeps 3 of its 6 groups (offload.partial.shrink)
         engine.set_plan(["big"])
         models["big"](x)  # 14 groups on 9: it streams, its base and 7 blocks resident
     assert [use.resident for use in recorder.uses] == [

@@ -12,7 +12,7 @@ from offload import (
     SimulatedDevice,
     strategy_name,
 )
-from offload.messages import device_name
+from offload.records.messages import device_name
 from tests.offload.helpers import MetaProbe, call, sized
 
 

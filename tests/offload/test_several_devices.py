@@ -18,7 +18,7 @@ from offload import (
     WatermarkStrategy,
     module_nbytes,
 )
-from offload.device_choice import DenoiserFirst, DeviceRoom
+from offload.devices.device_choice import DenoiserFirst, DeviceRoom
 
 from ..modular.tiny_sd import tiny_sd_images, tiny_sd_pipeline
 from .helpers import call, sized
@@ -249,6 +249,38 @@ def test_the_pipeline_makes_its_latents_where_the_denoiser_runs(repos):
     pipe.unet._hf_hook = SimpleNamespace(execution_device=torch.device("cpu"))
     pipe.vae._hf_hook = SimpleNamespace(execution_device=torch.device("meta"))
     assert pipe._execution_device == torch.device("cpu")
+
+
+def test_the_denoisers_device_is_found_from_the_engines_sizes_without_walking_tensors(repos, monkeypatch):
+    """Read at every step, the execution device over several devices compares the sizes the engines hold."""
+    cm = ComponentsManager()
+    pipe = tiny_sd_pipeline(repos[0], cm)
+    cm.enable_auto_cpu_offload(device=two_devices(10**9), memory_reserve_margin=0)
+    pipe.unet._hf_hook.device = torch.device("meta")  # its inputs go elsewhere: a second device
+    monkeypatch.setattr(
+        "modular.pipeline.devices.module_nbytes", lambda module: pytest.fail("walked a model's tensors")
+    )
+    assert pipe._execution_device == torch.device("meta")  # the unet's: the largest model
+    cm.disable_auto_cpu_offload()
+
+
+def test_each_models_source_files_are_read_once_when_it_is_attached_to_one_of_several_devices(monkeypatch):
+    """Enabling over a device list, and adding a model after, ask ``weight_files`` once per model."""
+    import components.offload_link
+
+    asked = []
+    weight_files = components.offload_link.weight_files
+    monkeypatch.setattr(components.offload_link, "weight_files", lambda m: asked.append(m) or weight_files(m))
+    cm = ComponentsManager()
+    models = [sized(400), sized(800)]
+    for index, model in enumerate(models):
+        cm.add(f"m{index}", model)
+    cm.enable_auto_cpu_offload(device=two_devices(10**6), memory_reserve_margin=0)
+    assert sorted(map(id, asked)) == sorted(map(id, models))
+    added = sized(400)
+    cm.add("later", added)
+    assert [m for m in asked if m is added] == [added]
+    cm.disable_auto_cpu_offload()
 
 
 # ---- bad input: a clear error, nothing changed ---------------------------------------------------------

@@ -5,11 +5,7 @@ import torch
 
 from offload import LRUStrategy, ModelTooLargeError, OffloadEngine, SimulatedDevice
 
-from .helpers import MetaProbe, Tower
-
-WIDTH = 32
-GROUP = (WIDTH * WIDTH + WIDTH) * 4  # bytes of one Linear(WIDTH, WIDTH) with its bias: one group of a Tower
-X = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(1))
+from .helpers import GROUP, MetaProbe, Tower, X
 
 
 def _engine(device, strategy=None, shrink=True):

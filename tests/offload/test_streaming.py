@@ -4,15 +4,9 @@ import pytest
 import torch
 
 from offload import ModelTooLargeError, OffloadEngine, SimulatedDevice
-from offload.groups import BASE, split_groups
+from offload.partial.groups import BASE, split_groups
 
-from .helpers import MetaProbe, Tower
-
-WIDTH = 32
-GROUP = (WIDTH * WIDTH + WIDTH) * 4  # bytes of one Linear(WIDTH, WIDTH) with its bias
-
-
-X = torch.randn(2, WIDTH, generator=torch.Generator().manual_seed(1))
+from .helpers import GROUP, WIDTH, MetaProbe, Tower, X
 
 
 def test_groups_are_the_base_then_each_block_and_hold_every_byte():

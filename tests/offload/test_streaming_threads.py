@@ -8,10 +8,7 @@ import torch
 
 from offload import OffloadEngine, SimulatedDevice
 
-from .helpers import Tower
-
-WIDTH = 32
-GROUP = (WIDTH * WIDTH + WIDTH) * 4  # bytes of one Linear(WIDTH, WIDTH) with its bias
+from .helpers import GROUP, WIDTH, Tower
 
 
 class PeakDevice(SimulatedDevice):

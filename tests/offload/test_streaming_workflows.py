@@ -6,7 +6,7 @@ import torch
 
 from blocks.flux import seed_scenario
 from modular import ComponentsManager
-from modular.jobs import JobRunner
+from modular.batch.jobs import JobRunner
 from offload import SimulatedDevice, module_nbytes
 
 

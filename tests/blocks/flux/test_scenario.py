@@ -8,9 +8,9 @@ import torch
 from blocks.flux import FAMILY, make_seed_scale_repo, seed_scenario
 from blocks.flux.control_images import depth_like_map, edge_map
 from modular import ComponentsManager
-from modular.jobs import JobRunner
+from modular.batch.jobs import JobRunner
 from offload import NextUseStrategy, SimulatedDevice, SmallestSufficientSet, module_nbytes
-from offload.replay import UseRecorder, replay
+from offload.engine.replay import UseRecorder, replay
 
 MB = 1024**2
 SHARED = ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "vae", "scheduler")

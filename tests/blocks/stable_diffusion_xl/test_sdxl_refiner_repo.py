@@ -10,7 +10,7 @@ from blocks.stable_diffusion_xl import (
     make_tiny_repo,
 )
 from modular import ModularPipeline
-from modular.index import MODULAR_INDEX
+from modular.pipeline.index import MODULAR_INDEX
 
 
 def test_classic_refiner_index_gets_the_refiner_blocks_and_runs(tmp_path):

@@ -16,10 +16,10 @@ from diffusers.guiders import (
     PerturbedAttentionGuidance,
     SkipLayerGuidance,
 )
-from diffusers.hooks import HookRegistry, LayerSkipConfig
+from diffusers.hooks import LayerSkipConfig
 from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
-from ..helpers import STEPS, seeded
+from ..helpers import STEPS, hooked_modules, seeded
 from .conftest import SIZE
 
 logging.getLogger("diffusers.guiders").setLevel(logging.ERROR)  # "guiders are experimental", per guider made
@@ -29,14 +29,6 @@ INPUTS = {"prompt": "a cat", "height": SIZE, "width": SIZE, "num_inference_steps
 
 def run(pipe, **kwargs):
     return pipe(generator=seeded(0), output="latents", **{**INPUTS, **kwargs})
-
-
-def _hooked(module: torch.nn.Module) -> list[str]:
-    return [
-        name
-        for name, sub in module.named_modules()
-        if isinstance(getattr(sub, "_diffusers_hook", None), HookRegistry) and sub._diffusers_hook.hooks
-    ]
 
 
 @pytest.fixture
@@ -134,7 +126,7 @@ def test_guiders_that_perturb_the_transformer_equal_the_peers_pipeline(pipe, pee
     ours = run(pipe, guidance_scale=4.0)
     assert torch.equal(ours, theirs)
     assert (ours - plain).abs().max() > 1e-2
-    assert _hooked(pipe.transformer) == []
+    assert hooked_modules(pipe.transformer) == []
 
 
 def test_a_guider_the_denoiser_cannot_serve_is_refused(pipe):

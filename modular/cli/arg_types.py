@@ -1,0 +1,52 @@
+"""The command line's value types: what argparse turns an option's text into, refusing bad text at parse time."""
+
+from __future__ import annotations
+
+import argparse
+
+from modular.batch.job_values import seed_problem
+from offload.devices.units import parse_bytes
+
+__all__ = ["byte_size", "names", "positive_int", "seed_number"]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"must be a positive whole number (got {text!r})"
+        raise argparse.ArgumentTypeError(msg) from None
+    if value < 1:
+        msg = f"must be at least 1 (got {value})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def seed_number(text: str) -> int:
+    """An argparse type: a generator seed, a whole number from 0 to 2**63-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"must be a whole number (got {text!r})"
+        raise argparse.ArgumentTypeError(msg) from None
+    problem = seed_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        msg = f"must name components, e.g. text_encoder,vae (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    return names
+
+
+def byte_size(text: str) -> int:
+    """An argparse type: a size such as ``8GB``, ``512MB`` or ``1.5GiB``."""
+    try:
+        return parse_bytes(text, name="a size")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

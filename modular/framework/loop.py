@@ -1,0 +1,109 @@
+"""Blocks whose children run once per iteration on one shared block state (the denoising loop)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from components import ComponentSpec, ConfigSpec
+from modular.framework.composite import CompositeBlocks, run_child
+from modular.framework.composition import (
+    merge_components,
+    merge_configs,
+    merge_outputs,
+    sequential_inputs,
+    spec_problems,
+    wiring_problems,
+)
+from modular.framework.params import InputParam, OutputParam
+from modular.framework.state import BlockState, PipelineState
+from modular.framework.steps import Known, Step, StepKind
+
+__all__ = ["LoopSequentialPipelineBlocks"]
+
+
+class LoopSequentialPipelineBlocks(CompositeBlocks):
+    """A loop: the family writes ``__call__`` (what to iterate), the children run each iteration.
+
+    Children are called as ``child(components, block_state, **loop_kwargs)`` and return
+    ``(components, block_state)``; they share the loop's block state, so what one writes the next reads.
+    """
+
+    @property
+    def loop_expected_components(self) -> list[ComponentSpec]:
+        return []
+
+    @property
+    def loop_expected_configs(self) -> list[ConfigSpec]:
+        return []
+
+    @property
+    def loop_inputs(self) -> list[InputParam]:
+        return []
+
+    @property
+    def loop_intermediate_outputs(self) -> list[OutputParam]:
+        return []
+
+    def _problems(self) -> list[str]:
+        children = self._children()
+        # Iterations feed back into each other, so "produced only later" is fine inside a loop.
+        return spec_problems(children) + wiring_problems(children, check_order=False)
+
+    @property
+    def expected_components(self) -> list[ComponentSpec]:
+        return merge_components(self._children(), self.loop_expected_components)
+
+    @property
+    def expected_configs(self) -> list[ConfigSpec]:
+        return merge_configs(self._children(), self.loop_expected_configs)
+
+    @property
+    def inputs(self) -> list[InputParam]:
+        return sequential_inputs(self._children(), self.loop_inputs)
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return merge_outputs(self._children(), self.loop_intermediate_outputs)
+
+    def execution_steps(
+        self, given: Known | Mapping[str, Any] | Iterable[str], path: tuple[str, ...] = ()
+    ) -> list[Step]:
+        """One loop step: its own components, and as its body every child's steps (each iteration runs them).
+
+        What any iteration produces counts as produced for the whole body: later iterations read it.
+        """
+        known = Known.of(given)
+        known.produced.update(self.intermediate_output_names)
+        body: list[Step] = []
+        for name, child in self._sub_blocks.items():
+            body += child.execution_steps(known, (*path, name))
+        return [Step(self, path, StepKind.LOOP, uses=tuple(self.loop_expected_components), body=tuple(body))]
+
+    def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
+        # Not the composite run: a loop's walk lists the loop itself, whose __call__ the family writes.
+        msg = f"{type(self).__name__} must implement __call__(self, components, state): what to iterate over"
+        raise NotImplementedError(msg)
+
+    def loop_step(
+        self, components: Any, block_state: BlockState, **loop_kwargs: Any
+    ) -> tuple[Any, BlockState]:
+        """One iteration: every child, in order, on the shared block state."""
+        for name, block in self._sub_blocks.items():
+            components, block_state = run_child(name, block, components, block_state, **loop_kwargs)
+        return components, block_state
+
+    def progress_bar(self, iterable: Any = None, total: int | None = None) -> tqdm:
+        """A progress bar configured by :meth:`set_progress_bar_config` (``disable=True`` hides it)."""
+        config = getattr(self, "_progress_bar_config", {})
+        if iterable is None and total is None:
+            msg = "progress_bar needs an iterable or a total"
+            raise ValueError(msg)
+        return tqdm(iterable, total=total, **config)
+
+    def set_progress_bar_config(self, **kwargs: Any) -> None:
+        """Configure this loop's bar and those of any loops nested in it."""
+        self._progress_bar_config = dict(kwargs)
+        super().set_progress_bar_config(**kwargs)
