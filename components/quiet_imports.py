@@ -1,4 +1,4 @@
-"""Drop three log lines that installing torchao on a CPU-only torch prints at every import of diffusers.
+"""Drop the log lines that say nothing to this project's users: torchao's on a CPU-only torch, and two notices.
 
 diffusers imports torchao whenever it is installed (it is a backend of the ``quantization`` extra). On a
 torch build without CUDA, torchao logs that its CUDA kernels cannot load, torch logs that torchao registers
@@ -21,6 +21,11 @@ _NOISE = {
     "torch.utils._pytree": ("is an Enum subclass and is now natively supported",),
     # diffusers/quantizers/torchao: torchao's tensor classes, imported for checkpoints torchao serialized.
     "diffusers.quantizers.torchao.torchao_quantizer": ("Unable to import `torchao` Tensor objects",),
+    # diffusers/guiders/guider_utils.py: said once per guider made, and every family makes its guider itself
+    # (a component the user did not ask for); the guider classes are diffusers' own, documented there.
+    "diffusers.guiders.guider_utils": ("Guiders are currently an experimental feature",),
+    # transformers: an image processor that falls back to PIL without torchvision, as ours are meant to.
+    "transformers.utils.import_utils": ("requires torchvision (not installed); falling back to",),
 }
 
 

@@ -38,6 +38,7 @@ PARTS = {
     "modular": [
         "_siblings",
         "errors",
+        "logging",
         "families",
         "framework",
         "adapters",

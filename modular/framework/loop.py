@@ -20,6 +20,7 @@ from modular.framework.composition import (
 from modular.framework.params import InputParam, OutputParam
 from modular.framework.state import BlockState, PipelineState
 from modular.framework.steps import Known, Step, StepKind
+from modular.logging import is_progress_bar_enabled
 
 __all__ = ["LoopSequentialPipelineBlocks"]
 
@@ -101,6 +102,8 @@ class LoopSequentialPipelineBlocks(CompositeBlocks):
         if iterable is None and total is None:
             msg = "progress_bar needs an iterable or a total"
             raise ValueError(msg)
+        if "disable" not in config:  # the project's switch (modular.logging.disable_progress_bar)
+            config = {**config, "disable": not is_progress_bar_enabled()}
         return tqdm(iterable, total=total, **config)
 
     def set_progress_bar_config(self, **kwargs: Any) -> None:
