@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_parser.add_argument("--out", help=argparse.SUPPRESS)  # the older spelling: one tiny-repo image
     run_parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    run_parser.add_argument(
+        "--table",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print the manager's table after each job (default); --no-table leaves it out",
+    )
     _add_common(run_parser)
     batch_parser = commands.add_parser(
         "batch",

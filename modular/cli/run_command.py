@@ -317,7 +317,8 @@ def run_command(
             for number, result in enumerate(runner.run(jobs), start=1):
                 results.append(result)
                 out("\n".join(cli_report.job_header(number, len(jobs), result)))
-                out(result.table)
+                if getattr(args, "table", True):
+                    out(result.table)
                 out("")
                 saved += cli_report.save_job(result, folder, result.job.name)
         if recorder is not None:

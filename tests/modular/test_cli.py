@@ -539,3 +539,13 @@ def test_a_run_with_the_default_steps_prints_their_number(tmp_path, capsys):
     )
     assert main(["run", str(repo), "--output", str(tmp_path / "out"), "--quiet"]) == 0
     assert f"{default} steps (the default)" in capsys.readouterr().out
+
+
+def test_no_table_leaves_the_managers_table_out(tmp_path, capsys):
+    """`--no-table` prints each job's header but not the manager's table (printed by default)."""
+    out = str(tmp_path / "out")
+    assert main(["run", "--out", out, "--quiet", "--steps", "1", "--no-table"]) == 0
+    printed = capsys.readouterr().out
+    assert "[1/1]" in printed and "UNet2DConditionModel" not in printed
+    assert main(["run", "--out", out, "--quiet", "--steps", "1"]) == 0
+    assert "UNet2DConditionModel" in capsys.readouterr().out
