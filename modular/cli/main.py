@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--out", help=argparse.SUPPRESS)  # the older spelling: one tiny-repo image
     run_parser.add_argument("--quiet", action="store_true", help="no progress bars")
     run_parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace output files of the same name (default: a new file is numbered, name-run2.png)",
+    )
+    run_parser.add_argument(
         "--table",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +36,11 @@ def unit_for(nbytes: int) -> str:
 
 def _repo_name(repo: str) -> str:
     return Path(repo).name if Path(repo).is_dir() else repo
+
+
+def repo_stem(repo: str) -> str:
+    """What names a repo's outputs: a folder's name, or a hub id's name part (``FLUX.1-dev``)."""
+    return Path(repo).name if Path(repo).is_dir() else repo.rstrip("/").rsplit("/", 1)[-1]
 
 
 def job_header(number: int, total: int, result: JobResult) -> list[str]:
@@ -122,22 +129,41 @@ def _png(array: np.ndarray) -> PIL.Image.Image:
     return PIL.Image.fromarray((np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8))
 
 
-def save_job(result: JobResult, folder: Path, prefix: str) -> list[Path]:
+def save_job(result: JobResult, folder: Path, prefix: str, overwrite: bool = False) -> list[Path]:
     """Save the job's images (``<prefix>-seed<seed>-<n>.png``) and the images it derived
-    (``<job>-<input>.png``, ``control_image`` as ``control``); returns the paths."""
+    (``<job>-<input>.png``, ``control_image`` as ``control``); returns the paths.
+
+    A file of that name is kept unless ``overwrite``: the new one is numbered (``...-run2.png``).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     seed = result.job.seed
     paths = []
     for number, array in enumerate(result.images):
-        path = folder / f"{prefix}-seed{seed}-{number}.png"
+        path = _free(folder / f"{prefix}-seed{seed}-{number}.png", overwrite)
         _png(array).save(path)
         paths.append(path)
     for name, value in result.derived.items():
         if isinstance(value, PIL.Image.Image):
-            path = folder / f"{result.job.name}-{name.removesuffix('_image')}.png"
+            path = _free(folder / f"{result.job.name}-{name.removesuffix('_image')}.png", overwrite)
             value.save(path)
             paths.append(path)
     return paths
+
+
+def numbered(path: Path) -> bool:
+    """Whether ``save_job`` numbered ``path`` because a file of its name was there."""
+    return re.search(r"-run\d+$", path.stem) is not None
+
+
+def _free(path: Path, overwrite: bool) -> Path:
+    """``path``, or when it exists (and may not be replaced) the first free ``<stem>-run<n><suffix>``."""
+    if overwrite or not path.exists():
+        return path
+    for run in itertools.count(2):
+        numbered = path.with_name(f"{path.stem}-run{run}{path.suffix}")
+        if not numbered.exists():
+            return numbered
+    raise AssertionError("unreachable")
 
 
 def save_plot(

@@ -160,8 +160,10 @@ def _repo_jobs(
                 setattr(args, key, getattr(previous, key))
         previous = args
         job_repo = repo if number == 1 else args.repo
-        family = _family_of(job_repo, args.revision).name
-        name = family if family not in {job.name for job in jobs} else f"{family}-{number}"
+        _family_of(job_repo, args.revision)  # an unknown class or a damaged index is refused before any load
+        stem = cli_report.repo_stem(job_repo)
+        name = stem if args.workflow is None else f"{stem}-{args.workflow}"
+        name = name if name not in {job.name for job in jobs} else f"{name}-{number}"
         inputs = {"prompt": DEFAULT_PROMPT, **_inputs(args)}
         load = {"torch_dtype": DTYPES.get(args.dtype or "", dtype)}
         if args.variant:
@@ -320,7 +322,9 @@ def run_command(
                 if getattr(args, "table", True):
                     out(result.table)
                 out("")
-                saved += cli_report.save_job(result, folder, result.job.name)
+                saved += cli_report.save_job(
+                    result, folder, result.job.name, overwrite=getattr(args, "overwrite", False)
+                )
         if recorder is not None:
             engine = recorder.engine  # the manager's engine, whose uses were recorded
             if budget is None:  # a device of unknown size: its peak stands in for the budget
@@ -333,5 +337,6 @@ def run_command(
             else:
                 saved.append(plot)
         for path in saved:
-            out(f"saved {path}")
+            kept = " (a file of that name was there and stays; --overwrite replaces it)"
+            out(f"saved {path}" + (kept if cli_report.numbered(path) else ""))
     return RunOutcome(manager, tuple(results), recorder, tuple(saved))

@@ -125,13 +125,13 @@ def test_steps_must_be_a_positive_whole_number(steps, reason, tmp_path, capsys):
 
 
 def test_output_is_named_after_the_family_that_ran(tmp_path, capsys):
-    """A Flux repo given with --repo (and the default --family) saves flux-seed0-0.png."""
+    """A Flux repo given with --repo (and the default --family) saves <repo folder>-seed0-0.png."""
     from blocks.flux import make_tiny_repo
 
     repo = make_tiny_repo(tmp_path / "tiny-flux")
     out = tmp_path / "out"
     assert main(["run", "--repo", str(repo), "--out", str(out), "--quiet", "--steps", "1"]) == 0
-    assert sorted(path.name for path in out.glob("*.png")) == ["flux-seed0-0.png"]
+    assert sorted(path.name for path in out.glob("*.png")) == ["tiny-flux-seed0-0.png"]
 
 
 # ---- the built-in scenario, any repo, --then, families (issue 10) -----------------------------------------
@@ -245,7 +245,7 @@ def test_without_matplotlib_the_plot_is_one_line_note(tmp_path, capsys, monkeypa
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "no memory plot: matplotlib is not installed (pip install 'modular-pipelines[plot]')\n" in printed
-    assert sorted(path.name for path in out.iterdir()) == ["stable-diffusion-seed0-0.png"]
+    assert sorted(path.name for path in out.iterdir()) == ["tiny-sd-seed0-0.png"]
 
 
 def test_then_runs_several_repos_on_one_manager(seed_repos, picture, tmp_path, capsys):
@@ -269,13 +269,16 @@ def test_then_runs_several_repos_on_one_manager(seed_repos, picture, tmp_path, c
     argv += ["--quiet", "--then", str(canny), "--control-image", str(picture)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "[2/2] flux-2: tiny-flux-canny-dev, 1 step," in printed
+    assert "[2/2] tiny-flux-canny-dev: tiny-flux-canny-dev, 1 step," in printed
     assert (
         "loaded: transformer; reused: text_encoder, tokenizer, text_encoder_2, tokenizer_2, vae, scheduler"
         in printed
     )
-    assert sorted(path.name for path in out.iterdir()) == ["flux-2-seed3-0.png", "flux-seed3-0.png"]
-    assert PIL.Image.open(out / "flux-2-seed3-0.png").size == (64, 64)
+    assert sorted(path.name for path in out.iterdir()) == [
+        "tiny-flux-canny-dev-seed3-0.png",
+        "tiny-flux-dev-seed3-0.png",
+    ]
+    assert PIL.Image.open(out / "tiny-flux-canny-dev-seed3-0.png").size == (64, 64)
 
 
 def test_families_lists_the_installed_families_and_workflows(capsys):
@@ -429,7 +432,8 @@ def test_reuse_takes_components_from_the_previous_job(tmp_path, picture, capsys)
     )
     assert main(["run", str(base), "--reuse", "vae", "--quiet"]) == 2
     assert capsys.readouterr().err == (
-        "modular: error: ValueError: job 'flux' reuses ['vae'], but it is the first job: nothing ran before it\n"
+        f"modular: error: ValueError: job {base.name!r} reuses ['vae'], but it is the first job: nothing ran "
+        "before it\n"
     )
 
 
@@ -549,3 +553,36 @@ def test_no_table_leaves_the_managers_table_out(tmp_path, capsys):
     assert "[1/1]" in printed and "UNet2DConditionModel" not in printed
     assert main(["run", "--out", out, "--quiet", "--steps", "1"]) == 0
     assert "UNet2DConditionModel" in capsys.readouterr().out
+
+
+def test_outputs_are_named_by_repo_and_workflow_and_a_rerun_keeps_the_first(tmp_path, capsys):
+    """`run REPO --workflow W` names its images `<repo>-<W>-seed<s>-<n>.png`; running again with another prompt
+    keeps the first file and numbers the new one (and says so); `--overwrite` replaces it."""
+    from blocks.stable_diffusion import make_tiny_repo
+
+    repo = make_tiny_repo(tmp_path / "tiny-sd")
+    out = tmp_path / "out"
+    argv = [
+        "run",
+        str(repo),
+        "--workflow",
+        "text2image",
+        "--steps",
+        "1",
+        "-o",
+        str(out),
+        "--quiet",
+        "--no-table",
+    ]
+    assert main(argv) == 0
+    first = (out / "tiny-sd-text2image-seed0-0.png").read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "--prompt", "a red dog"]) == 0
+    assert (
+        f"saved {out / 'tiny-sd-text2image-seed0-0-run2.png'} (a file of that name was there and stays"
+        in (capsys.readouterr().out)
+    )
+    assert (out / "tiny-sd-text2image-seed0-0.png").read_bytes() == first
+    assert main([*argv, "--prompt", "a red dog", "--overwrite"]) == 0
+    assert (out / "tiny-sd-text2image-seed0-0.png").read_bytes() != first
+    assert not (out / "tiny-sd-text2image-seed0-0-run3.png").exists()
