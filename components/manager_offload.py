@@ -102,6 +102,8 @@ class OffloadMethods:
         wait_timeout: float = 600.0,
         host_budget: str | int | None = None,
         spill_folder: Any = None,
+        *,
+        memory_reserve: str | int | None = None,
     ) -> None:
         """Turns auto offload on: every model (now and later) is placed by an ``offload.OffloadEngine``.
 
@@ -114,6 +116,8 @@ class OffloadMethods:
                 an ``offload.SimulatedDevice``; or a list of them (``["cuda:0", "cuda:1"]``): one engine per
                 device, each model placed by the one ``offload.devices.device_choice`` picks (see docs/offload.md).
             memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
+            memory_reserve: The same, under the name the peer's newest manager gives it (``"3KiB"`` or bytes);
+                give one of the two.
             offload_strategy: An ``offload.OffloadStrategy`` or one written for diffusers' manager (``offload.
                 PeerStrategy``); ``None`` for the engine's default.
             wait_timeout: Seconds a call waits for room held by other threads' running models before it
@@ -128,7 +132,16 @@ class OffloadMethods:
                 file to read it back from; auto offload is left as it was.
             ValueError: a device list that is empty, names a device twice or one the machine lacks, or mixes
                 simulated and real devices; auto offload is left as it was.
+            TypeError: both ``memory_reserve`` and ``memory_reserve_margin``.
         """
+        if memory_reserve is not None:
+            if memory_reserve_margin != "3GB":
+                msg = (
+                    "enable_auto_cpu_offload(): memory_reserve and memory_reserve_margin are one setting (the "
+                    "peer's newest name and its older one); give one of them"
+                )
+                raise TypeError(msg)
+            memory_reserve_margin = memory_reserve
         with self._locked() as registry:
             components = registry.by_ids(registry.entries)
             options = (memory_reserve_margin, offload_strategy, wait_timeout, host_budget, spill_folder)

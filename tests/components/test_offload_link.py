@@ -269,3 +269,18 @@ def test_manager_holds_one_typed_link():
     assert not cm.is_auto_offloaded(model)
     cm.disable_auto_cpu_offload()
     assert cm.offload_engine is None
+
+
+def test_memory_reserve_is_the_peers_newest_name_for_the_margin():
+    """`enable_auto_cpu_offload(memory_reserve="3KiB")` (diffusers' main after 0.42.1) sets the margin, as
+    `memory_reserve_margin` does; both at once is a TypeError that leaves offload off."""
+    from offload import SimulatedDevice
+
+    cm = ComponentsManager()
+    cm.add("m", torch.nn.Linear(4, 4))
+    cm.enable_auto_cpu_offload(SimulatedDevice("1MB"), memory_reserve="3KiB")
+    assert cm.offload_engine.memory_reserve_margin == 3 * 1024
+    cm.disable_auto_cpu_offload()
+    with pytest.raises(TypeError, match="memory_reserve and memory_reserve_margin are one setting"):
+        cm.enable_auto_cpu_offload(SimulatedDevice("1MB"), memory_reserve_margin="1KB", memory_reserve="3KiB")
+    assert cm.offload_engine is None
