@@ -104,6 +104,7 @@ class OffloadMethods:
         spill_folder: Any = None,
         *,
         memory_reserve: str | int | None = None,
+        retry_on_oom: bool = True,
     ) -> None:
         """Turns auto offload on: every model (now and later) is placed by an ``offload.OffloadEngine``.
 
@@ -118,6 +119,8 @@ class OffloadMethods:
             memory_reserve_margin: Memory kept free on the device (``"3GB"`` or bytes).
             memory_reserve: The same, under the name the peer's newest manager gives it (``"3KiB"`` or bytes);
                 give one of the two.
+            retry_on_oom: A forward that runs out of memory runs again once after every other model left the
+                device (the default); ``False`` raises ``offload.OffloadOutOfMemoryError`` at once.
             offload_strategy: An ``offload.OffloadStrategy`` or one written for diffusers' manager (``offload.
                 PeerStrategy``); ``None`` for the engine's default.
             wait_timeout: Seconds a call waits for room held by other threads' running models before it
@@ -146,6 +149,8 @@ class OffloadMethods:
             components = registry.by_ids(registry.entries)
             options = (memory_reserve_margin, offload_strategy, wait_timeout, host_budget, spill_folder)
             self._offload.enable(components, device, *options)
+            for engine in self._offload.engines:
+                engine.retry_on_oom = bool(retry_on_oom)
             self._wait_timeout = float(wait_timeout)
 
     def disable_auto_cpu_offload(self) -> None:

@@ -59,6 +59,10 @@ class OffloadEngine:
             for a temporary folder. Removed (or emptied of our files) at ``close``.
     """
 
+    # A forward that runs out of memory is run again once, after every other model left the device; False
+    # raises at once (the peer's retry_on_oom=False). Set by ComponentsManager.enable_auto_cpu_offload.
+    retry_on_oom: bool = True
+
     def __init__(
         self,
         device: str | torch.device | MemoryProbe | None = None,

@@ -46,8 +46,14 @@ def run_forward(
                         placer.place(model_id)
         try:
             return forward(*args, **kwargs)
-        except torch.OutOfMemoryError:
-            pass  # leave the except block so the failed attempt's tensors can be freed
+        except torch.OutOfMemoryError as error:
+            if not engine.retry_on_oom:  # the caller handles it (the peer's retry_on_oom=False)
+                nbytes, (_, free) = engine.nbytes(model_id), placer.free_after_margin()
+                msg = messages.forward_oom(
+                    model_id, nbytes, engine.probe.name, free, placer.margin, retried=False
+                )
+                raise OffloadOutOfMemoryError(msg) from error
+            # else: leave the except block so the failed attempt's tensors can be freed
         with lock:
             placer.evict_all_but(model_id)
         try:

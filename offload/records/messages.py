@@ -132,11 +132,17 @@ def busy_timeout(what: str, timeout: float, busy: Sequence[str]) -> str:
     )
 
 
-def forward_oom(model_id: str, nbytes: int, device: str, free: int, margin: int) -> str:
-    """A forward ran out of memory twice: once, then again after every other model was evicted."""
+def forward_oom(model_id: str, nbytes: int, device: str, free: int, margin: int, retried: bool = True) -> str:
+    """A forward ran out of memory twice (once, then again after every other model was evicted), or once with
+    the retry turned off (``retry_on_oom=False``)."""
+    again = (
+        "and again after every other model was evicted"
+        if retried
+        else "and retry_on_oom=False leaves the retry to you"
+    )
     return (
-        f"model {model_id!r} ({format_bytes(nbytes)}) ran out of memory on {device} in its forward, and again "
-        f"after every other model was evicted ({format_bytes(free)} free after memory_reserve_margin "
+        f"model {model_id!r} ({format_bytes(nbytes)}) ran out of memory on {device} in its forward, {again} "
+        f"({format_bytes(free)} free after memory_reserve_margin "
         f"{format_bytes(margin)}). Use smaller inputs (batch, resolution), a larger memory_reserve_margin, or a "
         "larger device."
     )

@@ -235,6 +235,25 @@ def test_out_of_memory_twice_raises_with_the_details():
     assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
 
 
+def test_without_retry_on_oom_the_first_out_of_memory_raises():
+    """`retry_on_oom=False` (the peer's newest switch): the first out-of-memory raises, nothing is evicted
+    for a retry and the forward ran once; the manager's switch reaches its engine."""
+    from components import ComponentsManager
+
+    engine, modules = engine_with(1000, {"a": 100})
+    engine.retry_on_oom = False
+    flaky = _Flaky(failures=1)
+    engine.attach("b", flaky)
+    call(modules["a"])
+    with pytest.raises(OffloadOutOfMemoryError, match="retry_on_oom=False leaves the retry to you"):
+        call(flaky)
+    assert flaky.failures == 0 and "a" in engine.resident_ids()
+    cm = ComponentsManager()
+    cm.add("b", torch.nn.Linear(2, 2))
+    cm.enable_auto_cpu_offload(SimulatedDevice(1000), memory_reserve_margin=0, retry_on_oom=False)
+    assert cm.offload_engine.retry_on_oom is False
+
+
 def test_refresh_host_copy_updates_the_size():
     """After weights grow in place, refresh_host_copy re-reads the size and the device's usage."""
     engine, modules = engine_with(1000, {"a": 100})
