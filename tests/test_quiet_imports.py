@@ -21,7 +21,10 @@ def test_importing_every_family_prints_nothing():
     [
         ("torchao", "Failed to load /x/torchao/_C_mxfp8.so: Could not load this library"),
         ("diffusers.quantizers.torchao.torchao_quantizer", "Unable to import `torchao` Tensor objects."),
-        ("diffusers.guiders.guider_utils", "Guiders are currently an experimental feature under active development."),
+        (
+            "diffusers.guiders.guider_utils",
+            "Guiders are currently an experimental feature under active development.",
+        ),
         (
             "transformers.utils.import_utils",
             "`CLIPImageProcessor` requires torchvision (not installed); falling back to `CLIPImageProcessorPil`",
