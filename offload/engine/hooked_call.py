@@ -48,21 +48,24 @@ def run_forward(
             return forward(*args, **kwargs)
         except torch.OutOfMemoryError as error:
             if not engine.retry_on_oom:  # the caller handles it (the peer's retry_on_oom=False)
-                nbytes, (_, free) = engine.nbytes(model_id), placer.free_after_margin()
-                msg = messages.forward_oom(
-                    model_id, nbytes, engine.probe.name, free, placer.margin, retried=False
-                )
-                raise OffloadOutOfMemoryError(msg) from error
+                raise _out_of_memory(engine, model_id, retried=False) from error
             # else: leave the except block so the failed attempt's tensors can be freed
         with lock:
             placer.evict_all_but(model_id)
         try:
             return forward(*args, **kwargs)
         except torch.OutOfMemoryError as error:
-            nbytes, (_, free) = engine.nbytes(model_id), placer.free_after_margin()
-            msg = messages.forward_oom(model_id, nbytes, engine.probe.name, free, placer.margin)
-            raise OffloadOutOfMemoryError(msg) from error
+            raise _out_of_memory(engine, model_id, retried=True) from error
     finally:
         with lock:
             calls.exit(model_id)
             placer.beyond.end_call(model_id)  # drop and log the groups it streamed
+
+
+def _out_of_memory(engine: OffloadEngine, model_id: str, retried: bool) -> OffloadOutOfMemoryError:
+    """The error of a forward that ran out of memory, with the sizes that decided it."""
+    placer = engine._placer
+    nbytes, (_, free) = engine.nbytes(model_id), placer.free_after_margin()
+    return OffloadOutOfMemoryError(
+        messages.forward_oom(model_id, nbytes, engine.probe.name, free, placer.margin, retried=retried)
+    )
