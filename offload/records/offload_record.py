@@ -267,7 +267,7 @@ def _table(events: deque[OffloadEvent], dropped: int) -> str:
     def line(cells: list[str]) -> str:
         return " | ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip()
 
-    rule = "-" * len(line(header))
+    rule = "-" * (sum(widths) + 3 * (len(widths) - 1))
     lines = [line(header), rule]
     if dropped:
         lines.append(f"... {dropped} earlier events no longer held ...")
