@@ -84,30 +84,30 @@ class OffloadEvent:
 def events_of(decision: OffloadDecision) -> list[OffloadEvent]:
     """The peer's events of one of our decisions (the table in this module's docstring)."""
     sizes = dict(zip((decision.model_id, *decision.evicted), decision.sizes))
-    common = {"device": decision.device, "time": decision.time}
 
-    def offload(model_id: str, reason: str | None) -> OffloadEvent:
-        return OffloadEvent("offload", model_id, sizes.get(model_id), reason, **common)
+    def event(action: str, model_id: str, reason: str | None = None, onload: bool = False) -> OffloadEvent:
+        return OffloadEvent(
+            action,
+            model_id,
+            sizes.get(model_id),
+            reason,
+            available_memory=decision.free_before if onload else None,
+            offloaded=decision.evicted if onload else (),
+            device=decision.device,
+            time=decision.time,
+        )
 
     reason, model_id = decision.reason, decision.model_id
     if reason in _ONLOAD_REASONS or reason.startswith("evict: "):
-        offloads = [offload(victim, f"needed_by:{model_id}") for victim in decision.evicted]
-        onload = OffloadEvent(
-            "onload",
-            model_id,
-            sizes.get(model_id),
-            _ONLOAD_REASONS.get(reason),
-            available_memory=decision.free_before,
-            offloaded=decision.evicted,
-            **common,
-        )
-        return [*offloads, onload]
+        offloads = [event("offload", victim, f"needed_by:{model_id}") for victim in decision.evicted]
+        return [*offloads, event("onload", model_id, _ONLOAD_REASONS.get(reason), onload=True)]
     if reason == "oom retry":
-        oom = OffloadEvent("oom", model_id, sizes.get(model_id), **common)
-        return [oom, *(offload(victim, f"oom_retry:{model_id}") for victim in decision.evicted)]
+        retries = [event("offload", victim, f"oom_retry:{model_id}") for victim in decision.evicted]
+        return [event("oom", model_id), *retries]
     if reason in _OFFLOAD_REASONS:
         # "shrink" names its victim as the model and evicts nothing whole; the others evict the model itself.
-        return [offload(model_id, _OFFLOAD_REASONS[reason])] if reason == "shrink" or decision.evicted else []
+        if reason == "shrink" or decision.evicted:
+            return [event("offload", model_id, _OFFLOAD_REASONS[reason])]
     return []
 
 

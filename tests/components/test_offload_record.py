@@ -117,7 +117,10 @@ def test_events_hold_the_newest_up_to_the_bound_which_an_empty_deque_or_maxlen_s
         call(models[name])  # 7 events: 4 onloads, 3 offloads
     cm.offload_record.events = deque(maxlen=2)
     assert cm.offload_record.maxlen == 2
-    assert moves(cm.offload_record) == [("offload", ids["a"], f"needed_by:{ids['b']}"), ("onload", ids["b"], None)]
+    assert moves(cm.offload_record) == [
+        ("offload", ids["a"], f"needed_by:{ids['b']}"),
+        ("onload", ids["b"], None),
+    ]
     assert len(cm.offload_record) == 2 and cm.offload_record.dropped == 5
     with pytest.raises(TypeError, match="only its bound can be set"):
         cm.offload_record.events = deque(cm.offload_record.events, maxlen=5)
@@ -149,7 +152,10 @@ def test_clear_clears_the_offload_log_too_one_record():
     assert cm.offload_log.total_bytes_to_device == 0 and cm.offload_log.total_evictions == 0
     assert repr(cm.offload_record) == "offload record: nothing recorded yet"
     call(models["a"])
-    assert moves(cm.offload_record) == [("offload", ids["b"], f"needed_by:{ids['a']}"), ("onload", ids["a"], None)]
+    assert moves(cm.offload_record) == [
+        ("offload", ids["b"], f"needed_by:{ids['a']}"),
+        ("onload", ids["a"], None),
+    ]
     assert len(cm.offload_log) == 1
 
 
@@ -161,7 +167,10 @@ def test_the_record_is_kept_after_disable_and_starts_afresh_when_enabled_again()
     call(models["a"])
     cm.disable_auto_cpu_offload()
     assert cm.offload_log is None
-    assert moves(cm.offload_record) == [("onload", ids["a"], None), ("offload", ids["a"], "offloading_disabled")]
+    assert moves(cm.offload_record) == [
+        ("onload", ids["a"], None),
+        ("offload", ids["a"], "offloading_disabled"),
+    ]
     assert cm.offload_record.summary()["onloads"] == 1
     cm.enable_auto_cpu_offload(device=SimulatedDevice(1000), memory_reserve=0)
     assert len(cm.offload_record) == 0
@@ -233,7 +242,11 @@ def test_a_shrunk_victim_is_an_offload_that_still_counts_as_resident():
     engine.set_plan(["encoder", "a"])
     models["encoder"](X)
     models["a"](X)
-    assert moves(record) == [("onload", "encoder", None), ("offload", "encoder", "shrink"), ("onload", "a", None)]
+    assert moves(record) == [
+        ("onload", "encoder", None),
+        ("offload", "encoder", "shrink"),
+        ("onload", "a", None),
+    ]
     assert record.summary()["peak_co_residency"] == 2
 
 
