@@ -337,3 +337,18 @@ def test_clear_during_a_run_in_another_thread_keeps_record_and_log_consistent():
     assert log.dropped == 0
     assert cm.offload_record.summary()["onloads"] == len(log)
     assert log.total_bytes_to_device == 400 * len(log) == cm.offload_record.summary()["bytes_onloaded"]
+
+
+def test_a_refused_enable_leaves_the_record_as_it_was_and_a_new_enable_starts_afresh():
+    """An enable refused (a model larger than the device) changes nothing: the record still reads the
+    running engine's log. Enabling again while on replaces the engine, and the record starts empty."""
+    cm, models, ids = manager(1000, {"a": 400})
+    call(models["a"])
+    before = list(cm.offload_record.events)
+    with pytest.raises(ValueError, match="a_"):
+        cm.enable_auto_cpu_offload(device=SimulatedDevice(100), memory_reserve=0)
+    assert list(cm.offload_record.events) == before and cm.auto_offload_enabled
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(1000), memory_reserve=0)
+    assert len(cm.offload_record) == 0
+    call(models["a"])
+    assert moves(cm.offload_record) == [("onload", ids["a"], None)]
