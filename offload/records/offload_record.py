@@ -165,14 +165,16 @@ class OffloadRecord:
 
     @events.setter
     def events(self, value: deque[OffloadEvent]) -> None:
-        # The peer's tests bound the record by giving it an empty deque: here that sets the bound.
+        # The peer's tests give the record a new, empty deque(maxlen=n): here that empties it (``clear``)
+        # and sets the bound, so the record ends as theirs does.
         if not isinstance(value, deque) or value.maxlen is None or len(value):
             msg = (
                 "offload_record.events is read from the offload log; only its bound can be set: give an empty "
-                "deque(maxlen=n), or set offload_record.maxlen = n."
+                "deque(maxlen=n) (which also clears the record, as in the peer), or set offload_record.maxlen = n."
             )
             raise TypeError(msg)
         self.maxlen = value.maxlen
+        self.clear()
 
     @property
     def dropped(self) -> int:

@@ -107,28 +107,46 @@ def test_an_out_of_memory_retry_is_an_oom_event_then_the_offloads_it_caused():
     assert cm.offload_record.summary()["bytes_offloaded"] == 100
 
 
-def test_events_hold_the_newest_up_to_the_bound_which_an_empty_deque_or_maxlen_sets():
-    """The bound is ``OFFLOAD_RECORD_MAXLEN`` (10 000, the peer's); the peer's way of setting it (an empty
-    ``deque(maxlen=n)`` given to ``events``) and ``maxlen`` both keep the newest n; ``dropped`` says how many
-    went. Anything else given to ``events`` is refused, the bound left as it was."""
+def test_events_hold_the_newest_up_to_the_bound_set_by_maxlen():
+    """The bound is ``OFFLOAD_RECORD_MAXLEN`` (10 000, the peer's); ``maxlen`` keeps the newest n and
+    ``dropped`` says how many went. A bound that is not a positive int is refused, the bound left as it was."""
     cm, models, ids = manager(600, {"a": 400, "b": 400})
     assert cm.offload_record.maxlen == OFFLOAD_RECORD_MAXLEN == 10_000
     for name in ("a", "b", "a", "b"):
         call(models[name])  # 7 events: 4 onloads, 3 offloads
-    cm.offload_record.events = deque(maxlen=2)
-    assert cm.offload_record.maxlen == 2
+    cm.offload_record.maxlen = 2
     assert moves(cm.offload_record) == [
         ("offload", ids["a"], f"needed_by:{ids['b']}"),
         ("onload", ids["b"], None),
     ]
     assert len(cm.offload_record) == 2 and cm.offload_record.dropped == 5
-    with pytest.raises(TypeError, match="only its bound can be set"):
-        cm.offload_record.events = deque(cm.offload_record.events, maxlen=5)
-    with pytest.raises(ValueError, match="positive int"):
-        cm.offload_record.maxlen = 0
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="positive int"):
+            cm.offload_record.maxlen = bad
     assert cm.offload_record.maxlen == 2
     cm.offload_record.maxlen = 3
     assert len(cm.offload_record.events) == 3
+
+
+def test_an_empty_deque_given_to_events_empties_the_record_and_bounds_it_as_the_peers_tests_do():
+    """The peer's tests replace ``events`` by an empty ``deque(maxlen=n)``: here that clears the record (and
+    the log) and sets the bound, so the moves after it fill it up to n. Any other value is refused and the
+    record is left as it was."""
+    cm, models, ids = manager(600, {"a": 400, "b": 400})
+    call(models["a"])
+    with pytest.raises(TypeError, match="only its bound can be set"):
+        cm.offload_record.events = deque(cm.offload_record.events, maxlen=5)
+    with pytest.raises(TypeError, match="only its bound can be set"):
+        cm.offload_record.events = []
+    assert len(cm.offload_record) == 1 and cm.offload_record.maxlen == OFFLOAD_RECORD_MAXLEN
+    cm.offload_record.events = deque(maxlen=2)
+    assert cm.offload_record.maxlen == 2 and len(cm.offload_record) == 0
+    for name in ("b", "a"):
+        call(models[name])
+    assert moves(cm.offload_record) == [
+        ("offload", ids["b"], f"needed_by:{ids['a']}"),
+        ("onload", ids["a"], None),
+    ]
 
 
 def test_decisions_the_log_let_go_count_as_dropped():
