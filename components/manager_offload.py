@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from offload import MergedOffloadLog, OffloadEngine, OffloadLog
+from offload import MergedOffloadLog, OffloadEngine, OffloadLog, OffloadRecord
 from offload.engine.calls import check_wait_timeout
 
 from .model_calls import MODEL_CALLS
@@ -87,6 +87,17 @@ class OffloadMethods:
         devices, one ``offload.MergedOffloadLog`` of every engine's decisions in the order they were made, each
         with its ``device`` (each engine of ``offload_engines`` keeps its own ``log`` too)."""
         return self._offload.log
+
+    @property
+    def offload_record(self) -> OffloadRecord:
+        """The peer's ``offload_record`` (diffusers' newest manager), read from ``offload_log``: every model
+        moved onto or off the device as an ``offload.OffloadEvent`` (``action``, ``model_id``, ``reason``,
+        ``available_memory``, ``model_size``), ``summary()``, a bounded ``events`` deque, ``clear()`` (which
+        clears ``offload_log`` too: one record) and a table (``print(cm.offload_record)``).
+
+        Kept after ``disable_auto_cpu_offload()`` (it reads the log of the engines that ran) and started
+        afresh by ``enable_auto_cpu_offload()``, as the peer's. Never ``None``: empty before offload is on."""
+        return self._offload.record
 
     def is_auto_offloaded(self, component: Any) -> bool:
         """Whether auto offload places ``component`` (the very object): a model registered here while it is on."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import offload
-from offload import MergedOffloadLog, OffloadEngine, OffloadLog, Residency, parse_bytes
+from offload import MergedOffloadLog, OffloadEngine, OffloadLog, OffloadRecord, Residency, parse_bytes
 from offload.devices.device_choice import (
     DenoiserFirst,
     DeviceChoice,
@@ -62,6 +62,8 @@ class OffloadLink:
         self._merged: MergedOffloadLog | None = None  # with several devices: the engines' logs read as one
         # With several devices: removes those folders at exit (once empty) if offload is never turned off.
         self._leftovers: weakref.finalize | None = None
+        # The peer's offload record, read from the log of the engines last turned on: it outlives disable().
+        self.record = OffloadRecord()
 
     def __repr__(self) -> str:
         if len(self._engines) > 1:
@@ -165,6 +167,7 @@ class OffloadLink:
             raise
         self._replace_engines({key: engine for key in models}, attaching, undo=engine.close)
         self._engines, self._owner, self._choice = [engine], {}, DenoiserFirst()
+        self.record.follow(engine.log)
 
     def _enable_several(
         self,
@@ -230,6 +233,7 @@ class OffloadLink:
         self._engines, self._owner, self._choice = engines, owner, choice
         self._host_budget, self._spill_made, self._leftovers = budget, made, leftovers
         self._merged = MergedOffloadLog([engine.log for engine in engines]) if len(engines) > 1 else None
+        self.record.follow(self._merged if self._merged is not None else engines[0].log)
 
     def _check_fit(self, engine: OffloadEngine, models: Mapping[str, torch.nn.Module]) -> dict[str, _Attach]:
         """``engine.check_fit`` of ``models``, before anything changes; returns what attaching each takes: the

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     )
     from offload.host.host_tier import HostTier
     from offload.records.log import MergedOffloadLog, OffloadDecision, OffloadLog
+    from offload.records.offload_record import OffloadEvent, OffloadRecord
     from offload.records.residency import Residency
     from offload.strategies.lru import LRUStrategy
     from offload.strategies.next_use import NextUseStrategy
@@ -53,8 +54,10 @@ __all__ = [
     "NextUseStrategy",
     "OffloadDecision",
     "OffloadEngine",
+    "OffloadEvent",
     "OffloadLog",
     "OffloadOutOfMemoryError",
+    "OffloadRecord",
     "OffloadTimeoutError",
     "OffloadRequest",
     "OffloadStrategy",

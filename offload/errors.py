@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 __all__ = [
     "DiskCopyError",
     "HostBudgetError",
@@ -17,8 +19,10 @@ class ModelTooLargeError(ValueError):
     """A model cannot fit on the device even with every other model evicted. Raised before anything moves."""
 
 
-class OffloadOutOfMemoryError(MemoryError):
-    """A forward ran out of device memory, and did again after every other model was evicted."""
+class OffloadOutOfMemoryError(MemoryError, torch.OutOfMemoryError):
+    """A forward ran out of device memory, and did again after every other model was evicted (or once, with
+    ``retry_on_oom=False``). Also a ``torch.OutOfMemoryError``, so code written for the peer, which re-raises
+    torch's own error, catches it as it is."""
 
 
 class OffloadTimeoutError(TimeoutError):

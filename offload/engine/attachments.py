@@ -94,22 +94,24 @@ def close(engine: OffloadEngine) -> None:
                     engine._host.restore(model_id)
                 except DiskCopyError as error:  # detached without its weights (meta); said once all are
                     unreadable.append(error)
-                _detach_now(engine, model_id)
+                _detach_now(engine, model_id, "close")
         engine._host.close()
         engine._changed.notify_all()
         if unreadable:
             raise unreadable[0]
 
 
-def _detach_now(engine: OffloadEngine, model_id: str) -> None:
-    """Take ``model_id`` off now (no call of it in progress): unhooked, forgotten, its weights on the host."""
+def _detach_now(engine: OffloadEngine, model_id: str, reason: str = "detach") -> None:
+    """Take ``model_id`` off now (no call of it in progress): unhooked, forgotten, its weights on the host;
+    logged as ``reason`` if it was on the device (``"close"`` when the engine closes)."""
     ledger, probe, placer = engine._ledger, engine.probe, engine._placer
     module = ledger.module(model_id)
+    size = ledger.nbytes(model_id)  # read before the ledger forgets it
     was_resident = ledger.is_resident(model_id) and not ledger.is_pinned(model_id)
     ledger.remove(model_id)
     remove_hook(module)
     del engine._hooks[model_id]
     placer.forget(model_id)
     if was_resident and not probe.always_resident:
-        placer.record(model_id, (model_id,), 0, 0, probe.free_bytes(), "detach")
+        placer.record(model_id, (model_id,), 0, 0, probe.free_bytes(), reason, sizes=(size, size))
     engine._host.detach(model_id, read_back=False)  # read back before, if at all

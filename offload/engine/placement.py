@@ -364,9 +364,14 @@ class Placer:
         free_before: int,
         reason: str,
         span: tuple[float, float] | None = None,
+        sizes: tuple[int, ...] | None = None,
     ) -> None:
         """Append one decision to the log, with the free bytes after it (and, on a simulated clock, when its
-        copy ran: ``span``, or timed here)."""
+        copy ran: ``span``, or timed here) and the sizes of the models it names (``sizes``, or read from the
+        ledger here: 0 for one it no longer holds)."""
+        if sizes is None:
+            ledger = self._ledger
+            sizes = tuple(ledger.nbytes(m) if m in ledger else 0 for m in (model_id, *victims))
         clock = self.beyond.clock
         if span is None and clock is not None and to_device:
             span = clock.copy(model_id, to_device, early=reason == "prefetch")
@@ -381,5 +386,6 @@ class Placer:
             reason=reason,
             start=None if span is None else span[0],
             end=None if span is None else span[1],
+            sizes=sizes,
         )
         self._log.append(decision)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -32,7 +33,8 @@ class OffloadDecision:
         free_after: Free device bytes after it.
         reason: ``"fits"``, ``"evict: <strategy>"``, ``"oom retry"``, ``"refresh"``, ``"remeasure"`` (its
             weights were added, swapped or resized: measured again, taken off the device first if it was on),
-            ``"evict"``, ``"detach"``, ``"shrink"`` (``model_id``, a victim, kept down to a resident prefix: its
+            ``"evict"``, ``"detach"`` (taken from the engine), ``"close"`` (the engine closed: offload turned off or
+            replaced), ``"shrink"`` (``model_id``, a victim, kept down to a resident prefix: its
             tail left the device; ``offload.partial.shrink``), ``"stream"`` (placed partly resident:
             ``offload.partial.beyond``), ``"stream tail"`` (the groups one call streamed in) or ``"prefetch"``; with a
             host budget (``offload.host.host_tier``) also ``"spill"`` (written to the spill folder), ``"drop host
@@ -44,6 +46,9 @@ class OffloadDecision:
             simulated seconds; None otherwise.
         end: When that copy ended.
         device: The name of the device it was made for (its engine's); set by the engine's log.
+        sizes: The weight bytes of ``model_id`` and then of each model in ``evicted``, as the engine knew them
+            when the decision was made (the whole model's, whatever part of it moved); ``offload.records.
+            offload_record`` reads them for each event's ``model_size``.
     """
 
     time: float
@@ -59,6 +64,7 @@ class OffloadDecision:
     start: float | None = None
     end: float | None = None
     device: str | None = None
+    sizes: tuple[int, ...] = ()
 
 
 _COLUMNS = ("#", "model", "evicted", "to device", "to host", "free before", "free after", "reason")
@@ -81,6 +87,9 @@ class OffloadLog:
     def __init__(self, maxlen: int = 10_000, device: str | None = None):
         self.device = device
         self._entries: deque[tuple[int, OffloadDecision]] = deque(maxlen=maxlen)  # (order, decision)
+        # An append and a clear from another thread (``cm.offload_record.clear()`` during a run) never
+        # interleave: the count and the totals always match the decisions held.
+        self._lock = threading.Lock()
         self.clear()  # sets the count and the totals
 
     @property
@@ -92,25 +101,32 @@ class OffloadLog:
         """Record ``decision`` (given this log's device if it has none) and add it to the totals."""
         if decision.device is None and self.device is not None:
             decision = attrs.evolve(decision, device=self.device)
-        self._entries.append((next(_ORDER), decision))
-        self._count += 1
-        self.total_bytes_to_device += decision.bytes_to_device
-        self.total_bytes_to_host += decision.bytes_to_host
-        self.total_evictions += len(decision.evicted)
-        self.total_shrinks += decision.reason == "shrink"
-        self.total_bytes_from_disk += decision.bytes_from_disk
-        self.total_bytes_to_disk += decision.bytes_to_disk
+        with self._lock:
+            self._entries.append((next(_ORDER), decision))
+            self._count += 1
+            self.total_bytes_to_device += decision.bytes_to_device
+            self.total_bytes_to_host += decision.bytes_to_host
+            self.total_evictions += len(decision.evicted)
+            self.total_shrinks += decision.reason == "shrink"
+            self.total_bytes_from_disk += decision.bytes_from_disk
+            self.total_bytes_to_disk += decision.bytes_to_disk
 
     def clear(self) -> None:
         """Forget every decision and reset the totals."""
-        self._entries.clear()
-        self._count = 0
-        self.total_bytes_to_device: int = 0
-        self.total_bytes_to_host: int = 0
-        self.total_evictions: int = 0
-        self.total_shrinks: int = 0
-        self.total_bytes_from_disk: int = 0
-        self.total_bytes_to_disk: int = 0
+        with self._lock:
+            self._entries.clear()
+            self._count = 0
+            self.total_bytes_to_device: int = 0
+            self.total_bytes_to_host: int = 0
+            self.total_evictions: int = 0
+            self.total_shrinks: int = 0
+            self.total_bytes_from_disk: int = 0
+            self.total_bytes_to_disk: int = 0
+
+    @property
+    def dropped(self) -> int:
+        """Decisions made but no longer held (past ``maxlen``); ``clear`` resets it."""
+        return self._count - len(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -179,6 +195,11 @@ class MergedOffloadLog:
         "total_bytes_from_disk", "Bytes read back from disk on every device's host tier."
     )
     total_bytes_to_disk = _summed("total_bytes_to_disk", "Bytes written to the spill folders.")
+
+    @property
+    def dropped(self) -> int:
+        """Decisions made but no longer held, on every device."""
+        return sum(log.dropped for log in self.logs)
 
     def clear(self) -> None:
         """Clear every engine's log."""

@@ -235,6 +235,17 @@ def test_out_of_memory_twice_raises_with_the_details():
     assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
 
 
+def test_the_out_of_memory_error_is_also_torchs_so_peer_code_catches_it():
+    """Code written for the peer catches ``torch.OutOfMemoryError`` (what its manager re-raises): ours is one
+    too, as it stays a ``MemoryError``."""
+    engine = OffloadEngine(SimulatedDevice(1000), memory_reserve_margin=0)
+    flaky = _Flaky(failures=2)
+    engine.attach("b", flaky)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        call(flaky)
+    assert isinstance(info.value, OffloadOutOfMemoryError) and isinstance(info.value, MemoryError)
+
+
 def test_without_retry_on_oom_the_first_out_of_memory_raises():
     """`retry_on_oom=False` (the peer's newest switch): the first out-of-memory raises, nothing is evicted
     for a retry and the forward ran once; the manager's switch reaches its engine."""
