@@ -80,6 +80,8 @@ class _PeerDiffusers(types.ModuleType):
             return _MODULAR_VIEW
         if name in PEER_NAMES:
             return peer_name(name)
+        if _peer_only_class(name):
+            return PeerOnlyName(name, "diffusers", "block code")
         return getattr(importlib.import_module("diffusers"), name)
 
 
@@ -119,6 +121,12 @@ def _peer_has(module: str, name: str) -> bool:
     except ImportError:
         return False
     return name in dir(real)
+
+
+def _peer_only_class(name: str) -> bool:
+    """A name top-level ``diffusers`` re-exports from its modular package (``FluxModularPipeline``) that this
+    project does not map (its submodules, lower-case, are no such names)."""
+    return name[:1].isupper() and name not in PEER_NAMES and _peer_has(_PEER_PACKAGE, name)
 
 
 class PeerOnlyName:
@@ -187,7 +195,9 @@ def _import_diffusers(name: str, fromlist: Sequence[str] | None, where: str) -> 
         return _MODULAR_VIEW
     real = importlib.import_module(name)  # `import diffusers.models` loads the submodule as usual
     if fromlist:
-        if name == "diffusers" and any(n in PEER_NAMES or n == "modular_pipelines" for n in fromlist):
+        if name == "diffusers" and any(
+            n in PEER_NAMES or n == "modular_pipelines" or _peer_only_class(n) for n in fromlist
+        ):
             return _DIFFUSERS_VIEW
         return real
     return _DIFFUSERS_VIEW

@@ -147,6 +147,7 @@ def test_code_that_does_not_parse_is_refused_before_running(tmp_path):
 PEER_ONLY_NAMES = """
 from diffusers.modular_pipelines import InputParam, InsertableDict, ModularPipelineBlocks, OutputParam
 from diffusers.modular_pipelines import WanModularPipeline
+from diffusers import AutoModel, FluxModularPipeline
 
 
 class UsesPeerNames(ModularPipelineBlocks):
@@ -163,12 +164,19 @@ class UsesPeerNames(ModularPipelineBlocks):
         return InsertableDict()
 
     hint = WanModularPipeline | None
+
+    def flux_pipeline(self):
+        return FluxModularPipeline()
+
+    def auto_model(self):
+        return AutoModel
 """
 
 
 def test_a_peer_name_without_a_counterpart_imports_and_refuses_its_use(tmp_path):
     """Block code may import the peer's names that this project does not map (its family pipelines, as type
-    hints): the block loads and runs; calling one is a PeerImportError naming it and the mapped names."""
+    hints), from diffusers.modular_pipelines or top-level diffusers: the block loads and runs; calling one is
+    a PeerImportError naming it and the mapped names."""
     config = {"auto_map": {"ModularPipelineBlocks": "block.UsesPeerNames"}}
     block = ModularPipelineBlocks.from_pretrained(write_repo(tmp_path / "repo", PEER_ONLY_NAMES, config), trust_remote_code=True)
     assert block.init_pipeline()(x=1, output="y") == 2
@@ -178,6 +186,11 @@ def test_a_peer_name_without_a_counterpart_imports_and_refuses_its_use(tmp_path)
         r"not map, so it can be imported but not called.*'ModularPipelineBlocks'",
     ):
         block.ordered()
+    with pytest.raises(PeerImportError, match=r"'FluxModularPipeline' is the peer's \(diffusers\)"):
+        block.flux_pipeline()  # the same from top-level diffusers
+    import diffusers
+
+    assert block.auto_model() is diffusers.AutoModel  # the rest of diffusers is the real thing
 
 
 @pytest.mark.parametrize(
