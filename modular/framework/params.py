@@ -135,7 +135,10 @@ def _also_a_dataclass(cls: _Param) -> _Param:
     attrs keeps ``__init__`` (so ``replace`` runs the validators), equality, hashing, ``repr`` and frozenness:
     the dataclass decorator is asked for nothing but ``__dataclass_fields__``.
     """
-    return dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
+    dataclasses.dataclass(init=False, repr=False, eq=False)(
+        cls
+    )  # in place: without slots=True, the same class
+    return cls
 
 
 @_also_a_dataclass

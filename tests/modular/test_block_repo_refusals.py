@@ -178,7 +178,9 @@ def test_a_peer_name_without_a_counterpart_imports_and_refuses_its_use(tmp_path)
     hints), from diffusers.modular_pipelines or top-level diffusers: the block loads and runs; calling one is
     a PeerImportError naming it and the mapped names."""
     config = {"auto_map": {"ModularPipelineBlocks": "block.UsesPeerNames"}}
-    block = ModularPipelineBlocks.from_pretrained(write_repo(tmp_path / "repo", PEER_ONLY_NAMES, config), trust_remote_code=True)
+    block = ModularPipelineBlocks.from_pretrained(
+        write_repo(tmp_path / "repo", PEER_ONLY_NAMES, config), trust_remote_code=True
+    )
     assert block.init_pipeline()(x=1, output="y") == 2
     with pytest.raises(
         PeerImportError,

@@ -44,7 +44,9 @@ def test_a_class_that_is_no_block_is_refused_naming_the_fix():
         r"declare it as class OnlyRequirements\(ModularPipelineBlocks\)",
     ):
         SequentialPipelineBlocks.from_blocks_dict({"plain": OnlyRequirements})
-    with pytest.raises(TypeError, match=r"sub-block 'plain' must be a ModularPipelineBlocks instance or class \(got a str\)"):
+    with pytest.raises(
+        TypeError, match=r"sub-block 'plain' must be a ModularPipelineBlocks instance or class \(got a str\)"
+    ):
         SequentialPipelineBlocks.from_blocks_dict({"plain": "AddOne"})
 
 

@@ -201,7 +201,10 @@ def test_nested_branch_defaults_are_keyed_by_path():
     [strength] = [p for p in Nested().inputs if p.name == "strength"]
     assert strength.defaults_by_block == {"refine": 0.9999, "image.inpaint": 0.9999, "image.img2img": 0.3}
     doc_line = next(line for line in Nested().doc.splitlines() if line.strip().startswith("strength"))
-    assert doc_line == "    strength (float, default by branch: 0.9999 (refine, image.inpaint), 0.3 (image.img2img))"
+    assert (
+        doc_line
+        == "    strength (float, default by branch: 0.9999 (refine, image.inpaint), 0.3 (image.img2img))"
+    )
 
 
 def test_a_sequence_keeps_the_paths_of_a_choice_inside_it():
