@@ -135,9 +135,8 @@ def _also_a_dataclass(cls: _Param) -> _Param:
     attrs keeps ``__init__`` (so ``replace`` runs the validators), equality, hashing, ``repr`` and frozenness:
     the dataclass decorator is asked for nothing but ``__dataclass_fields__``.
     """
-    dataclasses.dataclass(init=False, repr=False, eq=False)(
-        cls
-    )  # in place: without slots=True, the same class
+    # In place: without slots=True the decorator returns the class it was given.
+    dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
     return cls
 
 
