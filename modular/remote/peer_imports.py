@@ -134,7 +134,8 @@ class PeerOnlyName:
 
     Block files import the peer's family pipelines (``WanModularPipeline``) for type hints, and helpers they
     may never call: the import works, and so do annotations (``WanModularPipeline | None``). Calling one,
-    reading its attributes or subclassing it raises :class:`PeerImportError` naming it, since this project has
+    reading its attributes, subclassing it or an ``isinstance`` check against it raises :class:`PeerImportError`
+    naming it, since this project has
     no counterpart to hand over.
     """
 
@@ -162,6 +163,12 @@ class PeerOnlyName:
 
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         raise self._refuse("subclassed")
+
+    def __instancecheck__(self, instance: Any) -> bool:  # a False would silently take another branch
+        raise self._refuse("used in isinstance")
+
+    def __subclasscheck__(self, subclass: Any) -> bool:
+        raise self._refuse("used in issubclass")
 
     def __or__(self, other: Any) -> Any:  # `WanModularPipeline | None` in an annotation
         return Union[self, other]  # noqa: UP007  (the operands are not types)

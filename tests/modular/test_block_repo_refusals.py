@@ -170,6 +170,9 @@ class UsesPeerNames(ModularPipelineBlocks):
 
     def auto_model(self):
         return AutoModel
+
+    def is_wan(self, components):
+        return isinstance(components, WanModularPipeline)
 """
 
 
@@ -190,6 +193,8 @@ def test_a_peer_name_without_a_counterpart_imports_and_refuses_its_use(tmp_path)
         block.ordered()
     with pytest.raises(PeerImportError, match=r"'FluxModularPipeline' is the peer's \(diffusers\)"):
         block.flux_pipeline()  # the same from top-level diffusers
+    with pytest.raises(PeerImportError, match=r"'WanModularPipeline' .* but not used in isinstance"):
+        block.is_wan(None)  # rather than a bare TypeError, or a silent False
     import diffusers
 
     assert block.auto_model() is diffusers.AutoModel  # the rest of diffusers is the real thing
