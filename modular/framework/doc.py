@@ -55,9 +55,7 @@ def make_doc(block: ModularPipelineBlocks) -> str:
         if param.required:
             facts.append("required")
         elif param.defaults_by_block is not None:
-            # One default per branch: say which branch uses which (the peer lists the values only).
-            per_block = ", ".join(f"{value!r} ({path})" for path, value in param.defaults_by_block.items())
-            facts.append(f"default by branch: {per_block}")
+            facts.append(f"default by branch: {_defaults_by_value(param.defaults_by_block)}")
         elif param.default is not None:
             facts.append(f"default: {param.default!r}")
         desc = f": {param.description}" if param.description else ""
@@ -68,6 +66,27 @@ def make_doc(block: ModularPipelineBlocks) -> str:
         desc = f": {output.description}" if output.description else ""
         lines.append(f"    {output.name} ({type_name(output.type_hint)}){desc}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _defaults_by_value(defaults_by_block: Mapping[str, Any]) -> str:
+    """``0.9999 (refine, image.inpaint), 0.3 (image.img2img)``: each distinct default once, as the peer shows
+    them, with the branches that use it (which the peer does not say)."""
+    groups: list[tuple[Any, list[str]]] = []
+    for path, value in defaults_by_block.items():
+        for known, paths in groups:
+            if _same_value(known, value):
+                paths.append(path)
+                break
+        else:
+            groups.append((value, [path]))
+    return ", ".join(f"{value!r} ({', '.join(paths)})" for value, paths in groups)
+
+
+def _same_value(left: Any, right: Any) -> bool:
+    try:
+        return left is right or bool(left == right)
+    except (TypeError, ValueError, RuntimeError):  # e.g. tensors of several elements
+        return False
 
 
 def make_tree(block: ModularPipelineBlocks, name: str | None = None, indent: int = 0) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -124,6 +125,22 @@ def _check_name(instance, attribute, value):
         raise ValueError(msg)
 
 
+_Param = TypeVar("_Param", bound=type)
+
+
+def _also_a_dataclass(cls: _Param) -> _Param:
+    """Give an attrs class the field table of a dataclass, so ``dataclasses.replace``, ``fields`` and ``asdict``
+    work on it as on the peer's params (which are dataclasses).
+
+    attrs keeps ``__init__`` (so ``replace`` runs the validators), equality, hashing, ``repr`` and frozenness:
+    the dataclass decorator is asked for nothing but ``__dataclass_fields__``.
+    """
+    # In place: without slots=True the decorator returns the class it was given.
+    dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
+    return cls
+
+
+@_also_a_dataclass
 @attrs.frozen(kw_only=False)
 class InputParam:
     """One input a block reads from the pipeline state.
@@ -166,6 +183,7 @@ class InputParam:
         return f"InputParam({self.name!r}{extra}{tag})"
 
 
+@_also_a_dataclass
 @attrs.frozen(kw_only=False)
 class OutputParam:
     """One value a block writes into the pipeline state."""

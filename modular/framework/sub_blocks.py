@@ -57,8 +57,15 @@ class SubBlocks(MutableMapping[str, "ModularPipelineBlocks"]):
         if not isinstance(name, str) or not name:
             msg = f"sub-block names must be non-empty strings (got {name!r})"
             raise TypeError(msg)
+        if isinstance(block, type):
+            # The peer instantiates any class; a block here declares what it reads, writes and runs.
+            msg = (
+                f"sub-block {name!r} is the class {block.__name__}, which does not subclass ModularPipelineBlocks; "
+                f"declare it as class {block.__name__}(ModularPipelineBlocks) (its inputs, outputs and __call__)"
+            )
+            raise TypeError(msg)
         if not isinstance(block, ModularPipelineBlocks):
-            msg = f"sub-block {name!r} must be a ModularPipelineBlocks instance or class (got {type(block).__name__})"
+            msg = f"sub-block {name!r} must be a ModularPipelineBlocks instance or class (got a {type(block).__name__})"
             raise TypeError(msg)
         return block
 

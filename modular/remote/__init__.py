@@ -3,7 +3,8 @@
 ``ModularPipelineBlocks.from_pretrained(repo, trust_remote_code=True)`` loads one (``load.py``) from a local
 folder or a pinned hub revision (``source.py``), running its code with the peer's
 ``diffusers.modular_pipelines`` names mapped to ours (``peer_imports.py``, ``code.py``);
-``block.save_pretrained(folder)`` writes one (``save.py``).
+``block.save_pretrained(folder)`` writes one (``save.py``), with the requirements of the blocks inside it
+(``requirements.py``, checked again by a load).
 """
 
 from modular.remote.load import load_block

@@ -10,7 +10,6 @@ once the class proved to be a block and was built.
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import inspect
 import json
 import os
@@ -18,13 +17,13 @@ import posixpath
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from components.repo import subfolder_escape
 from modular.errors import BlockCodeError, BlockRepoError
 from modular.remote.code import RepoModules, parts_of
 from modular.remote.code_files import read_code_files
 from modular.remote.nesting import BlockRepoCycleError, loading_turn
+from modular.remote.requirements import check_requirements
 from modular.remote.source import CONFIG_NAME, BlockSource, RepoSnapshot, read_repo
 
 if TYPE_CHECKING:
@@ -136,35 +135,6 @@ def _check_class_is_defined(snapshot: RepoSnapshot, code_file: str, class_name: 
         raise BlockRepoError(msg)
 
 
-def _check_requirements(requirements: Any, where: str) -> None:
-    """The repo's ``requirements`` (``{"package": ">=1.2"}``, the peer's field) hold in this environment."""
-    if requirements is None:
-        return
-    if not isinstance(requirements, dict) or not all(isinstance(k, str) for k in requirements):
-        msg = f"{where}: requirements must map package names to version specifiers (got {requirements!r})."
-        raise BlockRepoError(msg)
-    problems = []
-    for package, wanted in requirements.items():
-        spec = "" if wanted is None else str(wanted).strip()
-        if spec and not spec.startswith(("<", ">", "=", "!", "~")):
-            spec = f"=={spec}"  # a bare version pins it, as the peer reads it
-        try:
-            installed = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            problems.append(f"{package}{spec} is not installed")
-            continue
-        try:
-            allowed = SpecifierSet(spec)
-        except InvalidSpecifier:
-            problems.append(f"{package}: {spec!r} is not a version specifier")
-            continue
-        if not allowed.contains(installed, prereleases=True):
-            problems.append(f"{package}{spec} is wanted, {installed} is installed")
-    if problems:
-        msg = f"{where} needs packages this environment lacks: {'; '.join(problems)}. Install them first."
-        raise BlockRepoError(msg)
-
-
 def _check_block_kwargs(block_cls: type, kwargs: dict[str, Any], where: str) -> None:
     try:
         inspect.signature(block_cls).bind(**kwargs)
@@ -208,7 +178,7 @@ def load_block(
         raise BlockRepoError(msg)
     snapshot = _read_code(snapshot, code_file)
     _check_class_is_defined(snapshot, code_file, class_name)
-    _check_requirements(config.get("requirements"), snapshot.where)
+    check_requirements(config.get("requirements"), snapshot.where)
     content_hash = snapshot.content_hash
     parts = parts_of(code_file)
     modules = RepoModules(snapshot.files, snapshot.folder, content_hash)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import diffusers
 
 from modular.errors import BlockRepoError
 from modular.remote.load import AUTO_MAP_KEY
+from modular.remote.requirements import block_requirements, unmet_requirements
 from modular.remote.source import CONFIG_NAME
 
 if TYPE_CHECKING:
@@ -26,11 +28,21 @@ if TYPE_CHECKING:
 
 __all__ = ["save_block"]
 
+logger = logging.getLogger(__name__)
+
 
 def _module_file(block: ModularPipelineBlocks) -> str:
     """The source file that defines ``type(block)``, refused when loading it again could not work."""
     cls = type(block)
     name = cls.__name__
+    if cls.__module__.startswith("modular.framework."):
+        msg = (
+            f"{name} cannot be saved as a block repo: it is this project's own {name}, made with from_blocks_dict "
+            f"or built in code, so its sub-blocks live in this instance, not in code a repo can hold. Define a "
+            f"class of your own in a module: class MyBlocks({name}): block_classes = [...]; block_names = "
+            f"[...], and save an instance of it."
+        )
+        raise BlockRepoError(msg)
     module = sys.modules.get(cls.__module__)
     file = getattr(module, "__file__", None)
     if cls.__module__ == "__main__" or not file or not file.endswith(".py") or not os.path.isfile(file):
@@ -128,10 +140,15 @@ def save_block(block: ModularPipelineBlocks, save_directory: str | os.PathLike) 
     if not str(save_directory) or target.is_file():
         msg = f"save_pretrained needs a folder to write {cls.__name__}'s block repo into (got {str(save_directory)!r})."
         raise BlockRepoError(msg)
-    requirements = getattr(cls, "_requirements", None)
-    if requirements is not None and not isinstance(requirements, dict):
-        msg = f"{cls.__name__}._requirements must map package names to version specifiers (got {requirements!r})."
-        raise BlockRepoError(msg)
+    requirements = block_requirements(block)
+    unmet = unmet_requirements(requirements)
+    if unmet:  # the repo is for where they hold; say so now rather than at the first load elsewhere
+        logger.warning(
+            "%s is saved with requirements this environment does not meet: %s. Loading the repo refuses "
+            "until they are met.",
+            cls.__name__,
+            "; ".join(unmet),
+        )
     config: dict[str, object] = {
         "_class_name": cls.__name__,
         "_diffusers_version": diffusers.__version__,

@@ -144,20 +144,81 @@ def test_code_that_does_not_parse_is_refused_before_running(tmp_path):
         ModularPipelineBlocks.from_pretrained(folder, trust_remote_code=True)
 
 
-def test_an_unmapped_peer_name_is_a_clear_import_error(tmp_path):
-    """A diffusers.modular_pipelines name without a counterpart here names itself and the mapped ones."""
-    code = """
-    from diffusers.modular_pipelines import InsertableDict, ModularPipelineBlocks
+PEER_ONLY_NAMES = """
+from diffusers.modular_pipelines import InputParam, InsertableDict, ModularPipelineBlocks, OutputParam
+from diffusers.modular_pipelines import WanModularPipeline
+from diffusers import AutoModel, FluxModularPipeline
 
 
-    class Uses(ModularPipelineBlocks):
-        pass
-    """
-    folder = write_repo(tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Uses"}})
+class UsesPeerNames(ModularPipelineBlocks):
+    inputs = [InputParam("x")]
+    intermediate_outputs = [OutputParam("y")]
+
+    def __call__(self, components: WanModularPipeline, state):
+        block_state = self.get_block_state(state)
+        block_state.y = block_state.x + 1
+        self.set_block_state(state, block_state)
+        return components, state
+
+    def ordered(self) -> "InsertableDict | None":
+        return InsertableDict()
+
+    hint = WanModularPipeline | None
+
+    def flux_pipeline(self):
+        return FluxModularPipeline()
+
+    def auto_model(self):
+        return AutoModel
+
+    def is_wan(self, components):
+        return isinstance(components, WanModularPipeline)
+"""
+
+
+def test_a_peer_name_without_a_counterpart_imports_and_refuses_its_use(tmp_path):
+    """Block code may import the peer's names that this project does not map (its family pipelines, as type
+    hints), from diffusers.modular_pipelines or top-level diffusers: the block loads and runs; calling one is
+    a PeerImportError naming it and the mapped names."""
+    config = {"auto_map": {"ModularPipelineBlocks": "block.UsesPeerNames"}}
+    block = ModularPipelineBlocks.from_pretrained(
+        write_repo(tmp_path / "repo", PEER_ONLY_NAMES, config), trust_remote_code=True
+    )
+    assert block.init_pipeline()(x=1, output="y") == 2
     with pytest.raises(
-        BlockCodeError,
-        match=r"imports 'InsertableDict' from diffusers.modular_pipelines, which this project does not map",
-    ) as info:
+        PeerImportError,
+        match=r"block.py: 'InsertableDict' is the peer's \(diffusers.modular_pipelines\), which this project does "
+        r"not map, so it can be imported but not called.*'ModularPipelineBlocks'",
+    ):
+        block.ordered()
+    with pytest.raises(PeerImportError, match=r"'FluxModularPipeline' is the peer's \(diffusers\)"):
+        block.flux_pipeline()  # the same from top-level diffusers
+    with pytest.raises(PeerImportError, match=r"'WanModularPipeline' .* but not used in isinstance"):
+        block.is_wan(None)  # rather than a bare TypeError, or a silent False
+    import diffusers
+
+    assert block.auto_model() is diffusers.AutoModel  # the rest of diffusers is the real thing
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (
+            "from diffusers.modular_pipelines import WanModularPipeline\n\n\nclass Mine(WanModularPipeline):\n    pass\n",
+            r"'WanModularPipeline' is the peer's .* but not subclassed",
+        ),
+        (
+            "from diffusers.modular_pipelines import ModularPipelineBlocks, WanModularPipelin\n\n\n"
+            "class Mine(ModularPipelineBlocks):\n    pass\n",
+            r"imports 'WanModularPipelin' from diffusers.modular_pipelines, which the peer does not have either",
+        ),
+    ],
+    ids=["subclassed", "misspelt"],
+)
+def test_a_peer_name_without_a_counterpart_is_refused_when_subclassed_or_misspelt(tmp_path, code, message):
+    """Subclassing an unmapped peer name fails while the code imports, as does a name the peer lacks too."""
+    folder = write_repo(tmp_path / "repo", code, {"auto_map": {"ModularPipelineBlocks": "block.Mine"}})
+    with pytest.raises(BlockCodeError, match=message) as info:
         ModularPipelineBlocks.from_pretrained(folder, trust_remote_code=True)
     assert isinstance(info.value.__cause__, PeerImportError)
 

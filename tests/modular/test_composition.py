@@ -31,6 +31,25 @@ def test_from_blocks_dict_keeps_order_and_accepts_classes():
     assert isinstance(blocks.sub_blocks["add"], AddOne)
 
 
+def test_a_class_that_is_no_block_is_refused_naming_the_fix():
+    """A plain class (the peer instantiates any class it is given) is refused as a sub-block: the error names
+    the class and says to subclass ModularPipelineBlocks; an instance of one names its type."""
+
+    class OnlyRequirements:
+        _requirements = {"torch": ">=2.0"}
+
+    with pytest.raises(
+        TypeError,
+        match=r"sub-block 'plain' is the class OnlyRequirements, which does not subclass ModularPipelineBlocks; "
+        r"declare it as class OnlyRequirements\(ModularPipelineBlocks\)",
+    ):
+        SequentialPipelineBlocks.from_blocks_dict({"plain": OnlyRequirements})
+    with pytest.raises(
+        TypeError, match=r"sub-block 'plain' must be a ModularPipelineBlocks instance or class \(got a str\)"
+    ):
+        SequentialPipelineBlocks.from_blocks_dict({"plain": "AddOne"})
+
+
 def test_input_only_a_later_block_produces_is_an_error_naming_both():
     """A required input produced only by a later block is refused, naming both blocks."""
     with pytest.raises(BlockCompositionError) as info:

@@ -1,5 +1,8 @@
 """InputParam/OutputParam, PipelineState/BlockState and the generated docs."""
 
+import dataclasses
+
+import attrs
 import pytest
 import torch
 
@@ -83,3 +86,18 @@ def test_repr_shows_the_tree():
     assert "    negate (when flip given): Negate" in text
     assert "    double (default): Double" in text
     assert repr(AddOneThenDouble()).count("\n") == 2
+
+
+def test_params_are_dataclasses_to_code_written_for_the_peer():
+    """The peer's params are dataclasses: dataclasses.replace, fields and asdict work on ours, and replace
+    checks what the constructor checks while the original stays as it was."""
+    param = InputParam("strength", type_hint=float, default=0.3)
+    changed = dataclasses.replace(param, default=None, defaults_by_block={"img2img": 0.3})
+    assert changed == InputParam("strength", type_hint=float, defaults_by_block={"img2img": 0.3})
+    assert param.default == 0.3 and param.defaults_by_block is None
+    assert [f.name for f in dataclasses.fields(InputParam)] == [a.name for a in attrs.fields(InputParam)]
+    assert dataclasses.asdict(OutputParam("images", description="the images"))["description"] == "the images"
+    with pytest.raises(ValueError, match=r"name must be a Python identifier \(got 'a b'\)"):
+        dataclasses.replace(param, name="a b")
+    with pytest.raises(TypeError, match="strenght"):
+        dataclasses.replace(param, strenght=1.0)
