@@ -232,9 +232,7 @@ class JobRunner:
         loaded = [name for name in names if self.manager.get_id(getattr(pipe, name)) not in before]
         return tuple(loaded), tuple(name for name in (*job.reuse, *names) if name not in loaded)
 
-    def _run(
-        self, job: Job, pipe: ModularPipeline, done: Mapping[str, np.ndarray], label: str
-    ) -> JobResult:
+    def _run(self, job: Job, pipe: ModularPipeline, done: Mapping[str, np.ndarray], label: str) -> JobResult:
         derived = dict(job.derive(done)) if job.derive is not None else {}
         loaded, reused = self.load(job, pipe, label)
         pipe.set_progress_bar_config(**self._bar(job, "denoising", "step", f"{label}: step"))

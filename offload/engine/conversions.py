@@ -97,7 +97,7 @@ def check_move(names: Sequence[str], modules: Sequence[torch.nn.Module], args: t
 
 def guarded_to(hook: OffloadHook, module: torch.nn.Module) -> Callable[..., Any]:
     """The ``to`` a hooked ``module`` gets: the rule above, then its own ``to`` for a conversion."""
-    bound = module.to
+    bound: Callable[..., Any] = module.to  # also the libraries' overrides (ModelMixin.to, PreTrainedModel.to)
 
     @functools.wraps(bound)
     def to(*args: Any, **kwargs: Any) -> torch.nn.Module:
@@ -105,7 +105,7 @@ def guarded_to(hook: OffloadHook, module: torch.nn.Module) -> Callable[..., Any]
         _, dtype, memory_format = parse_to(args, kwargs)
         if would_convert(module, dtype, memory_format):
             # The dtype alone: the device was checked to move nothing, and the engine takes the model off it.
-            options = {"dtype": dtype} if dtype is not None else {}
+            options: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
             if memory_format is not None:
                 options["memory_format"] = memory_format
             hook.engine.convert(hook.model_id, lambda: bound(**options))

@@ -52,7 +52,17 @@ def test_run_with_stderr_a_pipe_prints_a_line_per_job_step(tmp_path):
     """`python -m modular run` whose stderr is a pipe writes "job 1/1 tiny-repo: step k/N" lines at most
     about ten times a job, no carriage-return bar; stdout keeps the report."""
     done = subprocess.run(
-        [sys.executable, "-m", "modular", "run", "--out", str(tmp_path / "out"), "--steps", "20", "--no-table"],
+        [
+            sys.executable,
+            "-m",
+            "modular",
+            "run",
+            "--out",
+            str(tmp_path / "out"),
+            "--steps",
+            "20",
+            "--no-table",
+        ],
         capture_output=True,
         text=True,
         check=False,

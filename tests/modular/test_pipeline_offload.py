@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from diffusers import StableDiffusionPipeline
 
 from modular import ComponentsManager
