@@ -9,6 +9,21 @@ import transformers.utils.logging
 from components.library_bars import library_bars_hidden, show_library_bars
 
 
+@pytest.fixture(autouse=True)
+def libraries_bars_on():
+    """The libraries' own switches on for the test (an in-process `modular run` turns them off), then restored."""
+    before = (
+        diffusers.utils.logging.is_progress_bar_enabled(),
+        transformers.utils.logging.is_progress_bar_enabled(),
+    )
+    diffusers.utils.logging.enable_progress_bar()
+    transformers.utils.logging.enable_progress_bar()
+    yield
+    for module, was_on in zip((diffusers.utils.logging, transformers.utils.logging), before):
+        if not was_on:
+            module.disable_progress_bar()
+
+
 def _bar(desc):
     list(transformers.utils.logging.tqdm(range(2), desc=desc))
 

@@ -60,6 +60,9 @@ def test_disable_progress_bar_hides_the_loops_bars_and_the_libraries(capsys):
 def test_a_load_shows_no_loading_bar_by_default_and_does_when_enabled(repo, capsys):
     """ComponentSpec.load draws no transformers "Loading weights" bar unless enable_progress_bar() asked for
     the libraries' loading bars; transformers' own switch is left as it was."""
+    modular_logging.enable_progress_bar(
+        loading=False
+    )  # the defaults (an in-process `modular run` turns bars off)
     spec = ComponentSpec("text_encoder", repo=str(repo), subfolder="text_encoder")
     capsys.readouterr()
     spec.load()
@@ -80,6 +83,7 @@ def test_a_sharded_diffusers_load_shows_no_shard_bar_by_default(repo, tmp_path, 
     vae.save_pretrained(tmp_path / "vae", max_shard_size="20KB")
     assert len(list((tmp_path / "vae").glob("*.safetensors"))) > 1
     spec = ComponentSpec("vae", repo=str(tmp_path), subfolder="vae")
+    modular_logging.enable_progress_bar(loading=False)  # the defaults
     capsys.readouterr()
     spec.load()
     assert "Loading checkpoint shards" not in capsys.readouterr().err
