@@ -12,6 +12,7 @@ import torch
 
 from .errors import ComponentLoadError, RemoteCodeError
 from .importing import declared_remote_code, import_type, remote_code_refused, resolve_type_from_folder
+from .library_bars import library_bars_hidden
 from .load_id import (
     LOAD_ID_FIELDS,
     NULL_LOAD_ID,
@@ -308,6 +309,10 @@ class ComponentSpec:
                 (PipelineTypeError) or has no ``from_pretrained``; the quantization config does not fit the
                 model (QuantizationConfigError) or its backend is not installed (QuantizationBackendError).
         """
+        with library_bars_hidden():  # transformers' "Loading weights" bar on every model, unless asked for
+            return self._load(kwargs)
+
+    def _load(self, kwargs: dict[str, Any]) -> Any:
         fields, options = split_load_kwargs(kwargs, f"ComponentSpec.load() for {self.name!r}")
         check_consent(options.get("trust_remote_code", False), f"ComponentSpec.load() for {self.name!r}")
         spec = attrs.evolve(self, **fields) if fields else self

@@ -6,12 +6,18 @@ functions set all of them at once: ``set_verbosity_error()`` leaves errors only,
 hides the denoising loops' bars and the libraries' loading and download bars. A pipeline's own
 ``set_progress_bar_config(disable=...)`` still decides for that pipeline's loops.
 
+By default the libraries' loading and writing bars ("Loading weights", "Loading checkpoint shards", "Writing
+model shards") are left out of this project's own loads and saves (``components/library_bars.py``):
+``enable_progress_bar()`` lets them through.
+
 The libraries are imported only when a switch is used, so ``import modular`` stays cheap.
 """
 
 from __future__ import annotations
 
 import logging as _logging
+
+from components.library_bars import show_library_bars
 
 __all__ = [
     "ROOTS",
@@ -70,11 +76,15 @@ def disable_progress_bar() -> None:
     """Hide every progress bar: the denoising loops' (unless a pipeline's config says otherwise) and the
     libraries' loading, saving and download bars."""
     _set_bars(False)
+    show_library_bars(False)
 
 
-def enable_progress_bar() -> None:
-    """Show the progress bars again (the default)."""
+def enable_progress_bar(loading: bool = True) -> None:
+    """Show the progress bars: the denoising loops', the libraries' download bars, and (unless
+    ``loading=False``, the default before any switch is used) the libraries' loading and writing bars during
+    this project's loads and saves."""
     _set_bars(True)
+    show_library_bars(loading)
 
 
 def is_progress_bar_enabled() -> bool:

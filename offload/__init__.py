@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from offload.devices.units import format_bytes, format_bytes_distinct, parse_bytes
     from offload.engine.engine import OffloadEngine
     from offload.errors import (
+        DeviceMoveError,
         DiskCopyError,
         HostBudgetError,
         ModelTooLargeError,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
+    "DeviceMoveError",
     "DeviceProbe",
     "DiskCopyError",
     "ExecutionPlan",

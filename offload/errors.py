@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "DeviceMoveError",
     "DiskCopyError",
     "HostBudgetError",
     "ModelTooLargeError",
@@ -44,3 +45,8 @@ class HostBudgetError(ValueError):
 
 class DiskCopyError(RuntimeError):
     """A model whose host copy was dropped cannot be read back: a file it reads is gone or was replaced."""
+
+
+class DeviceMoveError(ValueError):
+    """A ``.to(device)`` by hand of a model auto offload places, which would move its weights behind the
+    engine's back (``offload/engine/conversions.py``). Raised before anything moves."""

@@ -9,6 +9,7 @@ load ID are loaded once and shared.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from tqdm.auto import tqdm
 
 from components import ComponentsManager
 from modular.batch.job_values import MAX_SEED, seed_problem
+from modular.batch.step_lines import StepLines, is_terminal
 from modular.errors import MissingInputError, UnknownInputError
 from modular.framework.planning import check_inputs, known_inputs
 from modular.pipeline.pipeline import ModularPipeline
@@ -122,8 +124,9 @@ class JobRunner:
 
     Args:
         manager: The manager every pipeline loads through.
-        progress: Progress bars for loading and denoising: ``None`` on a terminal only, ``False``
-            never, ``True`` always. Bars are cleared when they finish.
+        progress: Progress of loading and denoising: ``None`` a bar on a terminal and, when stderr is not a
+            terminal (a CI log, ``2>log``), a line now and then (``modular/batch/step_lines.py``); ``False``
+            nothing; ``True`` a bar always. Bars are cleared when they finish.
         input_flags: How the caller names inputs (``{"control_image": "--control-image PATH"}``),
             for the message about a missing input.
     """
@@ -135,7 +138,7 @@ class JobRunner:
         input_flags: Mapping[str, str] | None = None,
     ):
         self.manager = manager
-        self._disable = None if progress is None else not progress
+        self._progress = progress
         self._flags = dict(input_flags or {})
 
     def bind(self, jobs: Sequence[Job]) -> list[ModularPipeline]:
@@ -195,34 +198,44 @@ class JobRunner:
             if job.reuse:
                 previous = pipes[number - 1]
                 pipe.update_components(**{name: getattr(previous, name) for name in job.reuse})
-            result = self._run(job, pipe, done)
+            result = self._run(job, pipe, done, f"job {number + 1}/{len(jobs)} {job.name}")
             done[job.name] = result.images
             yield result
 
-    def load(self, job: Job, pipe: ModularPipeline) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _bar(self, job: Job, what: str, unit: str, line_label: str | None) -> dict[str, Any]:
+        """The options of a bar (tqdm's, and ``tqdm_class``) for the job's ``what`` (``loading``, ``denoising``):
+        a bar on a terminal, lines labelled ``line_label`` elsewhere, nothing when progress is off."""
+        if self._progress is False:
+            return {"disable": True}
+        if self._progress is None and not is_terminal(sys.stderr):
+            return {"tqdm_class": StepLines, "desc": line_label or f"{job.name}: {what}"}
+        return {"desc": f"{job.name}: {what}", "unit": unit, "leave": False, "disable": False}
+
+    def load(
+        self, job: Job, pipe: ModularPipeline, label: str | None = None
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Load the job's components into ``pipe`` (those it reuses excepted); returns
-        ``(names this loaded, names the manager or the previous job held already)``."""
+        ``(names this loaded, names the manager or the previous job held already)``. ``label`` starts
+        each progress line where stderr is not a terminal (``"job 1/3 tiny-flux-dev"``)."""
         names = [
             name
             for name in pipe.pretrained_component_names
             if pipe.get_component_spec(name).pretrained_model_name_or_path and name not in job.reuse
         ]
         before = set(self.manager.components)
-        with tqdm(
-            names, desc=f"{job.name}: loading", unit="component", leave=False, disable=self._disable
-        ) as bar:
+        options = self._bar(job, "loading", "component", f"{label or job.name}: loaded")
+        bar_class = options.pop("tqdm_class", tqdm)
+        with bar_class(names, **options) as bar:
             for name in bar:
                 bar.set_postfix_str(name)
                 pipe.load_components([name], **job.load_options)
         loaded = [name for name in names if self.manager.get_id(getattr(pipe, name)) not in before]
         return tuple(loaded), tuple(name for name in (*job.reuse, *names) if name not in loaded)
 
-    def _run(self, job: Job, pipe: ModularPipeline, done: Mapping[str, np.ndarray]) -> JobResult:
+    def _run(self, job: Job, pipe: ModularPipeline, done: Mapping[str, np.ndarray], label: str) -> JobResult:
         derived = dict(job.derive(done)) if job.derive is not None else {}
-        loaded, reused = self.load(job, pipe)
-        pipe.set_progress_bar_config(
-            desc=f"{job.name}: denoising", unit="step", leave=False, disable=self._disable
-        )
+        loaded, reused = self.load(job, pipe, label)
+        pipe.set_progress_bar_config(**self._bar(job, "denoising", "step", f"{label}: step"))
         started = time.perf_counter()
         images = call_job(pipe, job, derived)
         finished = time.perf_counter()

@@ -161,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", "-o", help="folder for the images and the memory plot (default ./out)"
     )
     run_parser.add_argument("--out", help=argparse.SUPPRESS)  # the older spelling: one tiny-repo image
-    run_parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    run_parser.add_argument(
+        "--quiet", action="store_true", help="no progress (the bar on a terminal, the step lines elsewhere)"
+    )
     run_parser.add_argument(
         "--overwrite",
         action="store_true",

@@ -97,14 +97,16 @@ class LoopSequentialPipelineBlocks(CompositeBlocks):
         return components, block_state
 
     def progress_bar(self, iterable: Any = None, total: int | None = None) -> tqdm:
-        """A progress bar configured by :meth:`set_progress_bar_config` (``disable=True`` hides it)."""
-        config = getattr(self, "_progress_bar_config", {})
+        """A progress bar configured by :meth:`set_progress_bar_config` (``disable=True`` hides it;
+        ``tqdm_class=...`` makes it of another class taking tqdm's arguments, as in ``tqdm.contrib``)."""
+        config = dict(getattr(self, "_progress_bar_config", {}))
         if iterable is None and total is None:
             msg = "progress_bar needs an iterable or a total"
             raise ValueError(msg)
         if "disable" not in config:  # the project's switch (modular.logging.disable_progress_bar)
-            config = {**config, "disable": not is_progress_bar_enabled()}
-        return tqdm(iterable, total=total, **config)
+            config["disable"] = not is_progress_bar_enabled()
+        bar_class = config.pop("tqdm_class", tqdm)
+        return bar_class(iterable, total=total, **config)
 
     def set_progress_bar_config(self, **kwargs: Any) -> None:
         """Configure this loop's bar and those of any loops nested in it."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from offload.devices.storage import module_nbytes
+from offload.engine.conversions import check_move
 from offload.engine.hook import OffloadHook
 
 if TYPE_CHECKING:
@@ -24,21 +25,20 @@ class DeviceMethods:
     _components_manager: ComponentsManager | None
 
     def to(self: _Pipeline, *args: Any, **kwargs: Any) -> _Pipeline:
-        """Move every model (``torch.nn.Module`` component) like ``module.to(...)``; return the pipeline.
+        """Move or convert every model (``torch.nn.Module`` component) like ``module.to(...)``; return the pipeline.
+
+        Under auto offload, the rule of a hooked model's own ``.to`` (``offload/engine/conversions.py``), the same
+        for a classic diffusers pipeline built on the manager's components: a dtype is converted through the
+        engine (host copies converted, sizes measured again); a device that would move a weight is refused.
 
         Raises:
-            ValueError: auto offload places these models (moving them by hand would bypass it).
+            DeviceMoveError: (a ValueError) a device move of models auto offload places, naming them; checked for
+                every model before any changes.
         """
         cm = self._components_manager
         if cm is not None:
-            hooked = [n for n, obj in self._components.items() if cm.is_auto_offloaded(obj)]
-            if hooked:
-                msg = (
-                    f"pipe.to(...): auto offload places {hooked} on its own; moving or converting them by hand "
-                    "would bypass it. Call components_manager.disable_auto_cpu_offload() first, then .to(...), "
-                    "then enable it again."
-                )
-                raise ValueError(msg)
+            hooked = {n: obj for n, obj in self._components.items() if cm.is_auto_offloaded(obj)}
+            check_move(list(hooked), list(hooked.values()), args, kwargs)
         for obj in self._components.values():
             if isinstance(obj, torch.nn.Module):
                 obj.to(*args, **kwargs)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import diffusers
 
+from components.library_bars import library_bars_hidden
 from components.load_id import NULL_LOAD_ID, decode_load_id, get_load_id
 from components.weight_marks import is_modified
 from modular.adapters.lora_saving import saving_plain_weights
@@ -221,7 +222,11 @@ def _save_component(pipe: ModularPipeline, obj: Any, folder: Path, kwargs: Mappi
     back: ``ComponentsManager.host_weights``), and a model holding LoRA layers as its plain (or fused) weights,
     not peft's wrapped names."""
     cm = pipe._components_manager
-    with cm.host_weights(obj) if cm is not None else contextlib.nullcontext(), saving_plain_weights(obj):
+    with (
+        cm.host_weights(obj) if cm is not None else contextlib.nullcontext(),
+        saving_plain_weights(obj),
+        library_bars_hidden(),  # transformers' "Writing model shards", unless asked for
+    ):
         obj.save_pretrained(str(folder), **kwargs)
 
 

@@ -386,6 +386,18 @@ class OffloadEngine:
             self._placer.refresh(model_id)
             self._host.changed(model_id)
 
+    def convert(self, model_id: str, apply: Callable[[], object]) -> None:
+        """Run ``apply``, which converts ``model_id``'s weights in place (its ``.to(dtype)``), with the model off
+        the device and its host copy in memory, so the host copy itself is converted; then measure it again.
+        Its next placement uploads the converted weights; nothing is copied back. A pinned model converts
+        where it stays."""
+        with self._lock:
+            self._placer.evict(model_id)
+            self._host.restore(model_id)
+            apply()
+            self._placer.refresh(model_id)
+            self._host.changed(model_id)
+
     @contextmanager
     def host_weights(self, model_id: str, drop_after: bool = True) -> Iterator[None]:
         """Inside, ``model_id``'s weights are real tensors on the host or the device, never placeholders: a model

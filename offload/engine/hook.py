@@ -10,7 +10,8 @@ the whole call through ``OffloadEngine.run_forward``: the model counts as runnin
 (no other thread evicts it; ``detach``/``close`` wait for it), and an out-of-memory error is caught
 once: the engine evicts every other model and the call runs again. Those functions hold the hook
 themselves rather than reading ``module._hf_hook`` after the forward, as accelerate's does. Its
-``state_dict`` is replaced too, by one that reads the weights back from the host tier first.
+``state_dict`` is replaced too, by one that reads the weights back from the host tier first, and its ``to``
+by one that refuses a device move and converts dtypes through the engine (``offload.engine.conversions``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
 from accelerate.utils import send_to_device
+
+from offload.engine.conversions import guarded_to
 
 if TYPE_CHECKING:
     from offload.engine.engine import OffloadEngine
@@ -120,6 +123,8 @@ def install_hook(module: torch.nn.Module, hook: OffloadHook) -> None:
         hook.wrapped_methods.append(name)
     module.__dict__["state_dict"] = _reading_host_weights(hook, module.state_dict)
     hook.wrapped_methods.append("state_dict")
+    module.__dict__["to"] = guarded_to(hook, module)  # no device move by hand; dtypes through the engine
+    hook.wrapped_methods.append("to")
 
 
 def _reading_host_weights(hook: OffloadHook, bound: Callable[..., Any]) -> Callable[..., Any]:

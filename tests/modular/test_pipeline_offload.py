@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+from diffusers import StableDiffusionPipeline
 
 from modular import ComponentsManager
-from offload import SimulatedDevice, module_nbytes
+from offload import DeviceMoveError, SimulatedDevice, module_nbytes
 
 from .tiny_sd import tiny_sd_pipeline
 
@@ -71,15 +72,67 @@ def test_blocks_place_tensors_where_the_hooked_models_run(repo, monkeypatch):
     assert pipe._execution_device == torch.device("meta")
 
 
-def test_to_is_refused_while_auto_offload_places_the_models(repo):
-    """pipe.to() under auto offload raises, naming the models and the fix; nothing moves."""
+def _classic(cm):
+    classic = StableDiffusionPipeline(**cm.components_for(StableDiffusionPipeline))
+    classic.set_progress_bar_config(disable=True)
+    return classic
+
+
+def _run_classic(classic):
+    generator = torch.Generator().manual_seed(0)
+    return classic(prompt="a cat", num_inference_steps=2, generator=generator, output_type="np").images
+
+
+def _models(pipe):
+    return [pipe.text_encoder, pipe.unet, pipe.vae]
+
+
+def test_a_device_move_is_refused_alike_for_classic_and_modular_pipelines(repo):
+    """Under auto offload, pipe.to("meta") of our pipeline and of a classic one on the manager's components
+    both raise DeviceMoveError naming the models and the fix; nothing moves and outputs stay bit-equal."""
     cm = ComponentsManager()
     pipe = tiny_sd_pipeline(repo, cm)
+    classic = _classic(cm)
+    ours, theirs = _run(pipe), _run_classic(classic)
     cm.enable_auto_cpu_offload(device=SimulatedDevice("1GB"), memory_reserve_margin=0)
-    with pytest.raises(
-        ValueError, match=r"auto offload places \[.*'unet'.*\] on its own.*disable_auto_cpu_offload"
-    ):
-        pipe.to(torch.float16)
-    assert pipe.unet.dtype == torch.float32
+    refusal = r"auto offload places \[.*'{}.*\] on its own .* moving them to meta by hand would bypass it"
+    with pytest.raises(DeviceMoveError, match=refusal.format("unet")):
+        pipe.to("meta")
+    with pytest.raises(DeviceMoveError, match=refusal.format("text_encoder_")):
+        classic.to("meta")
+    assert all(p.device.type == "cpu" for model in _models(pipe) for p in model.parameters())
+    assert _run(pipe).tobytes() == ours.tobytes()
+    assert _run_classic(classic).tobytes() == theirs.tobytes()
+
+
+def test_to_where_the_models_are_is_allowed_alike(repo):
+    """On a simulated device every weight is on the CPU: pipe.to("cpu") moves nothing and is allowed for both
+    pipelines, with outputs bit-equal after."""
+    cm = ComponentsManager()
+    pipe = tiny_sd_pipeline(repo, cm)
+    classic = _classic(cm)
+    ours, theirs = _run(pipe), _run_classic(classic)
+    cm.enable_auto_cpu_offload(device=SimulatedDevice("1GB"), memory_reserve_margin=0)
+    assert pipe.to("cpu") is pipe
+    classic.to("cpu")
+    assert _run(pipe).tobytes() == ours.tobytes()
+    assert _run_classic(classic).tobytes() == theirs.tobytes()
+
+
+@pytest.mark.parametrize("which", ["modular", "classic"])
+def test_a_dtype_conversion_goes_through_auto_offload_alike(repo, which):
+    """pipe.to(torch.float64) under auto offload converts every model for both pipelines: the engine counts
+    their new sizes, and outputs equal the same pipeline's after the same conversion without offload."""
+    cm = ComponentsManager()
+    pipe = tiny_sd_pipeline(repo, cm)
+    target, run = (pipe, _run) if which == "modular" else (_classic(cm), _run_classic)
+    budget = 2 * (module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder))  # in float64: evictions
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
+    target.to(torch.float64)
+    engine = cm.offload_engine
+    assert all(m.dtype == torch.float64 for m in _models(pipe))
+    assert all(engine.nbytes(cm.get_id(m)) == module_nbytes(m) for m in _models(pipe))
+    offloaded = run(target)
+    assert any(entry.reason.startswith("evict") for entry in cm.offload_log)  # room made for the new sizes
     cm.disable_auto_cpu_offload()
-    assert pipe.to(torch.float16).unet.dtype == torch.float16
+    assert run(target).tobytes() == offloaded.tobytes()
