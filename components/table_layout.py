@@ -38,6 +38,7 @@ MODIFIED_MARK = " (modified)"
 #: Marks where a shortened load ID left characters out (ASCII, so every terminal and log prints it).
 ELLIPSIS = "..."
 _GAP = " | "
+_HEAD_MIN = 4  # the fewest leading characters of a repo a shortened load ID keeps, else none
 _COLLECTION_MIN = len("Collection")  # collection names wrap no narrower than the header
 
 
@@ -79,7 +80,9 @@ def shorten_load_id(load_id: str, width: int) -> str:
     if cut <= 0:
         return load_id
     kept = ELLIPSIS + repo[cut:] + bar + rest
-    return repo[: max(width - len(kept), 0)] + kept
+    head = width - len(kept)
+    # A head of a character or two ("/...") says nothing: then the shortest form.
+    return repo[: head if head >= _HEAD_MIN else 0] + kept
 
 
 def _dtype_text(dtype: str, short: bool) -> str:
