@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["GiB", "KiB", "MiB", "column_unit", "format_bytes", "format_bytes_distinct", "format_in", "parse_bytes"]
+__all__ = [
+    "GiB",
+    "KiB",
+    "MiB",
+    "column_unit",
+    "format_bytes",
+    "format_bytes_distinct",
+    "format_in",
+    "parse_bytes",
+]
 
 KiB = 2**10
 """Bytes in one printed "KiB"."""

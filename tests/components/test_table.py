@@ -14,7 +14,15 @@ def test_render_exact_layout():
     """Columns are as wide as their widest cell; extra collections go on their own lines; info follows; the
     Size column has one unit, chosen from its largest value."""
     models = [
-        ModelRow("unet_1", "UNet2DConditionModel", "cpu", "torch.float16", 1.5 * 2**30, "org/sd|unet|fp16|v2", ("sd", "xl")),
+        ModelRow(
+            "unet_1",
+            "UNet2DConditionModel",
+            "cpu",
+            "torch.float16",
+            1.5 * 2**30,
+            "org/sd|unet|fp16|v2",
+            ("sd", "xl"),
+        ),
         ModelRow("vae_22", "AutoencoderKL", "cuda:0", "torch.float32", 160 * 2**20, "org/sd|vae|null|null"),
     ]
     others = [OtherRow("scheduler_333", "PNDMScheduler", ("sd",))]

@@ -49,12 +49,19 @@ def test_the_table_at_120_columns_exact(manager):
         dash,
         *_cells(
             {**ids, "Name_ID": "Name_ID"},
-            ("Name_ID", "Class  | Device: act(exec) | Dtype   | Size     | Load ID                    | Collection"),
+            (
+                "Name_ID",
+                "Class  | Device: act(exec) | Dtype   | Size     | Load ID                    | Collection",
+            ),
         )[:1],
         dash,
-        *_cells(ids, ("unet", "Linear | cpu               | float32 | 4.00 MiB | .../tiny-sd|unet|null|null | sd")),
+        *_cells(
+            ids, ("unet", "Linear | cpu               | float32 | 4.00 MiB | .../tiny-sd|unet|null|null | sd")
+        ),
         blank + "sd-inpainting",
-        *_cells(ids, ("vae", "Linear | cpu               | float16 | 0.01 MiB | .../tiny-sd|vae|fp16|main  | sd")),
+        *_cells(
+            ids, ("vae", "Linear | cpu               | float16 | 0.01 MiB | .../tiny-sd|vae|fp16|main  | sd")
+        ),
         dash,
         "",
         "Other Components:",
@@ -85,7 +92,11 @@ def test_the_table_at_80_columns_exact(manager, monkeypatch):
     assert all(len(line) <= 80 for line in str(cm).splitlines())
     narrowest = cm.table(width=80).splitlines()
     assert narrowest[4].split(" | ")[5].strip() == "Load ID"
-    assert [line.split(" | ")[-1] for line in narrowest if line.count(" | ") == 6][1:4] == ["sd", "sd-", "inpainting"]
+    assert [line.split(" | ")[-1] for line in narrowest if line.count(" | ") == 6][1:4] == [
+        "sd",
+        "sd-",
+        "inpainting",
+    ]
     assert cm.table(width=80) == cm.table(width=40)  # as narrow as it gets
 
 
@@ -123,7 +134,10 @@ def test_a_load_id_without_a_folder_to_leave_out_is_kept_whole():
     """A bare repo name (or a hub id's name alone) has nothing in the middle to drop; a Windows path shortens."""
     assert shorten_load_id("tiny-sd|unet|null|null", 5) == "tiny-sd|unet|null|null"
     assert shorten_load_id("org/tiny-sd|unet|fp16|main", 5) == ".../tiny-sd|unet|fp16|main"
-    assert shorten_load_id(r"C:\Users\me\AppData\Temp\tiny-sd|vae|null|null", 38) == r"C:\Users\me\A...\tiny-sd|vae|null|null"
+    assert (
+        shorten_load_id(r"C:\Users\me\AppData\Temp\tiny-sd|vae|null|null", 38)
+        == r"C:\Users\me\A...\tiny-sd|vae|null|null"
+    )
 
 
 def test_one_unit_per_size_column_from_its_largest_value():
@@ -143,7 +157,16 @@ def test_one_unit_per_size_column_from_its_largest_value():
 def test_the_summary_in_full_and_with_info():
     """Without a width each component is one line; the info section follows and wraps at a width."""
     rows = [
-        ModelRow("unet_1", "Linear", "sim(sim)", "torch.bfloat16", 3 * 2**20, f"{REPO}|unet|null|null", ("sd",), True)
+        ModelRow(
+            "unet_1",
+            "Linear",
+            "sim(sim)",
+            "torch.bfloat16",
+            3 * 2**20,
+            f"{REPO}|unet|null|null",
+            ("sd",),
+            True,
+        )
     ]
     info = [("unet_1", {"Modified": "LoRA ['style'] fused (lora_scale 1.0) by StableDiffusionAutoBlocks"})]
     line = f"unet_1  Linear  sim(sim)  bfloat16  3.00 MiB  (sd)  {REPO}|unet|null|null (modified)"

@@ -175,7 +175,7 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
     printed = captured.out
     assert printed.startswith("FLUX.1 text-to-image, then Canny and Depth control, on one ComponentsManager")
     assert (
-        "Auto offload on a simulated device, budget 32.00 MB, margin 3.00 MB, strategy NextUseStrategy."
+        "Auto offload on a simulated device, budget 32.00 MiB, margin 3.00 MiB, strategy NextUseStrategy."
         in printed
     )
     assert printed.splitlines().count("Components:") == 3
@@ -187,23 +187,23 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
     )
     summary = printed[printed.index("Offload over the run") :].splitlines()
     # Victims keep a resident prefix by default (offload.partial.shrink): T5's prefix stays while each transformer
-    # runs, so ours moves less than whole models (the peer's 92.93 MB); models left the device 8 times, 2
+    # runs, so ours moves less than whole models (the peer's 92.93 MiB); models left the device 8 times, 2
     # whole and 6 down to a prefix (each counted, not only the whole ones); and it peaks higher, within the
-    # 29 MB the margin leaves.
+    # 29 MiB the margin leaves.
     assert summary[1].split() == ["to", "device", "copied", "back", "left", "the", "device", "peak"]
     assert summary[2].split() == [
         "ours",
         "(NextUseStrategy)",
         "80.73",
-        "MB",
+        "MiB",
         "0.00",
-        "MB",
+        "MiB",
         *"8 (2 whole, 6 shrunk)".split(),
         "28.99",
-        "MB",
+        "MiB",
     ]
     assert summary[3].split()[:5] == ["the", "peer's", "rule", "(SmallestSufficientSet)", "92.93"]
-    assert summary[3].split()[6:8] == ["70.53", "MB"]
+    assert summary[3].split()[6:8] == ["70.53", "MiB"]
     assert summary[3].split()[8:13] == "5 (5 whole, 0 shrunk)".split()
     assert (
         summary[4]

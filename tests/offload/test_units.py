@@ -57,10 +57,16 @@ def test_format_bytes_picks_a_readable_unit():
 
 @pytest.mark.parametrize(
     ("typed", "printed"),
-    [("32MB", "30.52 MiB"), ("3MB", "2.86 MiB"), ("32MiB", "32.00 MiB"), ("8GB", "7.45 GiB"), ("3GiB", "3.00 GiB")],
+    [
+        ("32MB", "30.52 MiB"),
+        ("3MB", "2.86 MiB"),
+        ("32MiB", "32.00 MiB"),
+        ("8GB", "7.45 GiB"),
+        ("3GiB", "3.00 GiB"),
+    ],
 )
 def test_a_typed_size_prints_as_the_same_bytes_under_a_label_that_means_them(typed, printed):
-    """"32MB" (32 * 10**6 bytes) prints as 30.52 MiB, never as "30.52 MB"; a typed MiB prints as itself."""
+    """ "32MB" (32 * 10**6 bytes) prints as 30.52 MiB, never as "30.52 MB"; a typed MiB prints as itself."""
     assert format_bytes(parse_bytes(typed)) == printed
 
 
