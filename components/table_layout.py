@@ -245,7 +245,8 @@ def fit_table(
         layout = attrs.evolve(layout, load_id_width=max(widest - (total - width), len("Load ID")))
         text, total = _render(models, others, extras, layout, width)
     if total > width:
-        names = [name for row in (*models, *others) for name in row.collections]
+        names = [name for row in models for name in row.collections]
+        names += [name for row in others for name in row.collections]
         widest = max((len(name) for name in names), default=0)
         layout = attrs.evolve(layout, collection_width=max(widest - (total - width), _COLLECTION_MIN))
         text, total = _render(models, others, extras, layout, width)

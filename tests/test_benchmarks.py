@@ -110,12 +110,12 @@ def test_a_wrong_output_is_shown_and_fails_the_run(modules, monkeypatch):
     [
         (
             ["--stream-budget-gb", "9"],
-            "--stream-budget-gb (9.00) less --margin-gb (0.50) must be below one transformer (2.77 GB), or "
+            "--stream-budget-gb (9.00) less --margin-gb (0.50) must be below one transformer (2.77 GiB), or "
             "nothing streams. Lower --stream-budget-gb.",
         ),
         (
             ["--budget-gb", "2"],
-            "--budget-gb (2.00) less --margin-gb (0.50) must hold the largest model (2.77 GB), or the peer's "
+            "--budget-gb (2.00) less --margin-gb (0.50) must hold the largest model (2.77 GiB), or the peer's "
             "whole-model offloads cannot run. Raise --budget-gb.",
         ),
     ],
