@@ -16,7 +16,7 @@ from .offload_link import OffloadLink
 from .registry import Registry
 from .shared_loads import SharedLoads
 from .spec import ComponentSpec
-from .table import manager_summary, manager_table, manager_text
+from .table import check_width, manager_summary, manager_table, manager_text
 
 __all__ = ["INFO_FIELDS", "ComponentsManager"]
 
@@ -322,7 +322,12 @@ class ComponentsManager(OffloadMethods):
         towards 80 columns: Dtype without ``torch.``, load IDs shortened in the middle (the repo's last folder
         and ``|subfolder|variant|revision`` are kept), collection names wrapped. Each Size column has one unit,
         chosen from its largest value. A table that cannot be that narrow comes back in its narrowest form.
+
+        Raises:
+            TypeError: ``width`` is neither an int nor ``None``.
+            ValueError: ``width`` is below 1.
         """
+        check_width(width, "table")
         with self._locked():
             return manager_table(self, self._offload.residency, width)
 
@@ -331,7 +336,12 @@ class ComponentsManager(OffloadMethods):
 
         With ``width``, load IDs are shortened in the middle so that lines fit it. ``print(cm)`` shows this
         form when the terminal is too narrow for the table.
+
+        Raises:
+            TypeError: ``width`` is neither an int nor ``None``.
+            ValueError: ``width`` is below 1.
         """
+        check_width(width, "summary")
         with self._locked():
             return manager_summary(self, self._offload.residency, width)
 

@@ -38,6 +38,7 @@ __all__ = [
     "OTHER_HEADER",
     "device_cell",
     "lora_cell",
+    "check_width",
     "manager_rows",
     "manager_summary",
     "manager_table",
@@ -172,6 +173,18 @@ def manager_rows(
         }
         extras.append((component_id, extra))
     return models, others, extras
+
+
+def check_width(width: object, method: str) -> None:
+    """Refuse a ``width`` that is not a whole number of columns of at least 1 (or ``None``)."""
+    if width is None:
+        return
+    if isinstance(width, bool) or not isinstance(width, int):
+        msg = f"{method}(width=...) must be a number of columns or None (got {width!r} that is a {type(width)})."
+        raise TypeError(msg)
+    if width < 1:
+        msg = f"{method}(width=...) must be at least 1 column, or None for the full table (got {width})."
+        raise ValueError(msg)
 
 
 def manager_table(

@@ -192,3 +192,16 @@ def test_the_summary_in_full_and_with_info():
         "  Modified: LoRA ['style'] fused (lora_scale",
         "    1.0) by StableDiffusionAutoBlocks",
     ]
+
+
+def test_a_width_that_is_no_number_of_columns_is_refused(manager):
+    """table() and summary() name the method and the width they were given."""
+    cm, _ = manager
+    with pytest.raises(
+        TypeError, match=r"table\(width=\.\.\.\) must be a number of columns or None \(got '80'"
+    ):
+        cm.table(width="80")
+    with pytest.raises(
+        ValueError, match=r"summary\(width=\.\.\.\) must be at least 1 column, or None .*\(got 0\)"
+    ):
+        cm.summary(width=0)
