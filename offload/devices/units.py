@@ -14,6 +14,7 @@ labels (KiB, MiB, GiB, TiB) powers of two.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 __all__ = [
     "GiB",
@@ -96,7 +97,7 @@ def format_bytes(nbytes: float, digits: int = 2) -> str:
     return f"{int(nbytes)} B"
 
 
-def column_unit(values: list[float] | tuple[float, ...]) -> int:
+def column_unit(values: Sequence[float]) -> int:
     """The one unit for a column of sizes, chosen from its largest value: GiB, MiB, KiB or B (as bytes).
 
     ``column_unit([2 * 2**30, 300])`` is ``GiB``: every size of that column prints in GiB (``format_in``).
