@@ -2,7 +2,7 @@
 
 Models are stand-ins (``gpu_methods.Chain``: a ``proj_in`` and a ``blocks`` list of bf16 square Linears
 with seeded random weights) sized like the seed's Flux components scaled by ``--scale`` (default 1/8:
-CLIP 0.03, T5 1.11, three transformers 2.77 each, VAE 0.02 GB); real Flux pipelines would take far longer
+CLIP 0.03, T5 1.11, three transformers 2.77 each, VAE 0.02 GiB); real Flux pipelines would take far longer
 to build than the moves we measure. Each input has ``--tokens`` rows (4096: Flux's 1024x1024 latents), so
 each byte of weight meets a 1024x1024 step's matmul work; Flux's attention adds compute that these
 models lack, so copies weigh more here than in Flux. Each method runs text2img, canny, depth, twice
@@ -26,8 +26,8 @@ for activations by both managers):
   any cap).
 
 Columns: wall seconds (the workflows only: attaching, pinning and hooking happen before); wall time over
-our first row; peak allocated GB (``max_memory_allocated``; on the CPU our engine's resident weights);
-host-to-device and device-to-host GB (ours from its log, the peer's managers counted at their
+our first row; peak allocated GiB (``max_memory_allocated``; on the CPU our engine's resident weights);
+host-to-device and device-to-host GiB (ours from its log, the peer's managers counted at their
 ``.to()``; ``-`` where unknown); ``equal``: every workflow's final output ``torch.equal`` to a reference
 computed once on the same device without offload (each model moved in by hand for its use, then out).
 Exit status 1 when a row fails or one of ours is not equal.
@@ -73,7 +73,7 @@ from gpu_methods import (  # noqa: E402
 )
 
 import components.quiet_imports  # noqa: E402, F401  (the peer rows import diffusers: no torchao noise)
-from offload.devices.units import GB  # noqa: E402  (1024**3, as the manager table and the seed print sizes)
+from offload.devices.units import GiB  # noqa: E402  (1024**3: the GiB the manager table prints)
 
 SMOKE = {"width": 64, "tokens": 4, "steps": 3, "repeats": 1}
 SMOKE_TRANSFORMER_BLOCKS = 12
@@ -89,9 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1 / 8, help="component sizes relative to Flux bf16")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
     parser.add_argument("--tokens", type=int, default=4096, help="rows of each input")
-    parser.add_argument("--budget-gb", type=float, default=5.0, help="the device cap")
-    parser.add_argument("--stream-budget-gb", type=float, default=2.0, help="a cap below one transformer")
-    parser.add_argument("--margin-gb", type=float, default=0.5, help="kept free for activations")
+    parser.add_argument("--budget-gb", type=float, default=5.0, help="the device cap, in GiB (1024**3 bytes)")
+    parser.add_argument(
+        "--stream-budget-gb", type=float, default=2.0, help="a cap below one transformer, in GiB"
+    )
+    parser.add_argument("--margin-gb", type=float, default=0.5, help="kept free for activations, in GiB")
     parser.add_argument("--steps", type=int, default=8, help="loop steps per denoiser (capped)")
     parser.add_argument("--repeats", type=int, default=2, help="times the three workflows run")
     args = parser.parse_args(argv)
@@ -101,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if args.smoke:
         vars(args).update(SMOKE, margin_gb=0.0)
-        args.scale = SMOKE_TRANSFORMER_BLOCKS * args.width**2 * 2 / (SIZES_GB["transformer"] * GB)
+        args.scale = SMOKE_TRANSFORMER_BLOCKS * args.width**2 * 2 / (SIZES_GB["transformer"] * GiB)
     return args
 
 
@@ -110,13 +112,13 @@ def check_caps(sizes: dict[str, int], budget: int, stream_budget: int, margin: i
     largest = max(sizes.values())
     if budget - margin < largest:
         return (
-            f"--budget-gb ({budget / GB:.2f}) less --margin-gb ({margin / GB:.2f}) must hold the largest model "
-            f"({largest / GB:.2f} GB), or the peer's whole-model offloads cannot run. Raise --budget-gb."
+            f"--budget-gb ({budget / GiB:.2f}) less --margin-gb ({margin / GiB:.2f}) must hold the largest model "
+            f"({largest / GiB:.2f} GiB), or the peer's whole-model offloads cannot run. Raise --budget-gb."
         )
     if stream_budget - margin >= sizes["transformer"]:
         return (
-            f"--stream-budget-gb ({stream_budget / GB:.2f}) less --margin-gb ({margin / GB:.2f}) must be below "
-            f"one transformer ({sizes['transformer'] / GB:.2f} GB), or nothing streams. Lower --stream-budget-gb."
+            f"--stream-budget-gb ({stream_budget / GiB:.2f}) less --margin-gb ({margin / GiB:.2f}) must be below "
+            f"one transformer ({sizes['transformer'] / GiB:.2f} GiB), or nothing streams. Lower --stream-budget-gb."
         )
     return None
 
@@ -184,7 +186,7 @@ def run_rows(bench: Bench, pristine: dict, planned: list[Row]) -> tuple[list[Res
     return results, notes, failed
 
 
-def table(results: list[Result], unit: tuple[str, int] = ("GB", GB)) -> str:
+def table(results: list[Result], unit: tuple[str, int] = ("GiB", GiB)) -> str:
     """The results as a fixed-width table, sizes in ``unit``; ``x ours`` is relative to our first row."""
     name, size = unit
 
@@ -217,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         print("needs CUDA; without a GPU run with --device cpu --smoke, or benchmarks/offload_streaming.py")
         return 1
     width = args.width
-    sizes = {name: chain_nbytes(int(gb * GB * args.scale), width) for name, gb in SIZES_GB.items()}
+    sizes = {name: chain_nbytes(int(gb * GiB * args.scale), width) for name, gb in SIZES_GB.items()}
     budget, stream_budget, margin = (
-        int(v * GB) for v in (args.budget_gb, args.stream_budget_gb, args.margin_gb)
+        int(v * GiB) for v in (args.budget_gb, args.stream_budget_gb, args.margin_gb)
     )
     if args.smoke:
         budget, stream_budget = (int(share * sizes["transformer"]) for share in SMOKE_CAPS)
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(problem)
         return 2
-    unit = ("GB", GB) if sizes["transformer"] >= GB // 100 else ("KB", 1024)  # the smoke run's are KB
+    unit = ("GiB", GiB) if sizes["transformer"] >= GiB // 100 else ("KiB", 1024)  # the smoke run's are KiB
     listed = ", ".join(f"{n} {s / unit[1]:.2f}" for n, s in sizes.items())
     print(
         f"device {'cuda:0' if cuda else 'cpu (our rows on a SimulatedDevice of each cap)'}; components "

@@ -2,13 +2,13 @@
 
 1. Host-to-device bytes with models split into blocks (so a model may stay partly resident and stream
    the rest, and a victim may keep a resident prefix: ``engine.shrink_victims``) on the seed's Flux
-   traces at 40 and 32 GB, against whole-model offload (ours), the whole-model offline optimum, and a
+   traces at 40 and 32 GiB, against whole-model offload (ours), the whole-model offline optimum, and a
    prefix-residency lower bound (``prefix_bound``: the fewest bytes any placement that keeps bytes, not
-   whole models, can move). Targets: within 1.10x of the bound; at 32 GB, 10 % fewer than whole models.
+   whole models, can move). Targets: within 1.10x of the bound; at 32 GiB, 10 % fewer than whole models.
 2. Simulated wall time of the same traces at 25 GB/s host-to-device, with and without prefetch, next to
    the peer's rule (diffusers' AutoOffloadStrategy in our engine, plus its copies back, which block) and
    diffusers' ``enable_model_cpu_offload`` (each model moved in when used and back when another runs);
-   and at 16 GB, below one transformer, where the denoisers stream and only ours can run.
+   and at 16 GiB, below one transformer, where the denoisers stream and only ours can run.
 
 Models are modules of meta tensors of the exact sizes, in blocks (nothing is allocated); forwards run
 through the hooks, so streamed groups are counted as they would be. Assumed compute times per call
@@ -33,7 +33,7 @@ from offload_bounds import optimum  # noqa: E402
 from offload_traces import PeerAutoOffload, Trace, flux_traces  # noqa: E402
 
 from offload import OffloadEngine, SimulatedDevice  # noqa: E402
-from offload.devices.units import GB  # noqa: E402
+from offload.devices.units import GiB  # noqa: E402
 
 BANDWIDTH = "25GB/s"
 BLOCKS = {"clip": 12, "t5": 24, "transformer": 57, "canny": 57, "depth": 57, "vae": 1}
@@ -159,7 +159,7 @@ def partial_table() -> list[str]:
     """Print host-to-device bytes with partial residency (streaming, shrunk victims) on the seed's Flux
     traces against whole-model offload, its offline optimum and ``prefix_bound``; returns missed targets."""
     failures = []
-    print("host-to-device GB (partial = models in blocks, victims may shrink; bound = prefix_bound)")
+    print("host-to-device GiB (partial = models in blocks, victims may shrink; bound = prefix_bound)")
     print(
         f"{'trace':<34} {'whole':>8} {'partial':>8} {'saved':>6} {'optimum':>8} {'bound':>8} "
         f"{'partial/bound':>13} {'d2h':>5}"
@@ -169,8 +169,8 @@ def partial_table() -> list[str]:
         best, bound = optimum(trace), prefix_bound(trace)
         saved = 1 - partial["h2d"] / whole["h2d"]
         print(
-            f"{trace.name:<34} {whole['h2d'] / GB:8.2f} {partial['h2d'] / GB:8.2f} {saved:6.1%} {best / GB:8.2f} "
-            f"{bound / GB:8.2f} {partial['h2d'] / bound:13.3f} {partial['d2h']:5d}"
+            f"{trace.name:<34} {whole['h2d'] / GiB:8.2f} {partial['h2d'] / GiB:8.2f} {saved:6.1%} {best / GiB:8.2f} "
+            f"{bound / GiB:8.2f} {partial['h2d'] / bound:13.3f} {partial['d2h']:5d}"
         )
         if partial["d2h"]:
             failures.append(f"{trace.name}: device-to-host bytes")
@@ -178,7 +178,7 @@ def partial_table() -> list[str]:
             failures.append(f"{trace.name}: partial residency moved more than whole-model offload")
         if partial["h2d"] > 1.10 * bound:
             failures.append(f"{trace.name}: {partial['h2d'] / bound:.3f}x the prefix bound (target 1.10x)")
-        if trace.budget <= 32 * GB and saved < 0.10:
+        if trace.budget <= 32 * GiB and saved < 0.10:
             failures.append(f"{trace.name}: {saved:.1%} fewer bytes than whole-model offload (target 10 %)")
     return failures
 
@@ -200,11 +200,11 @@ def main() -> int:
         )
         if ahead["wall"] > ours["wall"]:
             failures.append(f"{trace.name}: prefetch made it slower")
-    # Below one transformer (22.17 GB) the denoisers stream their tails at every step: there prefetch
+    # Below one transformer (22.17 GiB) the denoisers stream their tails at every step: there prefetch
     # overlaps each streamed block's copy with the block before it. The peer's rule and
     # enable_model_cpu_offload move whole models and cannot run this budget at all.
     base = flux_traces()[0]
-    streamed = Trace("flux 3 workflows x2 @ 16 GB", base.sizes, base.runs, 16 * GB, base.margin)
+    streamed = Trace("flux 3 workflows x2 @ 16 GiB", base.sizes, base.runs, 16 * GiB, base.margin)
     ours = run(streamed, split=True, clock=True)
     ahead = run(streamed, split=True, prefetch=True, clock=True)
     gained = 1 - ahead["wall"] / ours["wall"]

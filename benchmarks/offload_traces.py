@@ -11,7 +11,7 @@ and strategies are the real ones. The peer's own strategy (diffusers' ``AutoOffl
 in the same engine with its free-memory query answered from the simulated device; it copies every
 victim back to the host (``module.to("cpu")``), so its device-to-host bytes are the bytes it evicts.
 
-Sizes print in GB of 1024**3 bytes, as the components table and the offload log print them.
+Sizes print in GiB (1024**3 bytes), as the components table and the offload log print them.
 
 Run: ``python benchmarks/offload_traces.py`` (CPU only, well under a minute);
 ``python benchmarks/offload_traces.py --seeds 0-7`` for the random mix over several seeds.
@@ -42,7 +42,7 @@ from offload import (  # noqa: E402
     SmallestSufficientSet,
     WatermarkStrategy,
 )
-from offload.devices.units import GB  # noqa: E402  (1024**3, as printed everywhere)
+from offload.devices.units import GiB  # noqa: E402  (1024**3, printed as GiB everywhere)
 from offload.engine.replay import meta_module  # noqa: E402  (modules of exact byte sizes, nothing allocated)
 
 HUB_GB = 10**9  # the Hub lists file sizes in decimal GB
@@ -197,18 +197,18 @@ def replay(trace: Trace, strategy_name: str) -> dict:
 # -- traces ----------------------------------------------------------------------------------
 def flux_traces() -> list[Trace]:
     sizes = {
-        "clip": int(0.23 * GB),
-        "t5": int(8.87 * GB),
-        "transformer": int(22.17 * GB),
-        "canny": int(22.17 * GB),
-        "depth": int(22.17 * GB),
-        "vae": int(0.16 * GB),
+        "clip": int(0.23 * GiB),
+        "t5": int(8.87 * GiB),
+        "transformer": int(22.17 * GiB),
+        "canny": int(22.17 * GiB),
+        "depth": int(22.17 * GiB),
+        "vae": int(0.16 * GiB),
     }
     t2i = Workflow("flux text2img", ["clip", "t5", ("transformer", 28), "vae"])
     canny = Workflow("flux canny", ["clip", "t5", "vae", ("canny", 50), "vae"])
     depth = Workflow("flux depth", ["clip", "t5", "vae", ("depth", 30), "vae"])
     runs = [t2i, canny, depth] * 2
-    return [Trace(f"flux 3 workflows x2 @ {b} GB", sizes, runs, b * GB, 3 * GB) for b in (40, 32)]
+    return [Trace(f"flux 3 workflows x2 @ {b} GiB", sizes, runs, b * GiB, 3 * GiB) for b in (40, 32)]
 
 
 SDXL_SIZES = {  # fp16 file sizes as the Hub lists them
@@ -223,18 +223,18 @@ SDXL_REFINER = Workflow("sdxl refiner", ["text_encoder_2", "vae", ("refiner_unet
 
 
 def sdxl_traces() -> list[Trace]:
-    # Budgets and margin in the Hub's decimal GB, like the sizes; names print them in GB of 1024**3.
+    # Budgets and margin in the Hub's decimal GB, like the sizes; names print them in GiB.
     alternating = [SDXL_BASE, SDXL_REFINER] * 4
     out = []
     for b in (9, 7.5):
         budget = int(b * HUB_GB)
-        name = f"sdxl base+refiner x4 @ {budget / GB:.2f} GB"
+        name = f"sdxl base+refiner x4 @ {budget / GiB:.2f} GiB"
         out.append(Trace(name, SDXL_SIZES, alternating, budget, HUB_GB))
     base_only = {k: v for k, v in SDXL_SIZES.items() if k != "refiner_unet"}
     for b in (9, 7.5, 7, 6.5):
         budget = int(b * HUB_GB)
         out.append(
-            Trace(f"sdxl text2img x5 @ {budget / GB:.2f} GB", base_only, [SDXL_BASE] * 5, budget, HUB_GB)
+            Trace(f"sdxl text2img x5 @ {budget / GiB:.2f} GiB", base_only, [SDXL_BASE] * 5, budget, HUB_GB)
         )
     return out
 
@@ -242,7 +242,7 @@ def sdxl_traces() -> list[Trace]:
 def random_mix_trace(seed: int = 0) -> Trace:
     rng = random.Random(seed)
     names = [f"c{i}" for i in range(8)]
-    sizes = {n: int(rng.uniform(0.2, 12.0) * GB) for n in names}
+    sizes = {n: int(rng.uniform(0.2, 12.0) * GiB) for n in names}
     workflows = []
     for w in range(5):
         members = rng.sample(names, rng.randint(3, 5))
@@ -250,15 +250,15 @@ def random_mix_trace(seed: int = 0) -> Trace:
         uses: list[Use] = [(m, 20) if m == loop else m for m in members]
         workflows.append(Workflow(f"w{w}", uses))
     runs = [rng.choice(workflows) for _ in range(30)]
-    budget = max(int(0.5 * sum(sizes.values())), max(sizes.values())) + 2 * GB
-    name = f"random 5 workflows / 8 comps (seed {seed}) @ {budget / GB:.1f} GB"
-    return Trace(name, sizes, runs, budget, 2 * GB, mix=workflows)
+    budget = max(int(0.5 * sum(sizes.values())), max(sizes.values())) + 2 * GiB
+    name = f"random 5 workflows / 8 comps (seed {seed}) @ {budget / GiB:.1f} GiB"
+    return Trace(name, sizes, runs, budget, 2 * GiB, mix=workflows)
 
 
 # -- decision time with 20 components --------------------------------------------------------
 def decision_time(strategy: OffloadStrategy, components: int = 20, rounds: int = 200) -> float:
     """Mean milliseconds of one ensure_resident that must evict, with ``components`` models resident."""
-    sizes = {f"m{i}": (i + 1) * GB // 10 for i in range(components + 1)}
+    sizes = {f"m{i}": (i + 1) * GiB // 10 for i in range(components + 1)}
     budget = sum(sizes.values()) - sizes["m0"]
     engine = OffloadEngine(SimulatedDevice(budget), memory_reserve_margin=0, strategy=strategy)
     for model_id, nbytes in sizes.items():
@@ -281,7 +281,7 @@ def seeds_table(seeds: range) -> None:
     """Host-to-device bytes over the offline optimum on the random mix, one row per seed, and ours over the
     best online policy (the reference an online strategy is held to)."""
     columns = ("NextUse (ours)", "peer AutoOffloadStrategy")
-    print(f"{'seed':>4} {'optimum GB':>10} {'ours':>6} {'peer':>6} {'best online':>11} {'ours/online':>11}")
+    print(f"{'seed':>4} {'optimum GiB':>11} {'ours':>6} {'peer':>6} {'best online':>11} {'ours/online':>11}")
     ratios: dict[str, list[float]] = {"ours": [], "peer": [], "online": [], "ours/online": []}
     for seed in seeds:
         trace = random_mix_trace(seed)
@@ -290,7 +290,7 @@ def seeds_table(seeds: range) -> None:
         row.append(row[0] / row[2])
         for key, ratio in zip(ratios, row, strict=True):
             ratios[key].append(ratio)
-        print(f"{seed:>4} {best / GB:10.2f} {row[0]:6.3f} {row[1]:6.3f} {row[2]:11.3f} {row[3]:11.3f}")
+        print(f"{seed:>4} {best / GiB:11.2f} {row[0]:6.3f} {row[1]:6.3f} {row[2]:11.3f} {row[3]:11.3f}")
     for key, values in ratios.items():
         print(f"{key}: {min(values):.3f}-{max(values):.3f}, mean {sum(values) / len(values):.3f}")
 
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds_table(range(int(first), int(last or first) + 1))
         return 0
     traces = flux_traces() + sdxl_traces() + [random_mix_trace()]
-    header = f"{'trace':<48} {'strategy':<26} {'h2d GB':>8} {'d2h GB':>8} {'moves':>5} {'peak GB':>7} {'max ms':>7} {'x opt':>6}"
+    header = f"{'trace':<48} {'strategy':<26} {'h2d GiB':>8} {'d2h GiB':>8} {'moves':>5} {'peak GiB':>8} {'max ms':>7} {'x opt':>6}"
     print(header)
     print("-" * len(header))
     failures = []
@@ -314,14 +314,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, r in results.items():
             ratio = r["h2d"] / best
             print(
-                f"{trace.name:<48} {name:<26} {r['h2d'] / GB:8.2f} {r['d2h'] / GB:8.2f} {r['moves']:5d} "
-                f"{r['peak'] / GB:7.2f} {r['decision_ms']:7.3f} {ratio:6.3f}"
+                f"{trace.name:<48} {name:<26} {r['h2d'] / GiB:8.2f} {r['d2h'] / GiB:8.2f} {r['moves']:5d} "
+                f"{r['peak'] / GiB:8.2f} {r['decision_ms']:7.3f} {ratio:6.3f}"
             )
-        print(f"{'':<48} {'offline optimum':<26} {best / GB:8.2f}")
+        print(f"{'':<48} {'offline optimum':<26} {best / GiB:8.2f}")
         online = best_online(trace) if trace.mix else None
         if online is not None:
             print(
-                f"{'':<48} {'best online (knows mix)':<26} {online / GB:8.2f} {'':>31} {online / best:6.3f}"
+                f"{'':<48} {'best online (knows mix)':<26} {online / GiB:8.2f} {'':>31} {online / best:6.3f}"
             )
         ours, peer = results["NextUse (ours)"], results["peer AutoOffloadStrategy"]
         if ours["d2h"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -15,7 +16,7 @@ from .offload_link import OffloadLink
 from .registry import Registry
 from .shared_loads import SharedLoads
 from .spec import ComponentSpec
-from .table import manager_table
+from .table import check_width, manager_summary, manager_table, manager_text
 
 __all__ = ["INFO_FIELDS", "ComponentsManager"]
 
@@ -314,9 +315,42 @@ class ComponentsManager(OffloadMethods):
         info = component_info(component_id, entry.component, entry.added_time, collections, residency)
         return {field: info[field] for field in wanted}
 
-    def __repr__(self) -> str:
+    def table(self, width: int | None = None) -> str:
+        """The table of every component: Name_ID, Class, Device, Dtype, Size, Load ID, Collection.
+
+        ``width=None`` (the default) gives the full table, nothing shortened; ``cm.table(width=80)`` shrinks it
+        towards 80 columns: Dtype without ``torch.``, load IDs shortened in the middle (the repo's last folder
+        and ``|subfolder|variant|revision`` are kept), collection names wrapped. Each Size column has one unit,
+        chosen from its largest value. A table that cannot be that narrow comes back in its narrowest form.
+
+        Raises:
+            TypeError: ``width`` is neither an int nor ``None``.
+            ValueError: ``width`` is below 1.
+        """
+        check_width(width, "table")
         with self._locked():
-            return manager_table(self, self._offload.residency)
+            return manager_table(self, self._offload.residency, width)
+
+    def summary(self, width: int | None = None) -> str:
+        """One line per component: id, class, device, dtype, size, load ID and ``(collections)``.
+
+        With ``width``, load IDs are shortened in the middle so that lines fit it. ``print(cm)`` shows this
+        form when the terminal is too narrow for the table.
+
+        Raises:
+            TypeError: ``width`` is neither an int nor ``None``.
+            ValueError: ``width`` is below 1.
+        """
+        check_width(width, "summary")
+        with self._locked():
+            return manager_summary(self, self._offload.residency, width)
+
+    def __repr__(self) -> str:
+        """The table fitted to the terminal's width (``shutil.get_terminal_size``: ``$COLUMNS``, else the
+        terminal, else 80), or the summary when even the narrowest table is wider."""
+        width = shutil.get_terminal_size().columns
+        with self._locked():
+            return manager_text(self, self._offload.residency, width)
 
     __str__ = __repr__
 

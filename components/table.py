@@ -1,14 +1,30 @@
-"""The text table ``print(ComponentsManager)`` shows: models, other components, additional info."""
+"""The text table ``print(ComponentsManager)`` shows: models, other components, additional info.
+
+This module reads a manager into rows and cells; ``components.table_layout`` lays them out (widths, the
+terminal's width, one size unit per column, the one-line-per-component summary).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from offload.devices.units import format_bytes
+from offload.devices.units import GiB, format_bytes
 from offload.records.residency import Residency
+
+from .table_layout import (
+    EMPTY_TABLE,
+    MODEL_HEADER,
+    MODIFIED_MARK,
+    OTHER_HEADER,
+    ModelRow,
+    OtherRow,
+    fit_table,
+    render_summary,
+    render_table,
+)
 
 if TYPE_CHECKING:
     from .manager import ComponentsManager
@@ -17,90 +33,23 @@ __all__ = [
     "DISK",
     "EMPTY_TABLE",
     "HOST",
-    "MODIFIED_MARK",
     "MODEL_HEADER",
+    "MODIFIED_MARK",
     "OTHER_HEADER",
     "device_cell",
     "lora_cell",
+    "check_width",
+    "manager_rows",
+    "manager_summary",
     "manager_table",
+    "manager_text",
     "quantization_cell",
-    "render_table",
 ]
 
-# Sizes print in a unit that suits them (format_bytes), so a small model does not read as 0.00 GB.
-MODEL_HEADER = ("Name_ID", "Class", "Device: act(exec)", "Dtype", "Size", "Load ID", "Collection")
-OTHER_HEADER = ("ID", "Class", "Collection")
-EMPTY_TABLE = "Components: none registered."
 #: Where a model placed by auto offload is while it is not on the device: its host copy.
 HOST = "cpu"
 #: Where it is while its host copy is dropped under a host budget: the files it is read back from.
 DISK = "disk"
-
-
-def _expand(rows: Sequence[tuple[Sequence[str], Sequence[str]]], width: int) -> list[list[str]]:
-    """One line per collection: the first beside the row's cells, the others under it with blank cells."""
-    lines = []
-    for cells, collections in rows:
-        names = list(collections) or ["N/A"]
-        lines.append([*cells, names[0]])
-        lines.extend([*([""] * (width - 1)), extra] for extra in names[1:])
-    return lines
-
-
-def _widths(header: Sequence[str], lines: list[list[str]]) -> list[int]:
-    return [max(len(str(cell)) for cell in column) for column in zip(header, *lines)]
-
-
-def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return " | ".join(f"{cell:<{width}}" for cell, width in zip(cells, widths)).rstrip()
-
-
-def render_table(
-    models: Sequence[tuple[Sequence[str], Sequence[str]]],
-    others: Sequence[tuple[Sequence[str], Sequence[str]]],
-    extras: Sequence[tuple[str, dict[str, Any]]],
-) -> str:
-    """Renders the manager's table, every column as wide as its widest cell.
-
-    Args:
-        models: ``(cells, collections)`` per model; cells are Name_ID, Class, Device, Dtype, Size, Load ID.
-        others: ``(cells, collections)`` per other component; cells are ID and Class.
-        extras: ``(component id, {"Adapters": ..., "IP-Adapter": ..., "Quantization": ...})`` for the
-            components that have any of these; empty values are left out.
-    """
-    if not models and not others:
-        return EMPTY_TABLE
-    model_lines = _expand(models, len(MODEL_HEADER))
-    other_lines = _expand(others, len(OTHER_HEADER))
-    model_widths = _widths(MODEL_HEADER, model_lines)
-    other_widths = _widths(OTHER_HEADER, other_lines)
-    # The id column lines up across both tables, as in the seed.
-    id_width = max(model_widths[0] if models else 0, other_widths[0] if others else 0)
-    model_widths[0] = other_widths[0] = id_width
-    total = max(
-        sum(model_widths) + 3 * (len(model_widths) - 1) if models else 0,
-        sum(other_widths) + 3 * (len(other_widths) - 1) if others else 0,
-    )
-    dash, rule = "-" * total, "=" * total
-    out = ["Components:", rule]
-    if models:
-        out += ["Models:", dash, _line(MODEL_HEADER, model_widths), dash]
-        out += [_line(line, model_widths) for line in model_lines]
-        out.append(dash)
-    if others:
-        if models:
-            out.append("")
-        out += ["Other Components:", dash, _line(OTHER_HEADER, other_widths), dash]
-        out += [_line(line, other_widths) for line in other_lines]
-        out.append(dash)
-    shown = [(component_id, {k: v for k, v in info.items() if v}) for component_id, info in extras]
-    shown = [(component_id, info) for component_id, info in shown if info]
-    if shown:
-        out += ["", "Additional Component Info:", rule]
-        for component_id, info in shown:
-            out.append(f"{component_id}:")
-            out += [f"  {key}: {value}" for key, value in info.items()]
-    return "\n".join(out)
 
 
 def device_cell(residency: Residency) -> str:
@@ -130,7 +79,7 @@ def _plain_device_cell(info: dict[str, Any]) -> str:
 def quantization_cell(quantization: dict[str, Any] | None, size_gb: float) -> str | None:
     """The "Quantization" line of a quantized model: backend, weights, modules skipped, packed size.
 
-    ``"torchao (Int8WeightOnlyConfig), skips ['conv_in'], packed 3.86 MB"``; ``None`` for a model not quantized.
+    ``"torchao (Int8WeightOnlyConfig), skips ['conv_in'], packed 3.86 MiB"``; ``None`` for a model not quantized.
     """
     if not quantization:
         return None
@@ -139,7 +88,7 @@ def quantization_cell(quantization: dict[str, Any] | None, size_gb: float) -> st
         text += f" ({quantization['weights']})"
     if quantization["skipped_modules"]:
         text += f", skips {quantization['skipped_modules']}"
-    return f"{text}, packed {format_bytes(size_gb * 1024**3)}"
+    return f"{text}, packed {format_bytes(size_gb * GiB)}"
 
 
 def lora_cell(adapters: list[dict[str, Any]] | None) -> str | None:
@@ -179,40 +128,42 @@ def ip_adapter_cell(ip_adapter: dict[str, Any] | None) -> str | None:
     return f"image encoder {encoder}; scale {scales}" + (f"; loaded by {loaded_by}" if loaded_by else "")
 
 
-#: Follows the load ID of a model whose weights differ from it (the "Modified" line says how).
-MODIFIED_MARK = " (modified)"
+Extras = list[tuple[str, dict[str, Any]]]
 
 
-def _load_id_cell(info: dict[str, Any]) -> str:
-    """The load ID, marked when the weights are no longer its (``components.weight_marks``)."""
-    load_id = info["load_id"] or "N/A"
-    return load_id + MODIFIED_MARK if info["modified"] else load_id
-
-
-def manager_table(manager: ComponentsManager, residency: Callable[[str], Residency | None]) -> str:
-    """The table of a ``ComponentsManager``, built from its public look-ups.
+def manager_rows(
+    manager: ComponentsManager, residency: Callable[[str], Residency | None]
+) -> tuple[list[ModelRow], list[OtherRow], Extras]:
+    """The rows of a ``ComponentsManager``'s table, built from its public look-ups.
 
     Args:
         manager: The manager to show.
         residency: What auto offload reports about a component id, or ``None`` (offload off).
+
+    Returns:
+        ``(models, others, extras)``: one row per model and per other component, and each model's facts for
+        "Additional Component Info".
     """
     models, others, extras = [], [], []
     for component_id, component in manager.components.items():
         info = manager.get_model_info(component_id)
-        collections = info["collection"].split(", ") if info["collection"] else []
+        collections = tuple(info["collection"].split(", ")) if info["collection"] else ()
         if not isinstance(component, torch.nn.Module):
-            others.append(((component_id, info["class_name"]), collections))
+            others.append(OtherRow(component_id, info["class_name"], collections))
             continue
         placed = residency(component_id)
-        cells = (
-            component_id,
-            info["class_name"],
-            device_cell(placed) if placed is not None else _plain_device_cell(info),
-            info["dtype"] or "N/A",
-            format_bytes(info["size_gb"] * 1024**3),
-            _load_id_cell(info),
+        models.append(
+            ModelRow(
+                component_id=component_id,
+                class_name=info["class_name"],
+                device=device_cell(placed) if placed is not None else _plain_device_cell(info),
+                dtype=info["dtype"] or "N/A",
+                size=info["size_gb"] * GiB,
+                load_id=info["load_id"] or "N/A",
+                collections=collections,
+                modified=bool(info["modified"]),
+            )
         )
-        models.append((cells, collections))
         extra = {
             "Adapters": info["adapters"],
             "LoRA": lora_cell(info["lora"]),
@@ -221,4 +172,41 @@ def manager_table(manager: ComponentsManager, residency: Callable[[str], Residen
             "Modified": "; ".join(info["modified"]) if info["modified"] else None,
         }
         extras.append((component_id, extra))
-    return render_table(models, others, extras)
+    return models, others, extras
+
+
+def check_width(width: object, method: str) -> None:
+    """Refuse a ``width`` that is not a whole number of columns of at least 1 (or ``None``)."""
+    if width is None:
+        return
+    if isinstance(width, bool) or not isinstance(width, int):
+        msg = f"{method}(width=...) must be a number of columns or None (got {width!r} that is a {type(width)})."
+        raise TypeError(msg)
+    if width < 1:
+        msg = f"{method}(width=...) must be at least 1 column, or None for the full table (got {width})."
+        raise ValueError(msg)
+
+
+def manager_table(
+    manager: ComponentsManager, residency: Callable[[str], Residency | None], width: int | None = None
+) -> str:
+    """The manager's table: in full with ``width=None``, else shrunk towards ``width`` columns (``fit_table``).
+
+    A table that cannot be made as narrow as ``width`` comes back in its narrowest form, wider than asked.
+    """
+    rows = manager_rows(manager, residency)
+    return render_table(*rows) if width is None else fit_table(*rows, width)[0]
+
+
+def manager_summary(
+    manager: ComponentsManager, residency: Callable[[str], Residency | None], width: int | None = None
+) -> str:
+    """The manager's components one line each (``render_summary``), load IDs shortened to fit ``width``."""
+    return render_summary(*manager_rows(manager, residency), width)
+
+
+def manager_text(manager: ComponentsManager, residency: Callable[[str], Residency | None], width: int) -> str:
+    """What ``print(cm)`` shows in ``width`` columns: the table if it can be made to fit, else the summary."""
+    rows = manager_rows(manager, residency)
+    text, fits = fit_table(*rows, width)
+    return text if fits else render_summary(*rows, width)

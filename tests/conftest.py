@@ -6,6 +6,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+# print(cm) and the CLI fit the terminal's width (shutil.get_terminal_size): every test sees one 80-column
+# terminal, whatever the terminal it is run from.
+os.environ["COLUMNS"] = "80"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -58,7 +58,7 @@ def test_the_smoke_run_prints_the_table_and_exits_zero(smoke):
     status, out, results = smoke
     assert status == 0
     table = out[out.index("method ") :].splitlines()
-    assert table[0].split() == "method cap KB wall s x ours peak KB h2d KB d2h KB equal".split()
+    assert table[0].split() == "method cap KiB wall s x ours peak KiB h2d KiB d2h KiB equal".split()
     assert [line[:40].strip() for line in table[1 : 1 + len(OURS + PEERS_ON_CPU)]] == OURS + PEERS_ON_CPU
     assert "diffusers ComponentsManager: skipped (needs CUDA: its AutoOffloadStrategy reads" in out
 
@@ -110,12 +110,12 @@ def test_a_wrong_output_is_shown_and_fails_the_run(modules, monkeypatch):
     [
         (
             ["--stream-budget-gb", "9"],
-            "--stream-budget-gb (9.00) less --margin-gb (0.50) must be below one transformer (2.77 GB), or "
+            "--stream-budget-gb (9.00) less --margin-gb (0.50) must be below one transformer (2.77 GiB), or "
             "nothing streams. Lower --stream-budget-gb.",
         ),
         (
             ["--budget-gb", "2"],
-            "--budget-gb (2.00) less --margin-gb (0.50) must hold the largest model (2.77 GB), or the peer's "
+            "--budget-gb (2.00) less --margin-gb (0.50) must hold the largest model (2.77 GiB), or the peer's "
             "whole-model offloads cannot run. Raise --budget-gb.",
         ),
     ],

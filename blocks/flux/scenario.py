@@ -1,13 +1,13 @@
-"""The seed's scenario at 1/1000 scale: FLUX.1 text-to-image, then Canny and Depth control, one manager.
+"""The seed's scenario at 1/1024 scale: FLUX.1 text-to-image, then Canny and Depth control, one manager.
 
 The seed is the example this project started from (diffusers PR #10572, "introducing components
 manager"); ``modular run`` runs this scenario when no repo is given.
 
 Three repos are written the way the real ones are laid out (FLUX.1-dev, FLUX.1-Canny-dev,
-FLUX.1-Depth-dev), with models that weigh what the real ones do with GB read as MB: a 22 MB
-transformer in each, and an 8.85 MB T5, a 0.24 MB CLIP and a 0.17 MB VAE that the control repos take
+FLUX.1-Depth-dev), with models that weigh what the real ones do with GiB read as MiB: a 22 MiB
+transformer in each, and an 8.85 MiB T5, a 0.24 MiB CLIP and a 0.17 MiB VAE that the control repos take
 from the base repo (their ``modular_model_index.json`` names it), so the manager loads them once.
-The device holds 32 MB (a 32 GB card at the same scale) with a 3 MB margin: less than one workflow's
+The device holds 32 MiB (a 32 GiB card at the same scale) with a 3 MiB margin: less than one workflow's
 models, so T5 leaves when a transformer comes, the previous transformer leaves when the next
 workflow's T5 comes, and CLIP and the VAE, small and used by every workflow, stay.
 """
@@ -27,11 +27,11 @@ from .tiny import SEED_SCALE_SIZE, make_seed_scale_repo
 
 __all__ = ["BUDGET", "MARGIN", "PROMPT", "seed_scenario"]
 
-MB = 1024**2  # as the components table and the offload log print sizes
-BUDGET = 32 * MB
-"""Bytes of the simulated device: the seed's workflows on a 32 GB card, at 1/1000."""
-MARGIN = 3 * MB
-"""Bytes kept free on it (the peer's default margin of 3 GB, at 1/1000)."""
+MiB = 2**20  # the unit the components table and the offload log print these sizes in
+BUDGET = 32 * MiB
+"""Bytes of the simulated device: the seed's workflows on a 32 GiB card, at 1/1024."""
+MARGIN = 3 * MiB
+"""Bytes kept free on it (the peer's default margin, 3GB, at the same scale)."""
 PROMPT = "a photo of an astronaut riding a horse"
 
 # The seed's settings for each workflow: steps and guidance.
@@ -40,10 +40,10 @@ _CANNY = {"num_inference_steps": 50, "guidance_scale": 30.0}
 _DEPTH = {"num_inference_steps": 30, "guidance_scale": 10.0}
 
 _ABOUT = """\
-Three repos shaped like FLUX.1-dev, FLUX.1-Canny-dev and FLUX.1-Depth-dev at 1/1000 of their size
-(GB read as MB): a 22 MB transformer each; the control repos take CLIP, T5, the VAE, the tokenizers
-and the scheduler from the base repo, so the manager loads those once. The device holds 32 MB with
-a 3 MB margin, less than one workflow needs: watch T5 and the previous transformer leave while CLIP
+Three repos shaped like FLUX.1-dev, FLUX.1-Canny-dev and FLUX.1-Depth-dev at 1/1024 of their size
+(GiB read as MiB): a 22 MiB transformer each; the control repos take CLIP, T5, the VAE, the tokenizers
+and the scheduler from the base repo, so the manager loads those once. The device holds 32 MiB with
+a 3 MiB margin, less than one workflow needs: watch T5 and the previous transformer leave while CLIP
 and the VAE stay. The control images are made from the text-to-image result (edges; a depth-like map)."""
 
 

@@ -189,7 +189,7 @@ def make_tiny_repo(
     return folder
 
 
-# ---- The seed's three repos at 1/1000 of their size: what `modular run` runs by default ----------------
+# ---- The seed's three repos at 1/1024 of their size: what `modular run` runs by default ----------------
 
 SEED_SCALE_SIZE = 64
 """Pixels a side of the seed-scale images: a 3-level VAE makes 16x16 latents, packed into 64 tokens."""
@@ -250,10 +250,10 @@ def _index_entry(library: str, class_name: str, repo: str | None, subfolder: str
 def make_seed_scale_repo(
     folder: str | Path, *, control: bool = False, seed: int = 0, shared_from: str | Path | None = None
 ) -> Path:
-    """Write a Flux repo shaped like FLUX.1-dev (or -Canny-dev, -Depth-dev) at 1/1000 of its size.
+    """Write a Flux repo shaped like FLUX.1-dev (or -Canny-dev, -Depth-dev) at 1/1024 of its size.
 
-    The models weigh what the real ones do with GB read as MB: a 22 MB transformer (two double- and
-    five single-stream layers of width 192), an 8.85 MB T5, a 0.24 MB CLIP and a 0.17 MB VAE with three
+    The models weigh what the real ones do with GiB read as MiB: a 22 MiB transformer (two double- and
+    five single-stream layers of width 192), an 8.85 MiB T5, a 0.24 MiB CLIP and a 0.17 MiB VAE with three
     levels (64x64 images). Weights are random, float32 safetensors.
 
     Without ``shared_from`` the folder is a complete classic repo (``model_index.json`` naming

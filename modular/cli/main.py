@@ -19,8 +19,6 @@ import argparse
 import logging
 import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import NoReturn
 
 from modular.cli.arg_types import byte_size, positive_int
@@ -75,23 +73,9 @@ def batch(args: argparse.Namespace) -> int:
 
 def inspect(args: argparse.Namespace) -> int:
     _quiet_libraries()
-    from modular.cli.run_command import family_named, tiny_repo
-    from modular.pipeline.pipeline import ModularPipeline
+    from modular.cli.inspect_command import inspect_command
 
-    with tempfile.TemporaryDirectory() as scratch:
-        repo = args.repo or args.repo_flag
-        if repo is None:
-            repo = tiny_repo(family_named(args.family or DEFAULT_FAMILY), Path(scratch) / "tiny-repo")
-        pipe = ModularPipeline.from_pretrained(repo, workflow=args.workflow)
-        print(repr(pipe.blocks))
-        print()
-        print(pipe.doc)
-        print("Components (not loaded):")
-        for name in pipe.component_names:
-            spec = pipe.get_component_spec(name)
-            kind = spec.type_hint.__name__ if spec.type_hint else "?"
-            print(f"  {name}: {kind}  load_id={spec.load_id}")
-    return 0
+    return inspect_command(args)
 
 
 def families(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import attrs
 
+from offload.devices.units import GiB, KiB, MiB
 from offload.engine.replay import Use
 
 __all__ = ["FIGURE_PIXELS", "Band", "matplotlib_available", "plot_memory"]
@@ -37,11 +38,12 @@ def matplotlib_available() -> bool:
 
 
 def _unit(budget: int) -> tuple[str, float]:
-    if budget >= 1024**3:
-        return "GB", 1024**3
-    if budget >= 1024**2:
-        return "MB", 1024**2
-    return "KB", 1024
+    """The axis's unit, an IEC label and the bytes it means, as the table and the run report print sizes."""
+    if budget >= GiB:
+        return "GiB", GiB
+    if budget >= MiB:
+        return "MiB", MiB
+    return "KiB", KiB
 
 
 @attrs.frozen

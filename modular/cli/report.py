@@ -14,6 +14,7 @@ import PIL.Image
 
 from modular.batch.jobs import JobResult
 from modular.cli.memory_plot import Band, matplotlib_available, plot_memory
+from offload.devices.units import KiB, column_unit, format_in
 from offload.engine.replay import ReplayResult, UseRecorder, replay
 from offload.strategies.smallest_set import SmallestSufficientSet
 from offload.strategies.strategy import strategy_name
@@ -23,15 +24,14 @@ __all__ = ["job_header", "model_labels", "offload_summary", "save_job", "save_pl
 Print = Callable[[str], Any]
 
 
-def size_text(nbytes: int, unit: str) -> str:
-    """``nbytes`` in ``unit`` (KB, MB or GB of 1024 powers, as the table prints), two decimals."""
-    scale = {"KB": 1024, "MB": 1024**2, "GB": 1024**3}[unit]
-    return f"{nbytes / scale:.2f} {unit}"
+def size_text(nbytes: int, unit: int) -> str:
+    """``nbytes`` in ``unit`` (``GiB``, ``MiB``, ``KiB``: the IEC labels the table prints), two decimals."""
+    return format_in(nbytes, unit)
 
 
-def unit_for(nbytes: int) -> str:
-    """The unit sizes up to ``nbytes`` read best in."""
-    return "GB" if nbytes >= 1024**3 else "MB" if nbytes >= 1024**2 else "KB"
+def unit_for(nbytes: int) -> int:
+    """The unit sizes up to ``nbytes`` read best in: GiB, MiB, else KiB."""
+    return max(column_unit([nbytes]), KiB)
 
 
 def _repo_name(repo: str) -> str:

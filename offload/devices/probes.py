@@ -47,7 +47,7 @@ class MemoryProbe:
         return None
 
     def describe(self) -> str:
-        """The name and size for messages: ``"cuda:0 (total 79.11 GB)"``, or the name when the size is unknown."""
+        """The name and size for messages: ``"cuda:0 (total 79.11 GiB)"``, or the name when the size is unknown."""
         total = self.total_bytes()
         return self.name if total is None else f"{self.name} (total {format_bytes(total)})"
 

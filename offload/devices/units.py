@@ -1,25 +1,39 @@
-"""Byte sizes: parse "3GB"-style strings as the peer does, and print sizes as the components table does.
+"""Byte sizes: parse "3GB"-style strings as the peer does, and print them with labels that mean what they say.
 
-Two conventions meet here, both the peer's (diffusers' ComponentsManager):
+One convention, for parsing and printing alike: decimal labels (kB, MB, GB, TB) are powers of ten and IEC
+labels (KiB, MiB, GiB, TiB) powers of two.
 
 - Parsing follows accelerate's ``convert_file_size_to_int``, which the peer uses for its
-  ``memory_reserve_margin``: "GB", "MB", "KB" are decimal (``"3GB"`` is 3 * 10**9 bytes) and "GiB",
-  "MiB", "KiB" binary. So the same margin string reserves the same bytes here and in the peer.
-- Printing follows the components table and the peer's log: "GB" is 1024**3 bytes (a Flux
-  transformer prints as 22.17 GB in both), "MB" 1024**2. Write ``"3GiB"`` to get a margin that
-  prints as a round 3.00 GB.
+  ``memory_reserve_margin``: ``"3GB"`` is 3 * 10**9 bytes and ``"3GiB"`` 3 * 2**30. So the same margin
+  string reserves the same bytes here and in the peer.
+- Printing divides by powers of two and says so: ``"22.17 GiB"`` (a Flux transformer: the number the
+  peer's table prints, under the label that means it), ``"30.52 MiB"`` for a typed ``"32MB"``, as torch's
+  out-of-memory messages do. Write ``"3GiB"`` to get a margin that prints as a round 3.00 GiB.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-__all__ = ["GB", "MB", "format_bytes", "format_bytes_distinct", "parse_bytes"]
+__all__ = [
+    "GiB",
+    "KiB",
+    "MiB",
+    "column_unit",
+    "format_bytes",
+    "format_bytes_distinct",
+    "format_in",
+    "parse_bytes",
+]
 
-GB = 1024**3
-"""Bytes in one printed "GB" (the components table's and the peer's convention)."""
-MB = 1024**2
-"""Bytes in one printed "MB"."""
+KiB = 2**10
+"""Bytes in one printed "KiB"."""
+MiB = 2**20
+"""Bytes in one printed "MiB"."""
+GiB = 2**30
+"""Bytes in one printed "GiB" (the peer's table prints the same number, labelled GB)."""
+_LABELS = {GiB: "GiB", MiB: "MiB", KiB: "KiB", 1: "B"}
 
 # What accelerate's convert_file_size_to_int accepts, plus B, TB and TiB.
 _UNITS = {
@@ -71,16 +85,43 @@ def parse_bytes(value: int | str, *, name: str = "size") -> int:
 
 
 def format_bytes(nbytes: float, digits: int = 2) -> str:
-    """Return ``nbytes`` for people, in the components table's units (``GB`` = 1024**3 bytes).
+    """Return ``nbytes`` for people, with IEC labels (``GiB`` = 2**30 bytes, ``MiB`` = 2**20).
 
-    ``"22.17 GB"`` from 0.01 GB, ``"1.50 MB"`` (``MB`` = 1024**2 bytes) from 1 MB, ``"400 B"`` below;
-    ``digits`` decimals for GB and MB.
+    ``"22.17 GiB"`` from 1 GiB, ``"1.50 MiB"`` from 1 MiB, ``"400 B"`` below (exact bytes, as the small
+    budgets of simulated devices are given); ``digits`` decimals for GiB and MiB.
     """
-    if abs(nbytes) >= GB / 100:
-        return f"{nbytes / GB:.{digits}f} GB"
-    if abs(nbytes) >= MB:
-        return f"{nbytes / MB:.{digits}f} MB"
+    if abs(nbytes) >= GiB:
+        return f"{nbytes / GiB:.{digits}f} GiB"
+    if abs(nbytes) >= MiB:
+        return f"{nbytes / MiB:.{digits}f} MiB"
     return f"{int(nbytes)} B"
+
+
+def column_unit(values: Sequence[float]) -> int:
+    """The one unit for a column of sizes, chosen from its largest value: GiB, MiB, KiB or B (as bytes).
+
+    ``column_unit([2 * 2**30, 300])`` is ``GiB``: every size of that column prints in GiB (``format_in``).
+    """
+    largest = max((abs(value) for value in values), default=0)
+    return next(unit for unit in _LABELS if largest >= unit or unit == 1)
+
+
+def format_in(nbytes: float, unit: int, digits: int = 2) -> str:
+    """Return ``nbytes`` in ``unit`` (``GiB``, ``MiB``, ``KiB`` or 1 for bytes), labelled.
+
+    ``format_in(3 * 2**29, GiB) == "1.50 GiB"``; a size that is not zero but rounds to zero prints as
+    ``"<0.01 GiB"``, so a small model never reads as empty; bytes print whole (``"300 B"``).
+    """
+    if unit not in _LABELS:
+        msg = f"unit must be one of GiB, MiB, KiB or 1 (bytes) (got {unit!r})."
+        raise ValueError(msg)
+    label = _LABELS[unit]
+    if unit == 1:
+        return f"{int(nbytes)} B"
+    text = f"{nbytes / unit:.{digits}f}"
+    if nbytes and float(text) == 0:
+        return f"<{10**-digits:.{digits}f} {label}"
+    return f"{text} {label}"
 
 
 def format_bytes_distinct(*values: int) -> list[str]:
@@ -91,11 +132,11 @@ def format_bytes_distinct(*values: int) -> list[str]:
 
     Example:
         >>> format_bytes_distinct(2632704, 2631000)
-        ['2.511 MB', '2.509 MB']
+        ['2.511 MiB', '2.509 MiB']
     """
     distinct = len(set(values))
     for digits in range(2, 7):
         texts = [format_bytes(value, digits) for value in values]
         if len(set(texts)) == distinct:
             return texts
-    return [f"{format_bytes(value)} ({value} B)" if value >= MB else format_bytes(value) for value in values]
+    return [f"{format_bytes(value)} ({value} B)" if value >= MiB else format_bytes(value) for value in values]

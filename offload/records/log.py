@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from offload.devices.units import format_bytes
+from offload.devices.units import column_unit, format_bytes, format_in
 
 __all__ = ["MergedOffloadLog", "OffloadDecision", "OffloadLog"]
 
@@ -236,18 +236,32 @@ def _table(decisions: Sequence[OffloadDecision], first: int, disk: bool, devices
     columns = _COLUMNS + _DISK_COLUMNS if disk else _COLUMNS
     if devices:
         columns = (columns[0], "device", *columns[1:])
+    # Each size column in one unit, chosen from its largest value, as the components table prints sizes.
+    sizes = {
+        "to_device": [d.bytes_to_device for d in decisions],
+        "to_host": [d.bytes_to_host for d in decisions],
+        "free_before": [d.free_before for d in decisions],
+        "free_after": [d.free_after for d in decisions],
+        "from_disk": [d.bytes_from_disk for d in decisions],
+        "to_disk": [d.bytes_to_disk for d in decisions],
+    }
+    unit = {column: column_unit(values) for column, values in sizes.items()}
     rows = [
         (
             str(first + i + 1),
             *((d.device or "-",) if devices else ()),
             d.model_id,
             ", ".join(d.evicted) or "-",
-            format_bytes(d.bytes_to_device),
-            format_bytes(d.bytes_to_host),
-            format_bytes(d.free_before),
-            format_bytes(d.free_after),
+            format_in(d.bytes_to_device, unit["to_device"]),
+            format_in(d.bytes_to_host, unit["to_host"]),
+            format_in(d.free_before, unit["free_before"]),
+            format_in(d.free_after, unit["free_after"]),
             d.reason,
-            *((format_bytes(d.bytes_from_disk), format_bytes(d.bytes_to_disk)) if disk else ()),
+            *(
+                (format_in(d.bytes_from_disk, unit["from_disk"]), format_in(d.bytes_to_disk, unit["to_disk"]))
+                if disk
+                else ()
+            ),
         )
         for i, d in enumerate(decisions)
     ]

@@ -25,7 +25,7 @@ _FIX_SIZE = (
 
 
 def device_name(probe: MemoryProbe) -> str:
-    """``"sim (budget 1000 B)"``, ``"cuda:0 (total 79.11 GB)"`` or the bare name: what the probe describes."""
+    """``"sim (budget 1000 B)"``, ``"cuda:0 (total 79.11 GiB)"`` or the bare name: what the probe describes."""
     return probe.describe()
 
 

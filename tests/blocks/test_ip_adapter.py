@@ -162,7 +162,7 @@ def test_the_image_encoder_is_shared_through_the_manager(repos):
     first.set_ip_adapter_scale({"down": {"block_1": [1.0]}, "up": {"block_0": [0.0]}})
     info = cm.get_model_info(cm.get_id(first.unet), "ip_adapter")["ip_adapter"]
     assert info["scale_per_block"] == {"down_blocks.1": 1.0, "mid_block": 0.0, "up_blocks.0": 0.0}
-    line = next(text for text in str(cm).splitlines() if "IP-Adapter" in text)
+    line = next(text for text in cm.table().splitlines() if "IP-Adapter" in text)
     assert f"image encoder {cm.get_id(first.image_encoder)}" in line
     assert "scale 1.0 (down_blocks.1), 0.0 (up_blocks.0, mid_block)" in line
 
@@ -244,7 +244,7 @@ def test_an_adapter_loaded_through_another_pipeline_is_said_so_naming_it(repos):
         "reused through the manager), or pass ip_adapter_image_embeds"
     )
     assert cm.get_model_info(cm.get_id(first.unet), "ip_adapter")["ip_adapter"]["loaded_by"] == label
-    assert f"; loaded by {label}" in next(line for line in str(cm).splitlines() if "IP-Adapter:" in line)
+    assert f"; loaded by {label}" in next(line for line in cm.table().splitlines() if "IP-Adapter:" in line)
     first.load_ip_adapter(repos["sd"][1], **WEIGHTS)
     assert np.array_equal(
         call(first, "sd", ip_adapter_image=make_image()), call(second, "sd", ip_adapter_image=make_image())

@@ -330,7 +330,7 @@ def test_model_info_reads_peft_adapters(cm):
     model.peft_config = {"style": LoraConfig(r=2, target_modules=["0"])}
     component_id = cm.add("unet", model)
     assert cm.get_model_info(component_id, "adapters") == {"adapters": ["style"]}
-    assert f"{component_id}:\n  Adapters: ['style']" in str(cm)
+    assert f"{component_id}:\n  Adapters: ['style']" in cm.table()
 
 
 def test_model_info_reads_quantization_config(cm):
@@ -350,7 +350,7 @@ def test_model_info_reads_quantization_config(cm):
         "quantization": {"method": "bitsandbytes", "weights": "4-bit", "skipped_modules": None}
     }
     size = format_bytes(cm.get_model_info(component_id)["size_gb"] * 1024**3)
-    assert f"  Quantization: bitsandbytes (4-bit), packed {size}" in str(cm)
+    assert f"  Quantization: bitsandbytes (4-bit), packed {size}" in cm.table()
 
 
 def test_none_is_refused_as_none_not_confused_with_another_entry():

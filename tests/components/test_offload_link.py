@@ -107,7 +107,7 @@ def test_table_and_info_use_the_engine(fake_engine):
     cm = ComponentsManager()
     unet_id = cm.add("unet", torch.nn.Linear(2, 2))
     cm.enable_auto_cpu_offload()
-    assert f"{unet_id} | Linear | cpu(cuda:0)" in str(cm)
+    assert f"{unet_id} | Linear | cpu(cuda:0)" in cm.table()
     assert cm.get_model_info(unet_id, ["has_hook", "execution_device"]) == {
         "has_hook": True,
         "execution_device": torch.device("cuda:0"),
@@ -161,7 +161,7 @@ def test_real_engine_on_a_simulated_device():
     model_id = cm.add("unet", model)
     cm.enable_auto_cpu_offload(device=offload.SimulatedDevice("1MB"), memory_reserve_margin=0)
     model(torch.ones(1, 4))
-    assert device_cell(cm.offload_engine.residency(model_id)) in str(cm)
+    assert device_cell(cm.offload_engine.residency(model_id)) in cm.table()
     assert cm.get_model_info(model_id, "has_hook") == {"has_hook": True}
     cm.remove(model_id)
     assert not cm.offload_engine.has_hook(model_id)

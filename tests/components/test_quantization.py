@@ -268,7 +268,7 @@ def test_model_info_and_table_show_method_weights_and_packed_size(tiny_repo, con
     method, _, weights = expected.partition(" ")
     assert info["quantization"] == {"method": method, "weights": weights.strip("()"), "skipped_modules": None}
     assert info["size_gb"] * 1024**3 == module_nbytes(unet)
-    table = str(cm)
+    table = cm.table()
     assert f"{unet_id}:\n  Quantization: {expected}, packed {format_bytes(module_nbytes(unet))}" in table
     assert "vae_" not in table.split("Additional Component Info:")[1]
 
@@ -281,7 +281,7 @@ def test_skipped_modules_show_in_the_table(tiny_repo):
     assert cm.get_model_info(cm.get_id(unet), "quantization")["quantization"]["skipped_modules"] == [
         "conv_in"
     ]
-    assert "Quantization: torchao (Int8WeightOnlyConfig), skips ['conv_in'], packed" in str(cm)
+    assert "Quantization: torchao (Int8WeightOnlyConfig), skips ['conv_in'], packed" in cm.table()
 
 
 @pytest.mark.parametrize(

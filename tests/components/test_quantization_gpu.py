@@ -43,7 +43,7 @@ def test_a_bitsandbytes_unet_loads_runs_and_shows(tiny_repo, config, weights):
     assert torch.isfinite(unet_output(unet).float()).all()
     unet_id = cm.get_id(unet)
     assert cm.get_model_info(unet_id, "quantization")["quantization"]["weights"] == weights
-    assert f"Quantization: bitsandbytes ({weights})" in str(cm)
+    assert f"Quantization: bitsandbytes ({weights})" in cm.table()
     assert (
         cm.get_or_load(unet_spec(tiny_repo), quantization_config=config(), torch_dtype=torch.float16) is unet
     )

@@ -99,7 +99,7 @@ def test_hub_load_ids_in_the_table(hub_cache):
     cm.get_or_load(
         ComponentSpec("vae", repo=hub_cache.repo_id, subfolder="vae", revision=hub_cache.v2_commit)
     )
-    table = str(cm)
+    table = cm.table()
     assert "| org/tiny-sd|unet|fp16|main " in table
     assert f"| org/tiny-sd|vae|null|{hub_cache.v2_commit} " in table
 
@@ -196,7 +196,7 @@ def test_remove_frees_the_object(tiny_repo):
     unet = cm.get_or_load(spec(tiny_repo, "unet"), collection="sd")
     ref = weakref.ref(unet)
     component_id = cm.get_id(unet)
-    str(cm), cm.get_model_info(component_id)
+    cm.table(), cm.get_model_info(component_id)
     del unet
     gc.collect()
     assert ref() is not None

@@ -4,21 +4,28 @@ import torch
 from diffusers import PNDMScheduler
 
 from components import ComponentsManager, tag_load_id
-from components.table import device_cell, manager_table, render_table
+from components.table import device_cell, manager_table
+from components.table_layout import ModelRow, OtherRow, render_table
 from components.weight_marks import mark_modified
 from offload import Residency
 
 
 def test_render_exact_layout():
-    """Columns are as wide as their widest cell; extra collections go on their own lines; info follows."""
+    """Columns are as wide as their widest cell; extra collections go on their own lines; info follows; the
+    Size column has one unit, chosen from its largest value."""
     models = [
-        (
-            ("unet_1", "UNet2DConditionModel", "cpu", "torch.float16", "1.50 GB", "org/sd|unet|fp16|v2"),
-            ["sd", "xl"],
+        ModelRow(
+            "unet_1",
+            "UNet2DConditionModel",
+            "cpu",
+            "torch.float16",
+            1.5 * 2**30,
+            "org/sd|unet|fp16|v2",
+            ("sd", "xl"),
         ),
-        (("vae_22", "AutoencoderKL", "cuda:0", "torch.float32", "0.16 GB", "org/sd|vae|null|null"), []),
+        ModelRow("vae_22", "AutoencoderKL", "cuda:0", "torch.float32", 160 * 2**20, "org/sd|vae|null|null"),
     ]
-    others = [(("scheduler_333", "PNDMScheduler"), ["sd"])]
+    others = [OtherRow("scheduler_333", "PNDMScheduler", ("sd",))]
     extras = [
         ("unet_1", {"Adapters": ["style"], "IP-Adapter": None, "Quantization": None}),
         ("vae_22", {"Adapters": None}),
@@ -26,25 +33,25 @@ def test_render_exact_layout():
     expected = "\n".join(
         [
             "Components:",
-            "=" * 118,
+            "=" * 119,
             "Models:",
-            "-" * 118,
-            "Name_ID       | Class                | Device: act(exec) | Dtype         | Size    | Load ID              | Collection",
-            "-" * 118,
-            "unet_1        | UNet2DConditionModel | cpu               | torch.float16 | 1.50 GB | org/sd|unet|fp16|v2  | sd",
-            "              |                      |                   |               |         |                      | xl",
-            "vae_22        | AutoencoderKL        | cuda:0            | torch.float32 | 0.16 GB | org/sd|vae|null|null | N/A",
-            "-" * 118,
+            "-" * 119,
+            "Name_ID       | Class                | Device: act(exec) | Dtype         | Size     | Load ID              | Collection",
+            "-" * 119,
+            "unet_1        | UNet2DConditionModel | cpu               | torch.float16 | 1.50 GiB | org/sd|unet|fp16|v2  | sd",
+            "              |                      |                   |               |          |                      | xl",
+            "vae_22        | AutoencoderKL        | cuda:0            | torch.float32 | 0.16 GiB | org/sd|vae|null|null | N/A",
+            "-" * 119,
             "",
             "Other Components:",
-            "-" * 118,
+            "-" * 119,
             "ID            | Class         | Collection",
-            "-" * 118,
+            "-" * 119,
             "scheduler_333 | PNDMScheduler | sd",
-            "-" * 118,
+            "-" * 119,
             "",
             "Additional Component Info:",
-            "=" * 118,
+            "=" * 119,
             "unet_1:",
             "  Adapters: ['style']",
         ]
@@ -76,18 +83,18 @@ def test_only_other_components():
 
 
 def test_manager_rows_show_real_device_dtype_size_and_load_id():
-    """A model row shows the module's class, device, dtype, size and load ID; repr equals str."""
+    """A model row of the full table shows the module's class, device, dtype, size and load ID; repr equals str."""
     cm = ComponentsManager()
     model = torch.nn.Linear(1024, 256).to(torch.bfloat16)
     tag_load_id(model, "org/name|unet|fp16|abc123")
     component_id = cm.add("unet", model, collection="sd")
-    row = next(line for line in str(cm).splitlines() if line.startswith(component_id))
+    row = next(line for line in cm.table().splitlines() if line.startswith(component_id))
     assert [cell.strip() for cell in row.split(" | ")] == [
         component_id,
         "Linear",
         "cpu",
         "torch.bfloat16",
-        "524800 B",  # 1024 x 256 bfloat16 weights and 256 biases: below 1 MB, in bytes
+        "512.50 KiB",  # 1024 x 256 bfloat16 weights and 256 biases: 524800 B, below 1 MiB, in KiB
         "org/name|unet|fp16|abc123",
         "sd",
     ]
@@ -154,7 +161,7 @@ def test_a_modified_model_is_marked_after_its_load_id_and_says_how():
     unet_id, vae_id = cm.add("unet", model), cm.add("vae", other)
     mark_modified(model, "fused_lora", "LoRA ['style'] fused (lora_scale 1.0) by P")
     mark_modified(model, "edited", "weights edited in place (refresh_host_copy)")
-    lines = str(cm).splitlines()
+    lines = cm.table().splitlines()
     cells = {line.split(" | ")[0].strip(): line.split(" | ")[5].strip() for line in lines if " | " in line}
     assert cells[unet_id] == "org/sd|unet|null|null (modified)"
     assert cells[vae_id] == "org/sd|vae|null|null"

@@ -175,10 +175,11 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
     printed = captured.out
     assert printed.startswith("FLUX.1 text-to-image, then Canny and Depth control, on one ComponentsManager")
     assert (
-        "Auto offload on a simulated device, budget 32.00 MB, margin 3.00 MB, strategy NextUseStrategy."
+        "Auto offload on a simulated device, budget 32.00 MiB, margin 3.00 MiB, strategy NextUseStrategy."
         in printed
     )
-    assert printed.splitlines().count("Components:") == 3
+    # One table (or, at the tests' 80 columns, its summary) after each workflow.
+    assert sum(line.startswith("Components:") for line in printed.splitlines()) == 3
     for header in ("[1/3] text2image: tiny-flux-dev, 1 step,", "[2/3] canny: tiny-flux-canny-dev, 1 step,"):
         assert header in printed
     assert (
@@ -187,23 +188,23 @@ def test_run_without_a_repo_runs_the_seed_scenario(tmp_path, capsys):
     )
     summary = printed[printed.index("Offload over the run") :].splitlines()
     # Victims keep a resident prefix by default (offload.partial.shrink): T5's prefix stays while each transformer
-    # runs, so ours moves less than whole models (the peer's 92.93 MB); models left the device 8 times, 2
+    # runs, so ours moves less than whole models (the peer's 92.93 MiB); models left the device 8 times, 2
     # whole and 6 down to a prefix (each counted, not only the whole ones); and it peaks higher, within the
-    # 29 MB the margin leaves.
+    # 29 MiB the margin leaves.
     assert summary[1].split() == ["to", "device", "copied", "back", "left", "the", "device", "peak"]
     assert summary[2].split() == [
         "ours",
         "(NextUseStrategy)",
         "80.73",
-        "MB",
+        "MiB",
         "0.00",
-        "MB",
+        "MiB",
         *"8 (2 whole, 6 shrunk)".split(),
         "28.99",
-        "MB",
+        "MiB",
     ]
     assert summary[3].split()[:5] == ["the", "peer's", "rule", "(SmallestSufficientSet)", "92.93"]
-    assert summary[3].split()[6:8] == ["70.53", "MB"]
+    assert summary[3].split()[6:8] == ["70.53", "MiB"]
     assert summary[3].split()[8:13] == "5 (5 whole, 0 shrunk)".split()
     assert (
         summary[4]
@@ -295,8 +296,9 @@ def test_families_lists_the_installed_families_and_workflows(capsys):
     )
 
 
-def test_inspect_takes_the_repo_as_an_argument(seed_repos, capsys):
+def test_inspect_takes_the_repo_as_an_argument(seed_repos, capsys, monkeypatch):
     """`modular inspect REPO` shows the repo's pipeline; a control repo's index names its workflow."""
+    monkeypatch.setenv("COLUMNS", "400")  # wide enough for the temp path whole
     assert main(["inspect", str(seed_repos[1])]) == 0
     printed = capsys.readouterr().out
     assert f"transformer: FluxTransformer2DModel  load_id={seed_repos[1]}|transformer|null|null" in printed

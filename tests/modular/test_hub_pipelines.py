@@ -36,7 +36,7 @@ def test_pipeline_from_a_hub_id_loads_a_variant_at_a_revision(hub):
     pipe.load_components(["unet", "vae"], variant="fp16", torch_dtype=torch.float16)
     assert pipe.get_component_spec("unet").load_id == f"{REPO_ID}|unet|fp16|main"
     assert pipe.unet.dtype == torch.float16
-    assert f"{REPO_ID}|unet|fp16|main" in str(cm)
+    assert f"{REPO_ID}|unet|fp16|main" in cm.table()
 
 
 def test_another_revision_loads_other_weights(hub):

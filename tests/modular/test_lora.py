@@ -328,7 +328,7 @@ def test_a_lora_in_a_shared_component_reaches_every_pipeline_and_the_manager_say
     }
     assert (
         f"{encoder_id}:\n  Adapters: ['style']\n  LoRA: style (active, weight 0.5, not fused, loaded by {label})"
-        in str(cm)
+        in cm.table()
     )
     second.fuse_lora()
     assert cm.get_model_info(unet_id, "lora")["lora"][0]["fused"] is True
@@ -336,7 +336,7 @@ def test_a_lora_in_a_shared_component_reaches_every_pipeline_and_the_manager_say
     second.delete_adapters("style")
     assert first.get_list_adapters() == {}
     assert cm.get_model_info(unet_id, "lora") == {"lora": None}
-    assert "LoRA:" not in str(cm)
+    assert "LoRA:" not in cm.table()
     assert lora_layers(first.unet)  # deleting keeps the empty layers, as in diffusers
     first.unload_lora_weights()
     assert lora_layers(first.unet) == [] and lora_layers(first.text_encoder) == []

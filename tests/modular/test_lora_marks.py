@@ -33,7 +33,7 @@ def test_a_fused_then_unloaded_lora_marks_the_model_and_a_second_pipeline_loads_
     expected = f"LoRA ['style'] fused (lora_scale 0.5) by {label}"
     assert cm.get_model_info(unet_id, "modified") == {"modified": [expected]}
     assert cm.get_model_info(cm.get_id(first.vae), "modified") == {"modified": None}
-    table = str(cm)
+    table = cm.table()
     assert f"{cm.get_model_info(unet_id, 'load_id')['load_id']} (modified)" in table
     assert f"{unet_id}:\n  Modified: {expected}" in table
     second = tiny_sd_pipeline(repo, cm)

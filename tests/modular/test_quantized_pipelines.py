@@ -99,7 +99,7 @@ def test_pipelines_share_a_quantized_model_only_under_an_equal_request(repo):
     assert plain.unet is not first.unet and plain.text_encoder is not first.text_encoder
     assert plain.vae is first.vae  # no pipeline asked to quantize it
     assert sorted(cm.get_ids("unet")) == sorted([cm.get_id(first.unet), cm.get_id(plain.unet)])
-    extras = str(cm).split("Additional Component Info:")[1]
+    extras = cm.table().split("Additional Component Info:")[1]
     assert cm.get_id(first.unet) in extras and cm.get_id(plain.unet) not in extras
 
 
@@ -220,7 +220,7 @@ def test_a_gguf_transformer_runs_in_the_pipeline_shown_and_offloaded(tmp_path):
         "weights": "Q8_0",
         "skipped_modules": None,
     }
-    assert f"{transformer_id}:\n  Quantization: gguf (Q8_0), packed" in str(cm)
+    assert f"{transformer_id}:\n  Quantization: gguf (Q8_0), packed" in cm.table()
 
     largest = max(
         module_nbytes(model) for model in cm.components.values() if isinstance(model, torch.nn.Module)

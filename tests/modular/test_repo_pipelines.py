@@ -53,7 +53,7 @@ def test_two_pipelines_share_components_and_the_second_loads_nothing(repo, monke
     assert calls == []
     for name in ("unet", "vae", "text_encoder", "tokenizer", "scheduler"):
         assert getattr(second, name) is getattr(first, name)
-    table = str(cm)
+    table = cm.table()
     assert table.count("UNet2DConditionModel") == 1
 
 
@@ -212,7 +212,7 @@ def test_lora_adapters_show_in_the_manager(repo):
     pipe.unet.add_adapter(LoraConfig(r=2, target_modules=["to_q", "to_v"]), adapter_name="style")
     unet_id = cm.get_id(pipe.unet)
     assert cm.get_model_info(unet_id, "adapters") == {"adapters": ["style"]}
-    assert f"{unet_id}:\n  Adapters: ['style']" in str(cm)
+    assert f"{unet_id}:\n  Adapters: ['style']" in cm.table()
 
 
 def test_each_component_may_point_at_a_different_repo(repo, tmp_path):

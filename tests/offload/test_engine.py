@@ -326,7 +326,7 @@ def test_a_model_evicted_between_its_hook_and_its_forward_is_placed_again():
 def test_sizes_in_the_too_large_message_differ_when_they_are_close():
     """'needs X but at most Y' prints X and Y with enough digits to tell them apart."""
     engine, modules = engine_with(2631000, {"big": 2632704})
-    with pytest.raises(ModelTooLargeError, match=r"needs 2\.511 MB but at most 2\.509 MB can be made free"):
+    with pytest.raises(ModelTooLargeError, match=r"needs 2\.511 MiB but at most 2\.509 MiB can be made free"):
         call(modules["big"])
 
 

@@ -134,7 +134,7 @@ def test_table_shows_device_cells():
     """The printed manager shows 'cpu(sim)' for a model off the device and 'sim(sim)' for a resident one."""
     cm, models, ids = manager_with(1000, {"a": 400, "b": 400})
     call(models["a"])
-    rows = {line.split(" | ")[0].strip(): line for line in str(cm).splitlines() if " | " in line}
+    rows = {line.split(" | ")[0].strip(): line for line in cm.table().splitlines() if " | " in line}
     assert "sim(sim)" in rows[ids["a"]]
     assert "cpu(sim)" in rows[ids["b"]]
 

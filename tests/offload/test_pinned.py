@@ -339,7 +339,7 @@ def test_the_manager_pins_bitsandbytes_models_and_shows_them_pinned(make):
     assert cm.offload_engine.pinned_ids() == [first, later]
     assert cm.get_model_info(first, "pinned") == {"pinned": "sim"}
     assert cm.get_model_info(plain, "pinned") == {"pinned": None}
-    table = str(cm)
+    table = cm.table()
     assert f"{first} | Linear | sim(pinned)" in table and f"{later} | Linear | sim(pinned)" in table
     assert cm.offload_engine.probe.used_bytes() == 800
     cm.remove(later)
@@ -416,7 +416,7 @@ def test_on_cuda_a_bitsandbytes_8bit_unet_stays_on_the_gpu_under_auto_offload(tm
     engine = cm.offload_engine
     assert engine.pinned_ids() == [unet_id]
     assert engine.residency(unet_id).pinned == str(engine.execution_device)
-    assert f"{engine.execution_device}(pinned)" in str(cm)
+    assert f"{engine.execution_device}(pinned)" in cm.table()
     # Room for the larger of the text encoder and the VAE only, beside the pinned UNet (already on the GPU).
     room = max(module_nbytes(pipe.text_encoder), module_nbytes(pipe.vae)) + 1024
     engine.memory_reserve_margin = engine.probe.free_bytes() - room

@@ -27,7 +27,7 @@ def test_simulated_device_free_is_budget_minus_residents():
     assert device.free_bytes() == 10**9
     assert device.execution_device == torch.device("cpu")
     assert (
-        repr(device) == "SimulatedDevice(budget='0.93 GB', used='0 B')"
+        repr(device) == "SimulatedDevice(budget='953.67 MiB', used='0 B')"
     )  # '1GB' is 10**9 bytes, as in accelerate
 
 

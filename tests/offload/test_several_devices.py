@@ -43,7 +43,7 @@ def engine_placing(cm, module):
 
 def device_cells(cm):
     """``{model id: device cell}`` read from ``print(cm)``'s model rows."""
-    rows = [[cell.strip() for cell in line.split("|")] for line in str(cm).splitlines() if " | " in line]
+    rows = [[cell.strip() for cell in line.split("|")] for line in cm.table().splitlines() if " | " in line]
     return {row[0]: row[2] for row in rows if row[0] in cm}
 
 

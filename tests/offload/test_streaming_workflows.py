@@ -25,7 +25,7 @@ def runs(tmp_path_factory):
     results = []
     for result in JobRunner(cm, progress=False).run(_quick(demo)):
         results.append(result)
-        tables.append(str(cm))
+        tables.append(cm.table())
     return plain, results, cm, tables
 
 

@@ -134,7 +134,7 @@ def test_a_tiny_sd_pipeline_keeps_its_outputs_and_stays_between_the_watermarks(t
 @pytest.mark.parametrize(
     ("low", "high", "error", "message"),
     [
-        ("6GB", "2GB", ValueError, r"low \('6GB': 5.59 GB\) must be below high \('2GB': 1.86 GB\)"),
+        ("6GB", "2GB", ValueError, r"low \('6GB': 5.59 GiB\) must be below high \('2GB': 1.86 GiB\)"),
         (0.8, 0.5, ValueError, r"low \(0.8 of the device\) must be below high \(0.5 of the device\)"),
         (100, 100, ValueError, r"low \(100 B\) must be below high \(100 B\)"),
         (1.5, 2.0, ValueError, r"low as a fraction of the device's total must be in \[0, 1\] \(got 1.5\)"),

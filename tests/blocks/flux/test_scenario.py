@@ -12,7 +12,7 @@ from modular.batch.jobs import JobRunner
 from offload import NextUseStrategy, SimulatedDevice, SmallestSufficientSet, module_nbytes
 from offload.engine.replay import UseRecorder, replay
 
-MB = 1024**2
+MiB = 2**20
 SHARED = ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "vae", "scheduler")
 
 
@@ -28,10 +28,12 @@ def demo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def offloaded(demo):
-    """The quick scenario under auto offload on the scenario's simulated device, uses recorded."""
+    """The quick scenario under auto offload on the scenario's simulated device, uses recorded; each result's
+    table (``str(manager)``) in a terminal wide enough for the table, one line per model."""
     cm = ComponentsManager()
     cm.enable_auto_cpu_offload(device=SimulatedDevice(demo.budget), memory_reserve_margin=demo.margin)
-    with UseRecorder(cm.offload_engine) as recorder:
+    with UseRecorder(cm.offload_engine) as recorder, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "1000")
         results = list(JobRunner(cm, progress=False).run(_quick(demo)))
     return cm, results, recorder
 
@@ -181,14 +183,14 @@ def test_the_replay_reproduces_the_run_and_prices_the_peer(offloaded, offloaded_
 
 
 def test_seed_scale_models_weigh_the_real_ones_in_mb(tmp_path):
-    """The seed-scale repo's models weigh FLUX.1's sizes with GB read as MB (within 2%)."""
+    """The seed-scale repo's models weigh FLUX.1's sizes with GiB read as MiB (within 2%)."""
     from modular import ModularPipeline
 
     pipe = ModularPipeline.from_pretrained(make_seed_scale_repo(tmp_path / "repo"))
     pipe.load_components(torch_dtype=torch.float32)
-    sizes = {name: module_nbytes(getattr(pipe, name)) / MB for name in ("transformer", "text_encoder_2")}
+    sizes = {name: module_nbytes(getattr(pipe, name)) / MiB for name in ("transformer", "text_encoder_2")}
     assert sizes == pytest.approx({"transformer": 22.17, "text_encoder_2": 8.87}, rel=0.02)
-    assert module_nbytes(pipe.text_encoder) < MB and module_nbytes(pipe.vae) < MB
+    assert module_nbytes(pipe.text_encoder) < MiB and module_nbytes(pipe.vae) < MiB
 
 
 def test_edge_map_marks_the_strongest_gradients():
