@@ -5,11 +5,11 @@ time, with stdout captured. Two kinds of shown output are compared with doctest'
 (``ELLIPSIS``: ``...`` stands for any text, absolute temp paths and ids included; ``NORMALIZE_WHITESPACE``:
 runs of spaces and line breaks compare equal, so aligned columns may be any width):
 
-- The trailing comment of a top-level ``print(...)`` statement is that statement's output:
-  ``print(len(ids))  # 3``. Prose about a print goes on the line above it; a trailing comment on any
-  other statement is prose and is not compared. A trailing comment on a ``print`` nested in another
-  statement (a loop, a ``try``) cannot be told apart from prose, so it is refused: print at the top
-  level, or comment on the line above.
+- The trailing comment of a ``print(...)`` call is the output of the top-level statement holding it:
+  ``print(len(ids))  # 3``, or a ``try`` whose ``except`` prints the error. Prose about a print goes on
+  the line above it; a trailing comment on any other line is prose and is not compared. A comment the
+  check cannot place is refused: on a print inside a ``def`` (it prints when called), or on one of
+  several prints of one statement.
 - A ```text block is the output of the ```python block just before it (prose may stand between them,
   no other fenced block): everything that block printed. A ```text block that shows no output (a
   sketch, code that needs a real GPU or the hub) carries ``<!-- not output -->`` on the line before its
@@ -104,26 +104,43 @@ def _run_block(fence: Fence, namespace: dict, name: str, problems: list[str]) ->
     tree = ast.parse(fence.text, filename=name)
     ast.increment_lineno(tree, fence.line - 1)  # errors name the guide's own lines
     comments = dict(_trailing_comments(fence.text, fence.line - 1))
-    top_level = {id(statement.value) for statement in tree.body if isinstance(statement, ast.Expr)}
-    for node in ast.walk(tree):
-        nested = isinstance(node, ast.Call) and id(node) not in top_level
-        if nested and _is_print(node) and node.end_lineno in comments:
-            msg = (
-                f"{name}:{node.end_lineno}: the trailing comment of a print inside another statement is not "
-                "checked; print at the top level, or put the comment on the line above"
-            )
-            problems.append(msg)
     block_output = io.StringIO()
     for statement in tree.body:
+        expected = _expected_output(statement, comments, name, problems)
         captured = io.StringIO()
         with contextlib.redirect_stdout(captured):
             exec(compile(ast.Module([statement], type_ignores=[]), name, "exec"), namespace)
         output = captured.getvalue()
         block_output.write(output)
-        comment = comments.get(statement.end_lineno)
-        if _is_print(statement) and comment is not None and not matches(comment, output):
-            problems.append(f"{name}:{statement.end_lineno}: the print shows {comment!r} but printed {output.rstrip()!r}")
+        if expected is not None and not matches(expected[1], output):
+            line, shown = expected
+            problems.append(f"{name}:{line}: the print shows {shown!r} but printed {output.rstrip()!r}")
     return block_output.getvalue()
+
+
+def _expected_output(
+    statement: ast.stmt, comments: dict[int, str], name: str, problems: list[str]
+) -> tuple[int, str] | None:
+    """(line, text) of the output ``statement`` shows in its print's trailing comment, if it shows one;
+    a comment the check cannot place is added to ``problems``."""
+    prints = [node for node in ast.walk(statement) if _is_print(node) and isinstance(node, ast.Call)]
+    shown = [(node.end_lineno, comments[node.end_lineno]) for node in prints if node.end_lineno in comments]
+    if not shown:
+        return None
+    line = shown[0][0]
+    if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        problems.append(
+            f"{name}:{line}: a print in a definition prints when called, so its trailing comment is not "
+            "checked; print the call's result at the top level, or put the comment on the line above"
+        )
+        return None
+    if len(prints) > 1:
+        problems.append(
+            f"{name}:{line}: a statement with several prints shows one's output in a trailing comment; "
+            "give each its own top-level statement, or put the comment on the line above"
+        )
+        return None
+    return shown[0]
 
 
 def _is_print(node: ast.AST) -> bool:

@@ -55,11 +55,23 @@ def test_comments_on_other_statements_are_prose():
     run_guide_text(text, "fake.md")
 
 
-def test_a_comment_on_a_nested_print_is_refused():
-    """A print inside a loop cannot show its output in a trailing comment: the check says so."""
-    text = guide(block("python", "for x in (1, 2):\n    print(x)  # 1"))
-    with pytest.raises(ShownOutputError, match=r"fake.md:3: the trailing comment of a print inside"):
-        run_guide_text(text, "fake.md")
+def test_a_nested_prints_comment_is_the_output_of_its_top_level_statement():
+    """A print in an ``except`` shows the error; a print in a loop must show every pass's output."""
+    text = guide(block("python", "try:\n    int('x')\nexcept ValueError as error:\n    print(error)  # invalid literal ..."))
+    run_guide_text(text, "fake.md")
+    loop = guide(block("python", "for x in (1, 2):\n    print(x)  # 1"))
+    with pytest.raises(ShownOutputError, match=r"fake.md:3: the print shows '1' but printed '1\\n2'"):
+        run_guide_text(loop, "fake.md")
+
+
+def test_a_comment_the_check_cannot_place_is_refused():
+    """A commented print inside a def, or one of two prints in a statement, is refused, not skipped."""
+    in_def = guide(block("python", "def show():\n    print(1)  # 1"))
+    with pytest.raises(ShownOutputError, match=r"fake.md:3: a print in a definition prints when called"):
+        run_guide_text(in_def, "fake.md")
+    two = guide(block("python", "if True:\n    print(1)  # 1\n    print(2)"))
+    with pytest.raises(ShownOutputError, match=r"fake.md:3: a statement with several prints"):
+        run_guide_text(two, "fake.md")
 
 
 def test_an_unmarked_text_block_after_no_python_block_is_refused():
