@@ -91,7 +91,9 @@ def run_guide_text(text: str, name: str) -> dict:
                 )
                 problems.append(msg)
             elif not matches(fence.text, printed):
-                problems.append(f"{where}: the ```text block is not what the block before it printed.\nShown:\n{fence.text}Printed:\n{printed}")
+                problems.append(
+                    f"{where}: the ```text block is not what the block before it printed.\nShown:\n{fence.text}Printed:\n{printed}"
+                )
         previous = fence
     if problems:
         raise ShownOutputError("\n\n".join(problems))

@@ -57,7 +57,12 @@ def test_comments_on_other_statements_are_prose():
 
 def test_a_nested_prints_comment_is_the_output_of_its_top_level_statement():
     """A print in an ``except`` shows the error; a print in a loop must show every pass's output."""
-    text = guide(block("python", "try:\n    int('x')\nexcept ValueError as error:\n    print(error)  # invalid literal ..."))
+    text = guide(
+        block(
+            "python",
+            "try:\n    int('x')\nexcept ValueError as error:\n    print(error)  # invalid literal ...",
+        )
+    )
     run_guide_text(text, "fake.md")
     loop = guide(block("python", "for x in (1, 2):\n    print(x)  # 1"))
     with pytest.raises(ShownOutputError, match=r"fake.md:3: the print shows '1' but printed '1\\n2'"):

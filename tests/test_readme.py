@@ -54,7 +54,9 @@ def test_every_text_block_of_the_readme_is_a_checked_output_or_marked():
     unchecked = [
         fence.line
         for fence in fences((ROOT / "README.md").read_text())
-        if fence.language == "text" and not fence.not_output and not fence.text.startswith("$ ./scripts/demo.sh\n")
+        if fence.language == "text"
+        and not fence.not_output
+        and not fence.text.startswith("$ ./scripts/demo.sh\n")
     ]
     assert unchecked == []
 
