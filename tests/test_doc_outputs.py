@@ -1,8 +1,13 @@
 """The check of shown outputs (tests/doc_outputs.py) catches a guide that shows what its code does not print."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 
-from tests.doc_outputs import NOT_OUTPUT, ShownOutputError, matches, run_guide_text
+from tests.doc_outputs import NOT_OUTPUT, ShownOutputError, fences, matches, run_guide_text
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 FENCE = "```"
 
@@ -99,3 +104,20 @@ def test_an_ellipsis_stands_for_paths_and_ids_and_whitespace_runs_compare_equal(
     printed = "unet_140711161094800    | UNet2DConditionModel | /tmp/tmpab12/tiny-sd|unet|null|null\nmore\n"
     assert matches("unet_... | UNet2DConditionModel | .../tiny-sd|unet|null|null\n...", printed)
     assert not matches("unet_... | UNet2DConditionModel | .../tiny-sd|vae|null|null\n...", printed)
+
+
+def test_the_dry_run_batch_md_shows_is_what_modular_batch_prints(tmp_path, monkeypatch, capsys):
+    """batch.md's dry-run output (marked as no output of a python block) is what `modular batch job.json
+    --dry-run --ranks 2` prints for the guide's job before any of its entries is done."""
+    from modular.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    guide_fences = fences((DOCS / "batch.md").read_text())
+    first = next(fence for fence in guide_fences if fence.language == "python")
+    exec(compile(first.text, "batch.md", "exec"), {"__name__": "docs_batch"})  # writes tiny-sd and job.json
+    shutil.rmtree("out")  # the job as it was before its run: nothing done yet
+    capsys.readouterr()
+    assert main(["batch", "job.json", "--dry-run", "--ranks", "2"]) == 0
+    printed = capsys.readouterr().out
+    shown = next(f.text for f in guide_fences if f.language == "text" and f.text.startswith("job.json: "))
+    assert matches(shown, printed), f"batch.md shows:\n{shown}\nmodular batch printed:\n{printed}"
