@@ -1,9 +1,13 @@
-"""Every guide in docs/ runs: its ```python blocks execute in order, in one namespace per guide."""
+"""Every guide in docs/ runs and shows what it prints: its ```python blocks execute in order, in one
+namespace per guide, and each output it shows is compared with the printed one (the rules, and the
+``<!-- not output -->`` mark for a ```text block that is no output, are in tests/doc_outputs.py)."""
 
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.doc_outputs import run_guide
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 GUIDES = sorted(DOCS.glob("*.md"))
@@ -22,18 +26,10 @@ def test_every_guide_has_runnable_examples():
 
 
 @pytest.mark.parametrize("guide", GUIDES, ids=[g.name for g in GUIDES])
-def test_guide_examples_run(guide, tmp_path, monkeypatch):
-    """The guide's python blocks run without error, in a scratch folder."""
+def test_guide_examples_run_and_print_what_they_show(guide, tmp_path, monkeypatch):
+    """The guide's python blocks run without error, in a scratch folder, and print what the guide shows."""
     monkeypatch.chdir(tmp_path)
     run_guide(guide)
-
-
-def run_guide(guide: Path) -> None:
-    """Run the guide's python blocks in order, in one namespace, in the current folder."""
-    namespace = {"__name__": f"docs_{guide.stem}"}
-    for number, code in enumerate(python_blocks(guide), start=1):
-        compiled = compile(code, f"{guide.name}[block {number}]", "exec")
-        exec(compiled, namespace)
 
 
 def test_a_guide_that_writes_folders_runs_again_in_the_same_folder(tmp_path, monkeypatch):

@@ -8,8 +8,10 @@ FLUX.1-Depth-dev), with models that weigh what the real ones do with GiB read as
 transformer in each, and an 8.85 MiB T5, a 0.24 MiB CLIP and a 0.17 MiB VAE that the control repos take
 from the base repo (their ``modular_model_index.json`` names it), so the manager loads them once.
 The device holds 32 MiB (a 32 GiB card at the same scale) with a 3 MiB margin: less than one workflow's
-models, so T5 leaves when a transformer comes, the previous transformer leaves when the next
-workflow's T5 comes, and CLIP and the VAE, small and used by every workflow, stay.
+models, so T5 keeps only a prefix of its weights while a transformer runs (its tail leaves; nothing is
+copied back), the previous transformer leaves when the next workflow's T5 comes, and the VAE, small and
+used by every workflow, stays. CLIP, the smallest model the first call no longer needs, makes room for
+its decode once (keeping a sliver) and is back whole for the next workflow.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ _ABOUT = """\
 Three repos shaped like FLUX.1-dev, FLUX.1-Canny-dev and FLUX.1-Depth-dev at 1/1024 of their size
 (GiB read as MiB): a 22 MiB transformer each; the control repos take CLIP, T5, the VAE, the tokenizers
 and the scheduler from the base repo, so the manager loads those once. The device holds 32 MiB with
-a 3 MiB margin, less than one workflow needs: watch T5 and the previous transformer leave while CLIP
-and the VAE stay. The control images are made from the text-to-image result (edges; a depth-like map)."""
+a 3 MiB margin, less than one workflow needs: watch T5 keep only part of its weights while each
+transformer runs, the previous transformer leave, and the VAE stay (CLIP makes room for the first
+decode, then is back). The control images are made from the text-to-image result (edges; a depth-like map)."""
 
 
 def _control_from(source: str, make: Callable[[Any], Any]) -> Callable[[Mapping[str, np.ndarray]], dict]:
