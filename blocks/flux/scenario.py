@@ -42,12 +42,15 @@ _CANNY = {"num_inference_steps": 50, "guidance_scale": 30.0}
 _DEPTH = {"num_inference_steps": 30, "guidance_scale": 10.0}
 
 _ABOUT = """\
-Three repos shaped like FLUX.1-dev, FLUX.1-Canny-dev and FLUX.1-Depth-dev at 1/1024 of their size
-(GiB read as MiB): a 22 MiB transformer each; the control repos take CLIP, T5, the VAE, the tokenizers
-and the scheduler from the base repo, so the manager loads those once. The device holds 32 MiB with
-a 3 MiB margin, less than one workflow needs: watch T5 keep only part of its weights while each
-transformer runs, the previous transformer leave, and the VAE stay (CLIP makes room for the first
-decode, then is back). The control images are made from the text-to-image result (edges; a depth-like map)."""
+The example of diffusers PR #10572. Three repos shaped like FLUX.1-dev,
+FLUX.1-Canny-dev and FLUX.1-Depth-dev at 1/1024 of their size (GiB read as
+MiB): a 22 MiB transformer each; the control repos take CLIP, T5, the VAE, the
+tokenizers and the scheduler from the base repo, so the manager loads those
+once. The device holds 32 MiB with a 3 MiB margin, less than one workflow
+needs: watch T5 keep only part of its weights while each transformer runs, the
+previous transformer leave, and the VAE stay (CLIP makes room for the first
+decode, then is back). The control images are made from the text-to-image
+result (edges; a depth-like map)."""
 
 
 def _control_from(source: str, make: Callable[[Any], Any]) -> Callable[[Mapping[str, np.ndarray]], dict]:
@@ -94,8 +97,5 @@ def seed_scenario(folder: str | Path) -> Demo:
         _control_job("canny", canny, {**common, **_CANNY}, edge_map),
         _control_job("depth", depth, {**common, **_DEPTH}, depth_like_map),
     )
-    title = (
-        "FLUX.1 text-to-image, then Canny and Depth control, on one ComponentsManager "
-        "(the example of diffusers PR #10572)"
-    )
+    title = "FLUX.1 text-to-image, then Canny and Depth control, on one ComponentsManager"
     return Demo(title=title, jobs=jobs, budget=BUDGET, margin=MARGIN, about=_ABOUT)

@@ -19,9 +19,10 @@ __all__ = ["fit_lines", "inspect_command", "shown_load_id"]
 _CONTINUED = "    "  # a wrapped line goes on under its own indent, this much further in
 
 
-def fit_lines(lines: Iterable[str], width: int) -> list[str]:
+def fit_lines(lines: Iterable[str], width: int, *, split_words: bool = True) -> list[str]:
     """``lines`` with each one longer than ``width`` wrapped at spaces, its continuation lines indented under
-    it (its own indent plus four spaces); a word longer than a line is broken."""
+    it (its own indent plus four spaces); a word longer than a line is broken unless ``split_words=False``
+    (a path stays whole, to be copied)."""
     out = []
     for line in lines:
         if len(line) <= width:
@@ -33,6 +34,7 @@ def fit_lines(lines: Iterable[str], width: int) -> list[str]:
             width,
             subsequent_indent=indent + _CONTINUED,
             break_on_hyphens=False,
+            break_long_words=split_words,
             drop_whitespace=True,
         )
     return out

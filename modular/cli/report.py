@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ from offload.strategies.strategy import strategy_name
 __all__ = ["job_header", "model_labels", "offload_summary", "save_job", "save_plot", "size_text"]
 
 Print = Callable[[str], Any]
+#: The run report's prose lines fit an 80-column terminal (the CLI wraps what a narrower one needs).
+_PROSE_WIDTH = 78
 
 
 def size_text(nbytes: int, unit: int) -> str:
@@ -78,6 +81,13 @@ def model_labels(manager: Any, uses: Sequence[Any]) -> dict[str, str]:
     return labels
 
 
+def _prose(text: str) -> list[str]:
+    """``text`` wrapped to the report's width, indented two spaces, a size never split from its unit."""
+    kept = re.sub(r"(\d) (B|KiB|MiB|GiB)\b", "\\1\u00a0\\2", text)  # textwrap breaks only at ASCII spaces
+    lines = textwrap.wrap(kept, _PROSE_WIDTH, initial_indent="  ", subsequent_indent="  ")
+    return [line.replace("\u00a0", " ") for line in lines]
+
+
 def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: int) -> list[str]:
     """The run's bytes each way, models that left the device (whole or down to a prefix) and peak, beside
     the peer's rule replayed on the same uses."""
@@ -103,7 +113,7 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
                 f"{r.left_device} ({r.evictions} whole, {r.shrinks} shrunk)",
                 size_text(r.peak_resident_bytes, unit),
             )
-            for name, r in ((f"ours ({ours.strategy})", ours), (f"the peer's rule ({peer.strategy})", peer))
+            for name, r in (("ours", ours), ("the peer's rule", peer))
         ),
     ]
     widths = [max(len(row[k]) for row in rows) for k in range(5)]
@@ -116,12 +126,15 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
     ]
     uses = sum(1 for kind, _ in recorder.events if kind == "use")
     return [
-        f"Offload over the run ({len(log)} decisions, {uses} model uses; budget {size_text(budget, unit)}, "
-        f"margin {size_text(margin, unit)}):",
+        f"Offload over the run ({len(log)} decisions, {uses} model uses):",
         *table,
-        "  Left the device: victims evicted whole, or shrunk to a resident prefix (only their tail left).",
-        "  The peer's rule ran on the same model uses in a simulated replay. It moves each victim back",
-        '  with module.to("cpu"), so every evicted byte is copied back; ours keeps a host copy instead.',
+        *_prose(
+            f"Ours is {ours.strategy}; the peer's rule is {peer.strategy}, replayed on the same model uses "
+            f"with the same budget ({size_text(budget, unit)}) and margin ({size_text(margin, unit)}). "
+            "Left the device: victims evicted whole, or shrunk to a resident prefix (only their tail left). "
+            'The peer\'s rule moves each victim back with module.to("cpu"), so every evicted byte is copied '
+            "back; ours keeps a host copy instead."
+        ),
     ]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from modular.batch.output_folder import unwritable_reason
 from modular.cli import report as cli_report
 from modular.cli.arg_types import byte_size, positive_int, seed_number
 from modular.cli.args import DEFAULT_FAMILY, DEFAULT_PROMPT, add_job_arguments
+from modular.cli.inspect_command import fit_lines
 from modular.families import BlockFamily, available_families, family_for_index
 from modular.pipeline.index import read_index
 from offload.devices.budget import BudgetedDevice
@@ -285,6 +287,7 @@ def run_command(
     args: argparse.Namespace, thens: Sequence[argparse.Namespace], out: Callable[[str], Any] = print
 ) -> RunOutcome:
     """Run the jobs of one command line, printing a table after each and a summary at the end."""
+    width = shutil.get_terminal_size().columns
     folder = Path(args.output or args.out or "out")
     problem = unwritable_reason(folder)  # before anything loads: a run must not end unable to save
     if problem is not None:
@@ -310,7 +313,7 @@ def run_command(
             unit = cli_report.unit_for(budget or margin or 1)
             size = f", budget {cli_report.size_text(budget, unit)}" if budget is not None else ""
             out(
-                f"Auto offload on {device_text}{size}, margin {cli_report.size_text(margin, unit)}, "
+                f"Auto offload on {device_text}{size}, margin {cli_report.size_text(margin, unit)};\n"
                 f"strategy {strategy}.\n"
             )
         runner = JobRunner(manager, progress=False if args.quiet else None, input_flags=INPUT_FLAGS)
@@ -318,7 +321,12 @@ def run_command(
         with _recording(manager) as recorder:
             for number, result in enumerate(runner.run(jobs), start=1):
                 results.append(result)
-                out("\n".join(cli_report.job_header(number, len(jobs), result)))
+                # The header's list of components wraps to the width; paths and tables are never split.
+                out(
+                    "\n".join(
+                        fit_lines(cli_report.job_header(number, len(jobs), result), width, split_words=False)
+                    )
+                )
                 if getattr(args, "table", True):
                     out(result.table)
                 out("")

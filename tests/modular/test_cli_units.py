@@ -10,6 +10,7 @@ def test_budget_and_margin_are_echoed_as_the_bytes_typed(tmp_path, capsys):
     argv += ["--margin", "3MB", "--quiet", "--no-table", "--output", str(tmp_path / "out")]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "Auto offload on a simulated device, budget 30.52 MiB, margin 2.86 MiB, strategy" in printed
-    assert "budget 30.52 MiB, margin 2.86 MiB):" in printed  # the offload summary's header
+    assert "Auto offload on a simulated device, budget 30.52 MiB, margin 2.86 MiB;\nstrategy" in printed
+    # the offload summary's prose
+    assert "with the same budget (30.52 MiB) and margin (2.86 MiB)" in " ".join(printed.split())
     assert " MB" not in printed and " GB" not in printed
