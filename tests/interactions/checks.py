@@ -150,7 +150,7 @@ def assert_sides_agree(main: Side, shadow: Side) -> None:
             mine, theirs = told(main, main_id), told(shadow, shadow_id)
             assert mine == theirs, f"{pipe_name}.{name}: the manager says {mine}; without offload {theirs}"
     assert sharing(main) == sharing(shadow)
-    table = str(main.cm)
+    table = main.cm.table()  # the full table: print(cm) fits the terminal, shortening load IDs
     for obj in main.models().values():
         load_id = get_load_id(obj)
         if load_id is not None:

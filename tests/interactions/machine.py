@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from components import ComponentsManager
 from components.model_info import lora_info
-from offload import HostBudgetError, ModelTooLargeError, SimulatedDevice, module_nbytes
+from offload import DeviceMoveError, HostBudgetError, ModelTooLargeError, SimulatedDevice, module_nbytes
 from offload.partial.groups import split_groups
 from offload.partial.streaming import smallest_layout
 
@@ -83,6 +83,7 @@ class InteractionMachine(RuleBasedStateMachine):
         self.scratch = Path(tempfile.mkdtemp(prefix="interactions-"))
         self.counter = itertools.count()
         self.trace = []
+        self.host_budget: int | None = None  # the side under test's, while offload is on
 
     # ----- how rules run -----
     def both(self, label: str, operation: Callable[[Side], Any]) -> Outcome:
@@ -201,8 +202,15 @@ class InteractionMachine(RuleBasedStateMachine):
         self.both(f"{name}.unload_ip_adapter()", lambda side: side.pipes[name].unload_ip_adapter())
 
     # ----- loading, sharing, lifetime -----
+    # Not under a host budget: a quantized model larger than it has no file holding its quantized form, and
+    # loading one is refused by design (HostBudgetError, documented at enable_auto_cpu_offload), a refusal the
+    # shadow, which never offloads, has no counterpart for.
     @precondition(
-        lambda self: torchao_config() is not None and any(PIPELINES[n] == "sd" for n in self.live())
+        lambda self: (
+            torchao_config() is not None
+            and self.host_budget is None
+            and any(PIPELINES[n] == "sd" for n in self.live())
+        )
     )
     @rule(data=st.data())
     def load_quantized_unet(self, data):
@@ -254,6 +262,19 @@ class InteractionMachine(RuleBasedStateMachine):
             pipe.update_components(scheduler=EulerDiscreteScheduler.from_config(pipe.scheduler.config))
 
         self.both(f"{name}.update_components(scheduler=Euler)", update)
+
+    @rule(data=st.data())
+    def convert_vae_and_back(self, data):
+        """``vae.to(float64)`` then ``.to(float32)``: under offload the conversion goes through the engine
+        (host copy converted, size measured again), and the round trip is exact."""
+        name = data.draw(st.sampled_from(self.live()), label="pipeline")
+
+        def round_trip(side):
+            vae = side.pipes[name].vae
+            vae.to(torch.float64)
+            vae.to(torch.float32)
+
+        self.both(f"{name}.vae.to(float64).to(float32)", round_trip)
 
     @precondition(lambda self: len(self.live()) > 1)
     @rule(data=st.data())
@@ -338,6 +359,8 @@ class InteractionMachine(RuleBasedStateMachine):
         if done.error is not None:  # refused: a model too large for its share of the host budget
             assert issubclass(done.error, (HostBudgetError, ModelTooLargeError)), done
             assert self.main.cm.offload_engines == engines, f"{label} raised {done} and changed the engines"
+        else:
+            self.host_budget = host_budget
 
     @precondition(lambda self: self.main.cm.auto_offload_enabled)
     @rule()
@@ -345,6 +368,7 @@ class InteractionMachine(RuleBasedStateMachine):
         done = self.on_main("disable_auto_cpu_offload()", lambda side: side.cm.disable_auto_cpu_offload())
         assert done.error is None, done
         assert not self.main.cm.auto_offload_enabled
+        self.host_budget = None
 
     # ----- refused on purpose: a clear error, and nothing changed -----
     @precondition(lambda self: set(self.live()) - set(self.with_lora()))
@@ -361,6 +385,18 @@ class InteractionMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(self.with_lora()), label="pipeline")
         self.refused(
             f"{name}.set_adapters('nope')", ValueError, lambda side: side.pipes[name].set_adapters("nope")
+        )
+
+    @precondition(lambda self: self.main.cm.auto_offload_enabled)
+    @rule(data=st.data())
+    def move_a_pipeline_by_hand(self, data):
+        """``pipe.to("meta")`` under auto offload would move weights the engine places: refused, nothing moved."""
+        name = data.draw(st.sampled_from(self.live()), label="pipeline")
+        self.refused(
+            f"{name}.to('meta') under auto offload",
+            DeviceMoveError,
+            lambda side: side.pipes[name].to("meta"),
+            main_only=True,
         )
 
     @rule()
@@ -403,6 +439,10 @@ class InteractionMachine(RuleBasedStateMachine):
         if cm.auto_offload_enabled:
             assert cm.offload_log is not None
             str(cm.offload_log)
+            # The peer's record is read from the same log: its counts are the log's moves.
+            summary = cm.offload_record.summary()
+            assert summary["onloads"] >= summary["peak_co_residency"] >= 0, summary
+            str(cm.offload_record)
 
     def teardown(self):
         try:
