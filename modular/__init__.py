@@ -16,6 +16,7 @@ from modular.errors import (
     BlockCodeError,
     BlockCompositionError,
     BlockRepoError,
+    CallCancelled,
     ComponentNotLoadedError,
     IndexFileError,
     InputTypeError,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from components import ComponentsManager, ComponentSpec, ConfigSpec
     from modular.families import BlockFamily, available_families, register_family
     from modular.framework.block import ModularPipelineBlocks
+    from modular.framework.call_watch import CancelToken, Preview, ProgressEvent
     from modular.framework.conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
     from modular.framework.loop import LoopSequentialPipelineBlocks
     from modular.framework.params import InputParam, OutputParam
@@ -54,6 +56,8 @@ __all__ = [
     "BlockRepoError",
     "BlockSource",
     "BlockState",
+    "CallCancelled",
+    "CancelToken",
     "ComponentNotLoadedError",
     "ComponentSpec",
     "ComponentsManager",
@@ -68,6 +72,8 @@ __all__ = [
     "ModularPipelineBlocks",
     "OutputParam",
     "PipelineState",
+    "Preview",
+    "ProgressEvent",
     "SaveTargetInUseError",
     "SequentialPipelineBlocks",
     "UnknownInputError",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BlockCompositionError",
     "MissingInputError",
@@ -13,6 +15,7 @@ __all__ = [
     "SaveTargetInUseError",
     "BlockRepoError",
     "BlockCodeError",
+    "CallCancelled",
 ]
 
 
@@ -81,3 +84,28 @@ class BlockRepoError(ValueError):
 
 class BlockCodeError(BlockRepoError, ImportError):
     """A block repo's code does not parse or fails while it is imported; the original error is chained."""
+
+
+class CallCancelled(RuntimeError):
+    """A call stopped because its ``cancel`` was set (``pipe(..., cancel=event)``), before a block or a step.
+
+    Attributes:
+        block: the name of the block it stopped at (dotted when nested).
+        step: the step (0-based) of that block's denoising loop it stopped before, or ``None`` between blocks.
+        total: the loop's number of steps, or ``None``.
+        reason: what the canceller said (``CancelToken.cancel(reason)``), or ``None``.
+    """
+
+    def __init__(
+        self, block: str, step: int | None = None, total: int | None = None, reason: str | None = None
+    ):
+        self.block = block
+        self.step = step
+        self.total = total
+        self.reason = reason
+        where = f"block {block!r}" if step is None else f"step {step + 1} of {total} of block {block!r}"
+        said = f": {reason}" if reason else ""
+        super().__init__(f"the call was cancelled before {where}{said}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (a call in another process reports it)
+        return (type(self), (self.block, self.step, self.total, self.reason))

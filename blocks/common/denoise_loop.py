@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from modular import InputParam, LoopSequentialPipelineBlocks, OutputParam, PipelineState
+from modular.framework.call_watch import watch_of
 
 from .lora_scale import denoiser_weights_kept_at_scale_zero
 
@@ -22,6 +23,9 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
     """
 
     block_names = ["before_denoiser", "denoiser", "after_denoiser"]
+
+    # What every classic pipeline's callback_on_step_end offers; a family adds the rest of its own.
+    _callback_tensor_inputs = ("latents",)
 
     description = (
         "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."
@@ -48,6 +52,9 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
         denoisers = [getattr(components, spec.name, None) for spec in self.loop_expected_components]
         values = block_state.__dict__
         attention_kwargs = values.get("cross_attention_kwargs") or values.get("joint_attention_kwargs")
+        watch = watch_of(components)  # None unless the call asked for callbacks, cancel, progress or previews
+        if watch is not None:
+            watch.loop_started(self, len(block_state.timesteps))
         ticks = progress_ticks(
             len(block_state.timesteps),
             block_state.num_inference_steps,
@@ -58,7 +65,11 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
             self.progress_bar(total=sum(ticks)) as progress_bar,
         ):
             for i, t in enumerate(block_state.timesteps):
+                if watch is not None and watch.stops_before_step(i):
+                    break  # interrupted: the classic pipelines skip the remaining steps and decode
                 components, block_state = self.loop_step(components, block_state, i=i, t=t)
+                if watch is not None:
+                    watch.step_finished(self, components, block_state, t)
                 if ticks[i]:
                     progress_bar.update()
         self.set_block_state(state, block_state)

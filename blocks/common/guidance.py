@@ -77,7 +77,13 @@ def guidance_scale_of(components: Any, given: float | None, default: float) -> f
     """The call's classifier-free guidance scale: `given` when the caller passed one (for that call only), else
     the ``guider`` component's own (so ``update_components(guider=ClassifierFreeGuidance(guidance_scale=3.0))``
     sets the scale of every call that passes none), else `default`, the family's classic scale, for blocks run
-    without a guider. Every block that reads ``guidance_scale`` reads it through here, so they agree."""
+    without a guider. Every block that reads ``guidance_scale`` reads it through here, so they agree.
+
+    A step callback that sets ``pipeline._guidance_scale`` (diffusers' CFG cutoff callbacks set 0.0) sets the
+    scale of the call's remaining steps, as in the classic pipelines, which read the scale at every step."""
+    from_callback = getattr(components, "_guidance_scale", None)
+    if isinstance(from_callback, int | float) and not isinstance(from_callback, bool):
+        return from_callback
     if given is not None:
         return given
     scale = getattr(getattr(components, GUIDER, None), "guidance_scale", None)

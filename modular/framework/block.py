@@ -190,6 +190,18 @@ class ModularPipelineBlocks:
                     if key in values and values[key] is not current:
                         state.set(key, values[key], param.kwargs_type)
 
+    #: The block-state values a step callback may read and replace (``callback_on_step_end_tensor_inputs``);
+    #: a denoising loop declares them (the names the family's classic pipeline offers), as the peer's blocks do.
+    _callback_tensor_inputs: tuple[str, ...] = ()
+
+    @property
+    def callback_tensor_inputs(self) -> list[str]:
+        """The names a step callback can ask for: this block's and its sub-blocks' (whichever loop runs)."""
+        names = list(self._callback_tensor_inputs)
+        for block in self.sub_blocks.values():
+            names += [name for name in block.callback_tensor_inputs if name not in names]
+        return names
+
     # ----- running -----
     def set_progress_bar_config(self, **kwargs: Any) -> None:
         """Configure the progress bars of the loops in this block (a leaf has none)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from components import ComponentSpec, ConfigSpec
 from modular.errors import BlockCompositionError
@@ -13,6 +13,9 @@ from modular.framework.params import OutputParam
 from modular.framework.state import PipelineState
 from modular.framework.steps import Step
 from modular.framework.sub_blocks import SubBlocks
+
+if TYPE_CHECKING:
+    from modular.framework.call_watch import CallWatch
 
 __all__ = ["CompositeBlocks", "run_child", "run_steps"]
 
@@ -30,13 +33,23 @@ def run_child(name: str, block: ModularPipelineBlocks, *args: Any, **kwargs: Any
         raise
 
 
-def run_steps(steps: Iterable[Step], components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
-    """Run steps in order; each runs its block (a loop iterates, a choice chooses on the state then)."""
+def run_steps(
+    steps: Iterable[Step], components: Any, state: PipelineState, watch: CallWatch | None = None
+) -> tuple[Any, PipelineState]:
+    """Run steps in order; each runs its block (a loop iterates, a choice chooses on the state then).
+
+    With a call's ``watch`` (``modular/framework/call_watch.py``), its cancel is checked before each step and
+    it reports each step's start and end."""
     for step in steps:
+        if watch is not None:
+            stage = ".".join(step.path) or type(step.block).__name__
+            watch.block_started(stage)
         if step.path:
             components, state = run_child(step.name, step.block, components, state)
         else:  # the walked block itself is a leaf or a loop: its caller names it
             components, state = step.block(components, state)
+        if watch is not None:
+            watch.block_finished(stage)
     return components, state
 
 

@@ -96,6 +96,45 @@ class LoopSequentialPipelineBlocks(CompositeBlocks):
             components, block_state = run_child(name, block, components, block_state, **loop_kwargs)
         return components, block_state
 
+    # ----- what a call's watch asks of a loop (modular/framework/call_watch.py) -----
+    def callback_values(
+        self, components: Any, block_state: BlockState, names: Iterable[str]
+    ) -> dict[str, Any]:
+        """The ``callback_kwargs`` a step callback gets: each named value of the block state. A family whose
+        classic pipeline holds a value in another layout (classifier-free guidance's doubled batch) overrides
+        this and :meth:`take_callback_values` together."""
+        values = block_state.__dict__
+        missing = [name for name in names if name not in values]
+        if missing:
+            msg = (
+                f"{type(self).__name__}: the step callback asks for {missing}, which this call's loop has no "
+                f"value for (an optional input not given?); it has {sorted(values)}"
+            )
+            raise ValueError(msg)
+        return {name: values[name] for name in names}
+
+    def take_callback_values(
+        self, components: Any, block_state: BlockState, updates: Mapping[str, Any]
+    ) -> None:
+        """Puts the values a step callback returned into the block state, also where a group of inputs
+        (``kwargs_type``, e.g. ``denoiser_input_fields``) holds the same value."""
+        values = block_state.__dict__
+        for name, value in updates.items():
+            old = values.get(name)
+            values[name] = value
+            for group in values.values():
+                if isinstance(group, dict) and name in group and group[name] is old:
+                    group[name] = value
+
+    def offers_previews(self, decoder: Any = None) -> bool:
+        """Whether :meth:`preview_images` can make previews (with ``decoder``, or by the family's own map)."""
+        return False
+
+    def preview_images(self, components: Any, block_state: BlockState, decoder: Any = None) -> list[Any]:
+        """RGB images (``PIL.Image.Image``, one per image of the batch) of the current latents."""
+        msg = f"{type(self).__name__} cannot make previews"
+        raise NotImplementedError(msg)
+
     def progress_bar(self, iterable: Any = None, total: int | None = None) -> tqdm:
         """A progress bar configured by :meth:`set_progress_bar_config` (``disable=True`` hides it;
         ``tqdm_class=...`` makes it of another class taking tqdm's arguments, as in ``tqdm.contrib``)."""

@@ -10,6 +10,7 @@ from diffusers import SchedulerMixin
 from modular.framework.state import PipelineState
 
 if TYPE_CHECKING:
+    from modular.framework.call_watch import CallWatch
     from modular.pipeline.pipeline import ModularPipeline
 
 __all__ = ["CallComponents", "fresh_state"]
@@ -23,8 +24,9 @@ class CallComponents:
     Everything else is the pipeline's own object.
     """
 
-    def __init__(self, pipeline: ModularPipeline) -> None:
+    def __init__(self, pipeline: ModularPipeline, watch: CallWatch | None = None) -> None:
         self._pipeline = pipeline
+        self._call_watch = watch
         self._copies = {
             name: copy.deepcopy(obj)
             for name, obj in pipeline._components.items()
@@ -36,6 +38,44 @@ class CallComponents:
         if name in copies:
             return copies[name]
         return getattr(self.__dict__["_pipeline"], name)
+
+    # ----- what a step callback reads and sets (diffusers' callbacks take the pipeline as this view) -----
+    @property
+    def pipeline(self) -> ModularPipeline:
+        """The pipeline this call runs."""
+        return self._pipeline
+
+    @property
+    def interrupt(self) -> bool:
+        """Set by a step callback (``pipeline.interrupt = True``): the call skips its remaining steps."""
+        watch = self._call_watch
+        return watch is not None and watch.interrupted
+
+    @interrupt.setter
+    def interrupt(self, value: bool) -> None:
+        if self._call_watch is not None:
+            self._call_watch.interrupted = bool(value)
+
+    # The classic pipelines' callbacks set ``pipeline._interrupt``; the peer's set ``pipeline.interrupt``.
+    _interrupt = interrupt
+
+    @property
+    def _guidance_scale(self) -> float | None:
+        """Set by a step callback (``pipeline._guidance_scale = 0.0``, as diffusers' CFG cutoff callbacks do):
+        the guidance scale of the call's remaining steps; ``None`` while no callback set one."""
+        watch = self._call_watch
+        return None if watch is None else watch.guidance_scale
+
+    @_guidance_scale.setter
+    def _guidance_scale(self, value: float) -> None:
+        if self._call_watch is not None:
+            self._call_watch.guidance_scale = value
+
+    @property
+    def num_timesteps(self) -> int | None:
+        """The running denoising loop's number of steps (diffusers' callbacks read it)."""
+        watch = self._call_watch
+        return None if watch is None else watch.num_timesteps
 
 
 def fresh_state(state: PipelineState | None) -> PipelineState:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -16,6 +17,7 @@ from modular.adapters.ip_adapter import IPAdapterMethods
 from modular.adapters.lora import LoraMixin
 from modular.adapters.model_changes import running
 from modular.framework.block import ModularPipelineBlocks
+from modular.framework.call_watch import Preview, ProgressEvent, call_watch_of, loops_of
 from modular.framework.composite import run_steps
 from modular.framework.planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
 from modular.framework.state import PipelineState
@@ -203,8 +205,40 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
             self._blocks.set_progress_bar_config(**kwargs)
 
     # ----- running -----
+    #: diffusers' name for the flag a step callback sets to stop the denoising loop. A call resets it when it
+    #: starts and leaves it as its callbacks set it (each call has its own flag while it runs).
+    _interrupt = False
+    #: The peer keeps the call's callback here while it runs; ours lives in the call's watch, so this stays None.
+    _callback_on_step_end = None
+
+    @property
+    def interrupt(self) -> bool:
+        """Whether the last call that ended was interrupted by its step callback (``pipeline.interrupt = True``)."""
+        return self._interrupt
+
+    @interrupt.setter
+    def interrupt(self, value: bool) -> None:
+        self._interrupt = bool(value)
+
+    @property
+    def callback_tensor_inputs(self) -> list[str]:
+        """The names ``callback_on_step_end_tensor_inputs`` may list: those the blocks' denoising loops offer
+        (which of them a call has depends on its workflow)."""
+        return self._blocks.callback_tensor_inputs
+
     def __call__(
-        self, state: PipelineState | None = None, output: str | list[str] | None = None, **kwargs: Any
+        self,
+        state: PipelineState | None = None,
+        output: str | list[str] | None = None,
+        *,
+        callback_on_step_end: Callable[..., dict[str, Any]] | None = None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
+        cancel: Any = None,
+        on_progress: Callable[[ProgressEvent], Any] | None = None,
+        preview_every: int | None = None,
+        on_preview: Callable[[Preview], Any] | None = None,
+        preview_decoder: Any = None,
+        **kwargs: Any,
     ):
         """Run the blocks on these inputs under ``torch.inference_mode()``.
 
@@ -214,12 +248,45 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
         unloaded components and unknown outputs are errors that change nothing. A change of one of its models
         by another thread (a LoRA or IP-Adapter call, a removal, on a pipeline sharing the model) waits for
         the call to end, and the call waits for a change in progress (``modular/adapters/model_changes.py``).
+
+        Watching and stopping the call (docs/callbacks.md):
+            callback_on_step_end: ``callback(pipeline, step_index, timestep, callback_kwargs) -> dict`` after
+                every denoising step, as in diffusers (``PipelineCallback`` objects too); ``step_index`` counts
+                the steps of every loop of the call; the dict's tensors replace the loop's. ``pipeline`` is the
+                call's view of this pipeline: ``pipeline.interrupt = True`` skips the remaining steps.
+            callback_on_step_end_tensor_inputs: the names in ``callback_kwargs`` (default ``["latents"]``; see
+                ``callback_tensor_inputs``).
+            cancel: a ``threading.Event`` or ``modular.CancelToken``; once set, the call raises
+                ``modular.CallCancelled`` before its next block or step.
+            on_progress: called with a ``modular.ProgressEvent`` as each block starts and ends and after
+                each denoising step.
+            on_preview, preview_every, preview_decoder: every ``preview_every`` steps (default 1),
+                ``on_preview`` gets a ``modular.Preview`` of the current latents.
+
+        Raises:
+            TypeError, ValueError: a watching keyword of the wrong kind, or tensors a loop does not offer
+                (before anything runs); a callback's result that is not a dict of offered names (at its step).
+            CallCancelled: ``cancel`` was set.
         """
+        self._interrupt = (
+            False  # diffusers resets the flag when a call starts, also one that fails its checks
+        )
+        watch = call_watch_of(
+            callback_on_step_end,
+            callback_on_step_end_tensor_inputs,
+            cancel,
+            on_progress,
+            preview_every,
+            on_preview,
+            preview_decoder,
+        )
         # Running on its models from the plan on: a change of them (a LoRA, an IP-Adapter, a removal) by a
         # pipeline sharing them waits for this call to end, and this call for a change in progress.
         with running(self):
             plan, inputs = self._plan(kwargs, state)
             check_output(output, plan, inputs.keys() | (state.values.keys() if state is not None else set()))
+            if watch is not None:
+                watch.check_loops(loops_of(plan.steps))
             state = fresh_state(state)
             # Only what was given goes into the state: each block applies its own default to a missing value.
             for name, (value, kwargs_type) in inputs.items():
@@ -227,8 +294,12 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
             cm = self._components_manager
             if cm is not None:
                 cm.set_execution_plan(self._models_in_order(plan))
-            with torch.inference_mode():
-                _, state = run_steps(plan.steps, CallComponents(self), state)
+            try:
+                with torch.inference_mode():
+                    _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
+            finally:
+                if watch is not None:
+                    self._interrupt = watch.interrupted
             return call_result(
                 state, output
             )  # tensors cloned out of inference mode (modular/pipeline/outputs.py)
