@@ -17,6 +17,7 @@ per call:
     python benchmarks/overhead.py --run python --repeats 100
     python benchmarks/overhead.py --run default --threads 2 --output-type latent
     python benchmarks/overhead.py --run grad      # inference_mode + clones (ours) vs no_grad
+    python benchmarks/overhead.py --run watch --steps 4   # step callbacks, progress, cancel, previews vs none
 
 Runs in well under a minute on 2 CPU cores.
 """
@@ -163,10 +164,69 @@ def report_grad_modes(ours, args) -> None:
             )
 
 
+def watch_runners(ours, inputs: dict[str, Any], previews: bool) -> list[tuple[str, Callable[[], Any]]]:
+    """Our call with none of the watching keywords (no CallWatch is made), with a step callback that changes
+    nothing, with an ``on_progress`` that does nothing, with an unset cancel token, and (where the family has a
+    latent-to-RGB map) with a preview every step."""
+    from modular import CancelToken
+
+    def call(**watching: Any) -> Callable[[], Any]:
+        def run():
+            generator = torch.Generator("cpu").manual_seed(0)
+            return ours(generator=generator, output="images", **inputs, **watching)
+
+        return run
+
+    modes = [
+        ("no keyword", call()),
+        ("empty callback", call(callback_on_step_end=lambda pipe, i, t, tensors: {})),
+        ("empty on_progress", call(on_progress=lambda event: None)),
+        ("unset cancel", call(cancel=CancelToken())),
+    ]
+    if previews:
+        modes.append(("preview every step", call(preview_every=1, on_preview=lambda preview: None)))
+    return modes
+
+
+def report_watch(ours, args) -> None:
+    """Medians of our call with each watching keyword, against the same call with none, on the Python-bound
+    run (64x64, latents out) with ``--steps`` steps, so the per-step cost shows."""
+    inputs = {
+        "prompt": PROMPT,
+        "num_inference_steps": args.steps,
+        "output_type": "latent",
+        "height": 64,
+        "width": 64,
+    }
+    previews = any(loop.offers_previews() for loop in _loops_under(ours.blocks))
+    modes = watch_runners(ours, inputs, previews)
+    outputs = [runner() for _, runner in modes]
+    same = all(torch.equal(outputs[0], other) for other in outputs[1:])
+    medians = measure(modes, args.repeats, args.warmup)
+    base = medians["no keyword"]
+    print(
+        f"[watch] tiny SD text-to-image, {args.steps} step(s), 64x64, output_type='latent', {args.repeats} "
+        f"alternating rounds after {args.warmup} warm-up rounds, {torch.get_num_threads()} thread(s)"
+    )
+    print(f"  outputs identical: {same}")
+    for name, _ in modes:
+        median = medians[name]
+        print(f"  {name:<20} median {median * 1e3:8.2f} ms/call  ratio to no keyword {median / base:.3f}")
+
+
+def _loops_under(block) -> list[Any]:
+    from modular import LoopSequentialPipelineBlocks
+
+    found = [block] if isinstance(block, LoopSequentialPipelineBlocks) else []
+    for child in block.sub_blocks.values():
+        found += _loops_under(child)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--run", default="both", choices=["both", "default", "python", "grad"], help="which runs"
+        "--run", default="both", choices=["both", "default", "python", "grad", "watch"], help="which runs"
     )
     parser.add_argument("--repeats", type=int, default=30, help="timed calls of each pipeline")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls of each pipeline first")
@@ -199,6 +259,8 @@ def main() -> None:
         report("python", inputs, ours, theirs, args, "Python overhead dominates; must not grow")
     if args.run == "grad":
         report_grad_modes(ours, args)
+    if args.run == "watch":
+        report_watch(ours, args)
 
 
 if __name__ == "__main__":
