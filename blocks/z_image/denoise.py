@@ -140,13 +140,24 @@ class ZImageLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         return block_state.call_guider
 
     def __call__(self, components, block_state, i, t):
+        call_scale = guidance_scale(components, block_state.guidance_scale)
+        guided = do_classifier_free_guidance(call_scale)
+        if guided and block_state.negative_prompt_embeds is None:
+            # Only a step callback can turn guidance on mid-call (the input step checks the call's own scale);
+            # the classic pipeline fails inside the transformer then.
+            msg = (
+                f"{type(self).__name__}: a step callback set pipeline._guidance_scale to {call_scale} (> 0) in a "
+                "call that began without guidance (guidance_scale 0), so there are no negative embeddings to "
+                "guide with; start the call with guidance_scale > 0 (a callback may then set 0 to stop "
+                "guidance), or leave the scale at 0"
+            )
+            raise ValueError(msg)
         guider = self.call_guider(components, block_state)
         # cfg_truncation turns classifier-free guidance off per step: the guider's neutral scale.
         scale = block_state.step_guidance_scale
         guider.guidance_scale = scale if do_classifier_free_guidance(scale) else neutral_scale(guider)
         guider.set_state(step=i, num_inference_steps=len(block_state.timesteps), timestep=t)
         # Without guidance the prompt stands in for the negative (PAG's perturbed pass reads that slot).
-        guided = do_classifier_free_guidance(guidance_scale(components, block_state.guidance_scale))
         negative = block_state.negative_prompt_embeds if guided else block_state.prompt_embeds
         inputs = {"cap_feats": (block_state.prompt_embeds, negative)}
 
@@ -195,6 +206,10 @@ class ZImageDenoiseLoopWrapper(TimestepLoopBlocks):
     """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler."""
 
     model_name = MODEL_NAME
+
+    # The classic Z-Image pipelines' callback tensors, in their layout: latents [B, C, H, W] and prompt_embeds
+    # as a list of [seq_len, dim] tensors, one per image (repeated for num_images_per_prompt).
+    _callback_tensor_inputs = ("latents", "prompt_embeds")
 
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
