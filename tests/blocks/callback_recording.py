@@ -71,7 +71,9 @@ class RecordingCallback:
 
 def _assert_same_value(ours: Any, theirs: Any, where: str) -> None:
     if isinstance(theirs, list):
-        assert isinstance(ours, list), f"{where}: a list in the classic pipeline, a {type(ours).__name__} in ours"
+        assert isinstance(ours, list), (
+            f"{where}: a list in the classic pipeline, a {type(ours).__name__} in ours"
+        )
         assert len(ours) == len(theirs), where
         for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             _assert_same_value(a, b, f"{where}[{k}]")

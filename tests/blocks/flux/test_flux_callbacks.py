@@ -118,7 +118,9 @@ def test_guidance_scale_set_by_a_callback_changes_nothing_as_in_the_classic(flux
 
 def test_asking_for_a_tensor_the_classic_does_not_offer_is_refused(flux_pipe):
     """pooled_prompt_embeds, which FluxPipeline does not offer either, is refused before any model runs."""
-    with pytest.raises(ValueError, match=r"asks for \['pooled_prompt_embeds'\].*offers \['latents', 'prompt_embeds'\]"):
+    with pytest.raises(
+        ValueError, match=r"asks for \['pooled_prompt_embeds'\].*offers \['latents', 'prompt_embeds'\]"
+    ):
         flux_pipe(
             prompt="a cat",
             callback_on_step_end=RecordingCallback(),

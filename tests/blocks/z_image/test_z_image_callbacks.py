@@ -138,15 +138,19 @@ def test_guidance_turned_on_by_a_callback_in_a_call_without_it_is_refused(zimage
     a ValueError naming the fix (the classic pipeline fails in the transformer), and the pipeline works after."""
     callback = RecordingCallback(sets={0: {"_guidance_scale": 4.0}})
     before = reference(zimage_pipe, height=SIZE, width=SIZE)
-    with pytest.raises(ValueError, match=r"set pipeline._guidance_scale to 4.0 .* start the call with guidance_scale > 0"):
+    with pytest.raises(
+        ValueError, match=r"set pipeline._guidance_scale to 4.0 .* start the call with guidance_scale > 0"
+    ):
         zimage_pipe(**BASE, guidance_scale=0.0, callback_on_step_end=callback)
     assert callback.step_indexes[OURS] == [0]
-    assert torch.equal(torch.from_numpy(reference(zimage_pipe, height=SIZE, width=SIZE)), torch.from_numpy(before))
+    assert_identical(reference(zimage_pipe, height=SIZE, width=SIZE), before)
 
 
 def test_asking_for_negative_prompt_embeds_is_refused(zimage_pipe):
     """negative_prompt_embeds is not among the classic pipelines' callback tensors: refused before any model runs."""
-    with pytest.raises(ValueError, match=r"asks for \['negative_prompt_embeds'\].*offers \['latents', 'prompt_embeds'\]"):
+    with pytest.raises(
+        ValueError, match=r"asks for \['negative_prompt_embeds'\].*offers \['latents', 'prompt_embeds'\]"
+    ):
         zimage_pipe(
             **BASE,
             callback_on_step_end=RecordingCallback(),
