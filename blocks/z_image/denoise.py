@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -214,6 +215,41 @@ class ZImageDenoiseLoopWrapper(TimestepLoopBlocks):
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, _TRANSFORMER]
+
+    def take_callback_values(self, components: Any, block_state: Any, updates: Mapping[str, Any]) -> None:
+        """Takes a step callback's replacements, once ``prompt_embeds`` is checked to be what the transformer
+        reads: a list of one 2-D tensor per image (a callback written for the SD layout returns one tensor).
+
+        Raises:
+            TypeError: ``prompt_embeds`` is not a list of 2-D tensors; nothing is replaced.
+            ValueError: it has another number of tensors than images; nothing is replaced.
+        """
+        if "prompt_embeds" in updates:
+            embeds, images = updates["prompt_embeds"], len(block_state.prompt_embeds)
+            if not isinstance(embeds, list) or not all(
+                isinstance(e, torch.Tensor) and e.dim() == 2 for e in embeds
+            ):
+                msg = (
+                    f"{type(self).__name__}: callback_on_step_end returned prompt_embeds as {_layout(embeds)}; "
+                    f"Z-Image takes a list of one [seq_len, dim] tensor per image, as the callback was given it"
+                )
+                raise TypeError(msg)
+            if len(embeds) != images:
+                msg = (
+                    f"{type(self).__name__}: callback_on_step_end returned {len(embeds)} prompt_embeds for "
+                    f"{images} images; return one [seq_len, dim] tensor per image, as the callback was given them"
+                )
+                raise ValueError(msg)
+        super().take_callback_values(components, block_state, updates)
+
+
+def _layout(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, list):
+        kinds = [list(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__ for e in value]
+        return f"a list of {kinds}"
+    return f"a {type(value).__name__}"
 
 
 class ZImageDenoiseStep(ZImageDenoiseLoopWrapper):

@@ -50,17 +50,27 @@ def test_every_workflow_offers_the_classic_tensor_names(pipe, workflow):
     assert pipe.callback_tensor_inputs == classic_from(pipe, workflow)._callback_tensor_inputs == NAMES
 
 
-@pytest.mark.parametrize("per_prompt", [1, 2])
-def test_the_callback_gets_the_classic_tensors_at_the_classic_steps(pipe, workflow, per_prompt):
+CASES = {
+    "one": {},
+    "two_per_prompt": {"num_images_per_prompt": 2},
+    "true_cfg": {"negative_prompt": "blurry", "true_cfg_scale": 2.0},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_callback_gets_the_classic_tensors_at_the_classic_steps(pipe, workflow, case):
     """At every step both pipelines hand the callback the same step index, timestep, packed latents
     [B, seq, C * 4] and prompt_embeds [B, seq, dim] (one row per image), and the outputs are equal."""
+    if case == "true_cfg" and workflow == "control":
+        pytest.skip("FluxControlPipeline takes no negative prompt (no true CFG)")
     callback = RecordingCallback()
-    ours, theirs = both(pipe, workflow, callback, num_images_per_prompt=per_prompt)
+    ours, theirs = both(pipe, workflow, callback, **CASES[case])
     assert_identical(ours, theirs)
     assert_same_calls(callback, NAMES, STEPS)
     latents, prompt_embeds = (callback.calls[OURS][0].values[name] for name in NAMES)
-    assert latents.shape == (per_prompt, 64, 16)  # 32 px -> 16 latent cells a side -> 8 x 8 patches of 4 x 4
-    assert prompt_embeds.shape == (per_prompt, 16, 32)
+    images = CASES[case].get("num_images_per_prompt", 1)
+    assert latents.shape == (images, 64, 16)  # 32 px -> 16 latent cells a side -> 8 x 8 patches of 4 x 4
+    assert prompt_embeds.shape == (images, 16, 32)
 
 
 def test_a_callback_changing_latents_at_one_step_equals_the_classic(pipe, workflow):

@@ -2,6 +2,8 @@
 [seq_len, dim] tensors) in their layout, replacements taken back, the interrupt flag, and a guidance scale set
 by a callback read at every step, all bit for bit equal to the classic Z-Image pipelines given the same callback."""
 
+import re
+
 import pytest
 import torch
 
@@ -105,6 +107,26 @@ def test_interrupt_at_step_1_returns_what_the_classic_returns(zimage_pipe, workf
     assert_identical(ours, theirs)
     assert again.step_indexes[OURS] == [0, 1, 2]
     assert zimage_pipe.interrupt is False
+
+
+BAD_PROMPT_EMBEDS = {
+    "a_tensor": (lambda embeds: embeds[0], TypeError, "as a tensor of shape [10, 16]; Z-Image takes a list"),
+    "batched": (lambda embeds: [e[None] for e in embeds], TypeError, "as a list of [[1, 10, 16]]; Z-Image"),
+    "too_many": (lambda embeds: embeds * 2, ValueError, "returned 2 prompt_embeds for 1 images; return one"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROMPT_EMBEDS))
+def test_prompt_embeds_given_back_in_another_layout_are_refused(zimage_pipe, case):
+    """prompt_embeds given back as one tensor (the SD layout), as 3-D tensors, or one per image too many is
+    refused with the layout Z-Image takes; the pipeline works as before after."""
+    change, error, message = BAD_PROMPT_EMBEDS[case]
+    callback = RecordingCallback(changes={0: lambda given: {"prompt_embeds": change(given["prompt_embeds"])}})
+    before = reference(zimage_pipe, height=SIZE, width=SIZE)
+    with pytest.raises(error, match=re.escape(message)):
+        zimage_pipe(**BASE, callback_on_step_end=callback, callback_on_step_end_tensor_inputs=NAMES)
+    assert callback.step_indexes[OURS] == [0]
+    assert_identical(reference(zimage_pipe, height=SIZE, width=SIZE), before)
 
 
 def test_image2image_step_indexes_count_the_steps_strength_leaves(zimage_pipe):
