@@ -46,8 +46,14 @@ def ours_plain(pipe, workflow, **inputs):
 
 
 def test_every_workflow_offers_the_classic_tensor_names(pipe, workflow):
-    """pipe.callback_tensor_inputs lists what the classic pipeline's _callback_tensor_inputs lists."""
-    assert pipe.callback_tensor_inputs == classic_from(pipe, workflow)._callback_tensor_inputs == NAMES
+    """The workflow's blocks, and the pipeline, offer what the classic pipeline's _callback_tensor_inputs lists."""
+    offered = pipe.blocks.get_workflow(workflow).callback_tensor_inputs
+    assert (
+        offered
+        == pipe.callback_tensor_inputs
+        == classic_from(pipe, workflow)._callback_tensor_inputs
+        == NAMES
+    )
 
 
 CASES = {

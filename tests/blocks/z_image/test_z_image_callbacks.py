@@ -38,9 +38,10 @@ def ours_plain(pipe, workflow, **inputs):
 
 
 def test_both_workflows_offer_the_classic_tensor_names(zimage_pipe, workflow):
-    """pipe.callback_tensor_inputs lists what the classic pipeline's _callback_tensor_inputs lists."""
-    assert zimage_pipe.callback_tensor_inputs == classic_from(zimage_pipe, workflow)._callback_tensor_inputs
-    assert zimage_pipe.callback_tensor_inputs == NAMES
+    """The workflow's blocks, and the pipeline, offer what the classic pipeline's _callback_tensor_inputs lists."""
+    offered = zimage_pipe.blocks.get_workflow(workflow).callback_tensor_inputs
+    assert offered == zimage_pipe.callback_tensor_inputs == NAMES
+    assert offered == classic_from(zimage_pipe, workflow)._callback_tensor_inputs
 
 
 PROMPTS = {
