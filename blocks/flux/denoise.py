@@ -181,6 +181,10 @@ class FluxLoopAfterDenoiser(ModularPipelineBlocks):
 class FluxDenoiseLoopWrapper(TimestepLoopBlocks):
     """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler."""
 
+    # The classic Flux pipelines' callback tensors, in their layout: packed latents [B, seq, C * 4] and the T5
+    # embeddings [B, seq, dim], both per image (repeated for num_images_per_prompt).
+    _callback_tensor_inputs = ("latents", "prompt_embeds")
+
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, _TRANSFORMER]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -140,13 +141,24 @@ class ZImageLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         return block_state.call_guider
 
     def __call__(self, components, block_state, i, t):
+        call_scale = guidance_scale(components, block_state.guidance_scale)
+        guided = do_classifier_free_guidance(call_scale)
+        if guided and block_state.negative_prompt_embeds is None:
+            # Only a step callback can turn guidance on mid-call (the input step checks the call's own scale);
+            # the classic pipeline fails inside the transformer then.
+            msg = (
+                f"{type(self).__name__}: a step callback set pipeline._guidance_scale to {call_scale} (> 0) in a "
+                "call that began without guidance (guidance_scale 0), so there are no negative embeddings to "
+                "guide with; start the call with guidance_scale > 0 (a callback may then set 0 to stop "
+                "guidance), or leave the scale at 0"
+            )
+            raise ValueError(msg)
         guider = self.call_guider(components, block_state)
         # cfg_truncation turns classifier-free guidance off per step: the guider's neutral scale.
         scale = block_state.step_guidance_scale
         guider.guidance_scale = scale if do_classifier_free_guidance(scale) else neutral_scale(guider)
         guider.set_state(step=i, num_inference_steps=len(block_state.timesteps), timestep=t)
         # Without guidance the prompt stands in for the negative (PAG's perturbed pass reads that slot).
-        guided = do_classifier_free_guidance(guidance_scale(components, block_state.guidance_scale))
         negative = block_state.negative_prompt_embeds if guided else block_state.prompt_embeds
         inputs = {"cap_feats": (block_state.prompt_embeds, negative)}
 
@@ -196,9 +208,48 @@ class ZImageDenoiseLoopWrapper(TimestepLoopBlocks):
 
     model_name = MODEL_NAME
 
+    # The classic Z-Image pipelines' callback tensors, in their layout: latents [B, C, H, W] and prompt_embeds
+    # as a list of [seq_len, dim] tensors, one per image (repeated for num_images_per_prompt).
+    _callback_tensor_inputs = ("latents", "prompt_embeds")
+
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, _TRANSFORMER]
+
+    def take_callback_values(self, components: Any, block_state: Any, updates: Mapping[str, Any]) -> None:
+        """Takes a step callback's replacements, once ``prompt_embeds`` is checked to be what the transformer
+        reads: a list of one 2-D tensor per image (a callback written for the SD layout returns one tensor).
+
+        Raises:
+            TypeError: ``prompt_embeds`` is not a list of 2-D tensors; nothing is replaced.
+            ValueError: it has another number of tensors than images; nothing is replaced.
+        """
+        if "prompt_embeds" in updates:
+            embeds, images = updates["prompt_embeds"], len(block_state.prompt_embeds)
+            if not isinstance(embeds, list) or not all(
+                isinstance(e, torch.Tensor) and e.dim() == 2 for e in embeds
+            ):
+                msg = (
+                    f"{type(self).__name__}: callback_on_step_end returned prompt_embeds as {_layout(embeds)}; "
+                    f"Z-Image takes a list of one [seq_len, dim] tensor per image, as the callback was given it"
+                )
+                raise TypeError(msg)
+            if len(embeds) != images:
+                msg = (
+                    f"{type(self).__name__}: callback_on_step_end returned {len(embeds)} prompt_embeds for "
+                    f"{images} images; return one [seq_len, dim] tensor per image, as the callback was given them"
+                )
+                raise ValueError(msg)
+        super().take_callback_values(components, block_state, updates)
+
+
+def _layout(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, list):
+        kinds = [list(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__ for e in value]
+        return f"a list of {kinds}"
+    return f"a {type(value).__name__}"
 
 
 class ZImageDenoiseStep(ZImageDenoiseLoopWrapper):
