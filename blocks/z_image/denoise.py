@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from blocks.common import TimestepLoopBlocks
+from blocks.common.latent_preview import Z_IMAGE_LATENT_RGB
 from blocks.common.guidance import (
     GuiderKindCheck,
     call_guider,
@@ -199,6 +200,8 @@ class ZImageDenoiseLoopWrapper(TimestepLoopBlocks):
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, _TRANSFORMER]
+
+    latent_rgb_map = Z_IMAGE_LATENT_RGB  # FLUX.1's VAE; the latents [B, 16, H, W] are not packed
 
 
 class ZImageDenoiseStep(ZImageDenoiseLoopWrapper):
