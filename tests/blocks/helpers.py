@@ -333,17 +333,19 @@ def run_with_previews(pipe, every=None, decoder=None, seed=0, **kwargs):
     return images, previews
 
 
-def assert_previews_change_nothing(pipe, steps=3, batch=1, size=None, **kwargs):
+def assert_previews_change_nothing(pipe, steps=3, batch=1, size=None, decoder=None, **kwargs):
     """The images are equal with and without previews (every step, every 2 steps), the previews come at the
-    steps due, and each holds one RGB PIL image per image of the batch (of `size`, W x H, when given).
+    steps due, and each holds one RGB PIL image per image of the batch (of `size`, W x H, when given); with
+    `decoder`, the previews are the preview decoder's.
 
     Returns the previews of every step."""
     kwargs = {"num_inference_steps": steps, "output_type": "np", **kwargs}
     expected, _ = run_with_previews(pipe, **kwargs)
     every_step: list[Any] = []
     for every in (1, 2):
-        images, previews = run_with_previews(pipe, every, **kwargs)
+        images, previews = run_with_previews(pipe, every, decoder, **kwargs)
         assert_identical(images, expected)
+        assert previews, f"no preview every {every} steps: give the call more steps"
         total = previews[0].total
         assert [preview.step for preview in previews] == list(range(every, total + 1, every))
         assert all(preview.total == total for preview in previews)
@@ -384,3 +386,24 @@ def forwards_of(*models):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def assert_previews_show_the_latents(pipe, images_of, every=1, **kwargs):
+    """Each preview (every `every` steps) is `images_of(latents)` of the latents as its step left them (read by a
+    step callback, which runs before the preview)."""
+    latents: list[torch.Tensor] = []
+
+    def keep_latents(pipeline, step_index, timestep, callback_kwargs):
+        latents.append(callback_kwargs["latents"].clone())
+        return {}
+
+    kwargs = {"prompt": "a cat", "num_inference_steps": 2, **kwargs}
+    _, previews = run_with_previews(pipe, every, callback_on_step_end=keep_latents, **kwargs)
+    due = latents[every - 1 :: every]
+    assert len(previews) == len(due) > 0
+    for preview, step_latents in zip(previews, due, strict=True):
+        with torch.inference_mode():
+            expected = images_of(step_latents)
+        assert [np.asarray(image).tolist() for image in preview.images] == [
+            np.asarray(image).tolist() for image in expected
+        ]

@@ -15,6 +15,7 @@ from offload import SimulatedDevice, module_nbytes
 from ..helpers import (
     assert_identical,
     assert_previews_change_nothing,
+    assert_previews_show_the_latents,
     forwards_of,
     make_image,
     make_mask,
@@ -40,21 +41,7 @@ def test_previews_leave_inpainting_with_a_9_channel_unet_as_it_was(sd_inpaint_pi
 
 def test_a_preview_is_the_map_of_the_latents_after_its_step(sd_pipe):
     """Each preview is SD 1.x's latent-to-RGB map of the latents as that step left them."""
-    latents = []
-
-    def keep_latents(pipeline, step_index, timestep, callback_kwargs):
-        latents.append(callback_kwargs["latents"].clone())
-        return {}
-
-    _, previews = run_with_previews(
-        sd_pipe, 1, prompt="a cat", num_inference_steps=2, callback_on_step_end=keep_latents
-    )
-    assert len(previews) == len(latents) == 3  # PNDM's warm-up adds a timestep
-    for preview, step_latents in zip(previews, latents, strict=True):
-        expected = SD_LATENT_RGB.images(step_latents)
-        assert [np.asarray(image).tolist() for image in preview.images] == [
-            np.asarray(image).tolist() for image in expected
-        ]
+    assert_previews_show_the_latents(sd_pipe, SD_LATENT_RGB.images)
 
 
 def _offloaded_pipe(repo):
@@ -94,29 +81,22 @@ def test_a_preview_decoder_runs_through_the_manager_under_auto_offload(sd_repo):
     assert len(previews) == 3 and [image.size for image in previews[0].images] == [(64, 64)]
     cm.disable_auto_cpu_offload()
     _, plain = run_with_previews(pipe, 1, decoder=decoder, **kwargs)
-    assert [np.asarray(p.images[0]).tolist() for p in previews] == [np.asarray(p.images[0]).tolist() for p in plain]
+    assert [np.asarray(p.images[0]).tolist() for p in previews] == [
+        np.asarray(p.images[0]).tolist() for p in plain
+    ]
 
 
 def test_the_decoder_previews_are_its_decode_of_the_latents(sd_pipe):
-    """With a preview decoder each preview is the decoder's image of the step's latents (AutoencoderTiny's
-    scaling factor 1 and shift 0: the latents as the UNet sees them)."""
+    """With a preview decoder each preview (every 2 steps) is the decoder's image of the step's latents
+    (AutoencoderTiny's scaling factor 1 and shift 0: the latents as the UNet sees them)."""
     decoder = tiny_preview_decoder()
-    latents = []
-
-    def keep_latents(pipeline, step_index, timestep, callback_kwargs):
-        latents.append(callback_kwargs["latents"].clone())
-        return {}
-
-    _, previews = run_with_previews(
-        sd_pipe, 2, decoder=decoder, prompt="a cat", num_inference_steps=3, callback_on_step_end=keep_latents
+    assert_previews_show_the_latents(
+        sd_pipe,
+        lambda latents: decoded_preview_images(decoder, latents),
+        every=2,
+        decoder=decoder,
+        num_inference_steps=3,
     )
-    assert [preview.step for preview in previews] == [2, 4]
-    for preview, step_latents in zip(previews, latents[1::2], strict=True):
-        with torch.inference_mode():
-            expected = decoded_preview_images(decoder, step_latents)
-        assert [np.asarray(image).tolist() for image in preview.images] == [
-            np.asarray(image).tolist() for image in expected
-        ]
 
 
 @pytest.mark.parametrize(
@@ -139,7 +119,10 @@ def test_bad_preview_values_raise_before_any_model_runs(sd_repo, watch, error, m
     cm, pipe = _offloaded_pipe(sd_repo)
     watch = {"on_preview": lambda preview: None, **watch}
     registered = set(cm.components)
-    with forwards_of(pipe.text_encoder, pipe.unet, pipe.vae) as forwards, pytest.raises(error, match=re.escape(message)):
+    with (
+        forwards_of(pipe.text_encoder, pipe.unet, pipe.vae) as forwards,
+        pytest.raises(error, match=re.escape(message)),
+    ):
         pipe(prompt="a cat", num_inference_steps=2, **watch)
     assert forwards == []
     assert set(cm.components) == registered
