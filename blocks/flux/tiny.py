@@ -69,9 +69,12 @@ def make_tiny_t5_tokenizer(folder: str | Path):
 
 
 def _vae(
-    block_out_channels: tuple[int, ...], norm_num_groups: int, sample_size: int, latent_channels: int = LATENT_CHANNELS
+    block_out_channels: tuple[int, ...],
+    norm_num_groups: int,
+    sample_size: int,
+    latent_channels: int = LATENT_CHANNELS,
 ):
-    """A VAE shaped like FLUX.1's, at the given width: 4 latent channels (FLUX.1 has 16), its scaling and shift."""
+    """A VAE shaped like FLUX.1's, at the given width: 4 latent channels unless told (FLUX.1 has 16), a scaling and shift."""
     return tiny_vae(
         block_out_channels,
         layers_per_block=1,

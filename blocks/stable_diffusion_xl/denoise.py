@@ -135,7 +135,8 @@ class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         "(scheduler step)."
     )
 
-    latent_rgb_map = SDXL_LATENT_RGB  # SDXL's VAE has a latent space of its own (blocks/common/latent_preview.py)
+    # SDXL's VAE has a latent space of its own (blocks/common/latent_preview.py).
+    latent_rgb_map = SDXL_LATENT_RGB
 
 
 class StableDiffusionXLInpaintDenoiseStep(StableDiffusionInpaintDenoiseStep):

@@ -7,7 +7,6 @@ from typing import Any
 import torch
 
 from blocks.common import TimestepLoopBlocks
-from blocks.common.latent_preview import Z_IMAGE_LATENT_RGB
 from blocks.common.guidance import (
     GuiderKindCheck,
     call_guider,
@@ -16,6 +15,7 @@ from blocks.common.guidance import (
     guider_spec,
     neutral_scale,
 )
+from blocks.common.latent_preview import Z_IMAGE_LATENT_RGB
 from modular import (
     ComponentSpec,
     InputParam,
