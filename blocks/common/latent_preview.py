@@ -121,8 +121,19 @@ def decoded_preview_images(decoder: Any, latents: torch.Tensor) -> list[PIL.Imag
     check_latent_channels(latents, getattr(config, "latent_channels", None), type(decoder).__name__)
     dtype = getattr(decoder, "dtype", None) or latents.dtype
     shift = getattr(config, "shift_factor", None) or 0.0
-    image = decoder.decode(latents.to(dtype) / config.scaling_factor + shift).sample
+    latents = latents.to(device=_device_of(decoder, latents.device), dtype=dtype)
+    image = decoder.decode(latents / config.scaling_factor + shift).sample
     return rgb_images(image)
+
+
+def _device_of(decoder: Any, default: torch.device) -> torch.device:
+    """Where ``decoder`` runs: an offload hook's execution device (its ``decode`` triggers the hook but gets no
+    inputs moved), else where its weights are."""
+    hook_device = getattr(getattr(decoder, "_hf_hook", None), "execution_device", None)
+    if hook_device is not None:
+        return torch.device(hook_device)
+    weight = next(iter(decoder.parameters()), None)
+    return default if weight is None else weight.device
 
 
 # ----- the families' maps -----

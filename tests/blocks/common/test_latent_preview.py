@@ -114,3 +114,22 @@ def test_a_preview_decoder_reads_the_latents_unscaled_and_shifted_as_its_config_
     (image, _) = decoded_preview_images(decoder, latents)
     assert torch.equal(decoder.given[0], latents / 2.0 - 0.5)
     assert np.asarray(image)[0, 0].tolist() == [_pixel(-0.25)] * 3
+
+
+def test_a_preview_decoder_gets_the_latents_where_it_runs():
+    """An offload hook's execution device decides where the latents go (decode triggers the hook but moves no
+    inputs); without a hook, where the decoder's weights are."""
+
+    class HookedDecoder(_RecordingDecoder):
+        def decode(self, latents):
+            self.given.append(latents)
+            return DecoderOutput(sample=torch.zeros(latents.shape[0], 3, *latents.shape[2:]))
+
+    decoder = HookedDecoder(scaling_factor=1.0, shift_factor=0.0)
+    decoder._hf_hook = types.SimpleNamespace(execution_device=torch.device("meta"))
+    decoded_preview_images(decoder, torch.zeros(1, 4, 2, 2))
+    assert decoder.given[0].device == torch.device("meta")
+    decoder = HookedDecoder(scaling_factor=1.0, shift_factor=0.0)
+    decoder.weight = torch.nn.Parameter(torch.zeros(1, device="meta"))
+    decoded_preview_images(decoder, torch.zeros(1, 4, 2, 2))
+    assert decoder.given[0].device == torch.device("meta")
