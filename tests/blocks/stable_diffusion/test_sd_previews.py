@@ -86,6 +86,16 @@ def test_a_preview_decoder_runs_through_the_manager_under_auto_offload(sd_repo):
     ]
 
 
+def test_a_preview_decoder_the_manager_holds_is_used_as_it_is(sd_repo):
+    """A decoder registered already (under a name of the user's) is not registered again."""
+    cm, pipe = _offloaded_pipe(sd_repo)
+    decoder = tiny_preview_decoder()
+    decoder_id = cm.add("taesd", decoder)
+    run_with_previews(pipe, 1, decoder=decoder, prompt="a cat", num_inference_steps=1)
+    assert cm.get_id(decoder) == decoder_id
+    assert [name for name in cm.components if name.startswith("preview_decoder")] == []
+
+
 def test_the_decoder_previews_are_its_decode_of_the_latents(sd_pipe):
     """With a preview decoder each preview (every 2 steps) is the decoder's image of the step's latents
     (AutoencoderTiny's scaling factor 1 and shift 0: the latents as the UNet sees them)."""
