@@ -326,10 +326,7 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
                 if step.kind is StepKind.LOOP and preview_decoder is not None:
                     uses.append(preview_decoder)
 
-        if preview_decoder is None:
-            uses = [self._components[name] for name in plan.component_uses]
-        else:
-            walk(plan.steps)
+        walk(plan.steps)
         models: list[torch.nn.Module] = []
         for obj in uses:
             if isinstance(obj, torch.nn.Module) and (not models or models[-1] is not obj):
