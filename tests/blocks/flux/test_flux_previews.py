@@ -18,7 +18,7 @@ from ..helpers import (
     forwards_of,
     tiny_preview_decoder,
 )
-from .conftest import FLUX
+from .conftest import FLUX, make_image
 
 SIZE = {"height": 48, "width": 32}  # 24x16 latent cells: not square, so a swapped height and width shows
 
@@ -77,3 +77,19 @@ def test_a_preview_decoder_previews_any_latent_space(flux_pipe):
         flux_pipe, decoder=tiny_preview_decoder(latent_channels=4), prompt="a cat", **SIZE
     )
     assert [image.size for image in previews[0].images] == [(32, 48)]
+
+
+def test_previews_leave_image_to_image_as_it_was(flux16_pipe):
+    """An image-to-image call with previews ends as it would have."""
+    assert_previews_change_nothing(flux16_pipe, steps=5, prompt="a cat", image=make_image(), **SIZE)
+
+
+def test_previews_leave_control_as_it_was(flux_control_pipe):
+    """A control call (control latents beside the latents) previews by a decoder and ends as it would have."""
+    assert_previews_change_nothing(
+        flux_control_pipe,
+        decoder=tiny_preview_decoder(latent_channels=4),
+        prompt="a cat",
+        control_image=make_image(1),
+        **SIZE,
+    )
