@@ -9,6 +9,7 @@ import torch
 from modular import InputParam, LoopSequentialPipelineBlocks, OutputParam, PipelineState
 from modular.framework.call_watch import watch_of
 
+from .latent_preview import LatentRGBMap, check_latent_channels, decoded_preview_images
 from .lora_scale import denoiser_weights_kept_at_scale_zero
 
 __all__ = ["TimestepLoopBlocks", "progress_ticks"]
@@ -26,6 +27,10 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
 
     # What every classic pipeline's callback_on_step_end offers; a family adds the rest of its own.
     _callback_tensor_inputs: tuple[str, ...] = ("latents",)
+
+    #: The family's latent-to-RGB map for previews without a preview decoder (blocks/common/latent_preview.py);
+    #: ``None``: previews need ``preview_decoder=``.
+    latent_rgb_map: LatentRGBMap | None = None
 
     description = (
         "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."
@@ -74,6 +79,46 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
                     progress_bar.update()
         self.set_block_state(state, block_state)
         return components, state
+
+    # ----- previews (modular/framework/call_watch.py asks for them every preview_every steps) -----
+    def offers_previews(self, decoder: Any = None) -> bool:
+        """Previews with a preview decoder, or with the family's :attr:`latent_rgb_map`."""
+        return decoder is not None or self.latent_rgb_map is not None
+
+    def preview_latents(self, components: Any, block_state: Any) -> torch.Tensor:
+        """The current latents as images [B, C, H, W]; a family that packs them (Flux) unpacks them here.
+
+        Never the doubled batch of classifier-free guidance: our loops keep one copy of the latents and batch
+        the copies per model call."""
+        return block_state.latents
+
+    def preview_images(self, components: Any, block_state: Any, decoder: Any = None) -> list[Any]:
+        """One RGB ``PIL.Image.Image`` per image of the batch, from the current latents (left as they are):
+        by ``decoder`` (at its output size), or by the family's map (at the latents' size)."""
+        latents = self.preview_latents(components, block_state)
+        if decoder is not None:
+            return decoded_preview_images(decoder, latents)
+        if self.latent_rgb_map is None:
+            return super().preview_images(components, block_state, decoder)
+        return self.latent_rgb_map.images(latents)
+
+    def check_previews(self, components: Any, decoder: Any = None) -> None:
+        """Before the run: the map or ``decoder`` reads latents of the loaded VAE's number of channels.
+
+        Raises:
+            ValueError: they do not (a tiny test VAE, or a decoder of another latent space).
+        """
+        vae = getattr(components, "vae", None)
+        channels = getattr(getattr(vae, "config", None), "latent_channels", None)
+        if channels is None:
+            return  # no VAE to tell: checked on the latents at the first preview
+        if decoder is not None:
+            wanted, reader = getattr(decoder.config, "latent_channels", None), type(decoder).__name__
+        elif self.latent_rgb_map is not None:
+            wanted, reader = self.latent_rgb_map.channels, f"the {self.latent_rgb_map.name} latent-to-RGB map"
+        else:
+            return
+        check_latent_channels(int(channels), wanted, reader)
 
 
 def progress_ticks(timesteps: int, num_inference_steps: int, order: int) -> list[bool]:

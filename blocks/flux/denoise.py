@@ -8,6 +8,7 @@ import torch
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
+from blocks.common.latent_preview import FLUX_LATENT_RGB
 from modular import (
     ComponentSpec,
     InputParam,
@@ -15,7 +16,7 @@ from modular import (
     OutputParam,
 )
 
-from .utils import MODEL_NAME, SCHEDULER
+from .utils import MODEL_NAME, SCHEDULER, unpack_latents
 
 __all__ = [
     "FluxLoopBeforeDenoiser",
@@ -192,6 +193,15 @@ class FluxDenoiseLoopWrapper(TimestepLoopBlocks):
     @property
     def loop_intermediate_outputs(self) -> list[OutputParam]:
         return [OutputParam("latents", type_hint=torch.Tensor, description="The denoised packed latents.")]
+
+    latent_rgb_map = FLUX_LATENT_RGB
+
+    def preview_latents(self, components, block_state) -> torch.Tensor:
+        """The packed latents [B, tokens, C * 4] unpacked to [B, C, H, W]: the position ids of the tokens,
+        (0, row, column) per 2x2 patch, give the latent height and width."""
+        ids = block_state.latent_image_ids
+        height, width = (int(ids[:, axis].max()) * 2 + 2 for axis in (1, 2))
+        return unpack_latents(block_state.latents, height, width)
 
 
 class FluxDenoiseStep(FluxDenoiseLoopWrapper):

@@ -68,12 +68,17 @@ def make_tiny_t5_tokenizer(folder: str | Path):
     return T5Tokenizer.from_pretrained(folder)
 
 
-def _vae(block_out_channels: tuple[int, ...], norm_num_groups: int, sample_size: int):
-    """A VAE shaped like FLUX.1's, at the given width: 4 latent channels, FLUX.1's scaling and shift."""
+def _vae(
+    block_out_channels: tuple[int, ...],
+    norm_num_groups: int,
+    sample_size: int,
+    latent_channels: int = LATENT_CHANNELS,
+):
+    """A VAE shaped like FLUX.1's, at the given width: 4 latent channels unless told (FLUX.1 has 16), a scaling and shift."""
     return tiny_vae(
         block_out_channels,
         layers_per_block=1,
-        latent_channels=LATENT_CHANNELS,
+        latent_channels=latent_channels,
         norm_num_groups=norm_num_groups,
         sample_size=sample_size,
         use_quant_conv=False,
@@ -102,11 +107,11 @@ def _t5(d_model: int, d_kv: int, d_ff: int, num_layers: int, num_heads: int):
     )
 
 
-def _transformer(control: bool, **sizes: Any):
+def _transformer(control: bool, latent_channels: int = LATENT_CHANNELS, **sizes: Any):
     """A FluxTransformer2DModel over packed latents (a control one reads twice the channels), with guidance."""
     from diffusers import FluxTransformer2DModel
 
-    packed = LATENT_CHANNELS * 4  # 2x2 patches of the VAE latents
+    packed = latent_channels * 4  # 2x2 patches of the VAE latents
     return FluxTransformer2DModel(
         patch_size=1,
         # A control transformer also reads the packed control-image latents, concatenated on channels.
@@ -118,7 +123,7 @@ def _transformer(control: bool, **sizes: Any):
     )
 
 
-def _tiny_models(control: bool, seed: int) -> dict[str, Any]:
+def _tiny_models(control: bool, seed: int, latent_channels: int = LATENT_CHANNELS) -> dict[str, Any]:
     """Build the random models, each from its own seed so that one change leaves the others as they were."""
     from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import CLIPTextModel
@@ -126,6 +131,7 @@ def _tiny_models(control: bool, seed: int) -> dict[str, Any]:
     torch.manual_seed(seed)
     transformer = _transformer(
         control,
+        latent_channels,
         num_layers=1,
         num_single_layers=1,
         attention_head_dim=16,
@@ -134,7 +140,7 @@ def _tiny_models(control: bool, seed: int) -> dict[str, Any]:
         axes_dims_rope=(4, 4, 8),
     )
     torch.manual_seed(seed + 1)
-    vae = _vae((4, 8), norm_num_groups=1, sample_size=32)
+    vae = _vae((4, 8), norm_num_groups=1, sample_size=32, latent_channels=latent_channels)
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(tiny_clip_config())
     torch.manual_seed(seed + 3)
@@ -149,7 +155,12 @@ def _tiny_models(control: bool, seed: int) -> dict[str, Any]:
 
 
 def make_tiny_repo(
-    folder: str | Path, variant: str | None = None, *, control: bool = False, seed: int = 0
+    folder: str | Path,
+    variant: str | None = None,
+    *,
+    control: bool = False,
+    seed: int = 0,
+    latent_channels: int = LATENT_CHANNELS,
 ) -> Path:
     """Write a tiny random Flux repo in the diffusers layout.
 
@@ -168,6 +179,7 @@ def make_tiny_repo(
         variant: an optional weights variant name such as ``"fp16"``.
         control: write a control (canny/depth-style) transformer and name ``FluxControlPipeline``.
         seed: the seed of the random weights.
+        latent_channels: the VAE's latent channels (FLUX.1's 16 for previews by its latent-to-RGB map).
 
     Returns:
         The repo folder as a Path.
@@ -176,7 +188,7 @@ def make_tiny_repo(
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    models = _tiny_models(control, seed)
+    models = _tiny_models(control, seed, latent_channels)
     with tempfile.TemporaryDirectory() as tok_dir, tempfile.TemporaryDirectory() as tok_2_dir:
         tokenizer = make_tiny_clip_tokenizer(tok_dir)
         tokenizer_2 = make_tiny_t5_tokenizer(tok_2_dir)

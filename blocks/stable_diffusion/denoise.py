@@ -16,6 +16,7 @@ from blocks.common.guidance import (
     stack_conditions,
 )
 from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
+from blocks.common.latent_preview import SD_LATENT_RGB
 from modular import (
     ComponentSpec,
     InputParam,
@@ -283,6 +284,10 @@ class StableDiffusionDenoiseLoopWrapper(TimestepLoopBlocks):
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, _UNET]
+
+    # Previews of SD 1.x/2.x latents; the inpainting UNet's 9 input channels are built per step, the latents
+    # stay 4 channels.
+    latent_rgb_map = SD_LATENT_RGB
 
 
 class StableDiffusionDenoiseStep(StableDiffusionDenoiseLoopWrapper):

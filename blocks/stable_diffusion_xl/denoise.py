@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from blocks.common.guidance import guider_spec
+from blocks.common.latent_preview import SDXL_LATENT_RGB
 from blocks.common.params import tensor_input
 from blocks.stable_diffusion.denoise import (
     StableDiffusionDenoiseLoopWrapper,
@@ -134,6 +135,9 @@ class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         "(scheduler step)."
     )
 
+    # SDXL's VAE has a latent space of its own (blocks/common/latent_preview.py).
+    latent_rgb_map = SDXL_LATENT_RGB
+
 
 class StableDiffusionXLInpaintDenoiseStep(StableDiffusionInpaintDenoiseStep):
     """The inpainting denoising loop, for 4- and 9-channel UNets, with SDXL's UNet conditions."""
@@ -143,3 +147,5 @@ class StableDiffusionXLInpaintDenoiseStep(StableDiffusionInpaintDenoiseStep):
         StableDiffusionXLLoopDenoiser,
         StableDiffusionXLInpaintLoopAfterDenoiser,
     ]
+
+    latent_rgb_map = SDXL_LATENT_RGB

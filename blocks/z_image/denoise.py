@@ -16,6 +16,7 @@ from blocks.common.guidance import (
     guider_spec,
     neutral_scale,
 )
+from blocks.common.latent_preview import Z_IMAGE_LATENT_RGB
 from modular import (
     ComponentSpec,
     InputParam,
@@ -215,6 +216,8 @@ class ZImageDenoiseLoopWrapper(TimestepLoopBlocks):
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, _TRANSFORMER]
+
+    latent_rgb_map = Z_IMAGE_LATENT_RGB  # FLUX.1's VAE; the latents [B, 16, H, W] are not packed
 
     def take_callback_values(self, components: Any, block_state: Any, updates: Mapping[str, Any]) -> None:
         """Takes a step callback's replacements, once ``prompt_embeds`` is checked to be what the transformer

@@ -131,7 +131,8 @@ def call_watch_of(
 
     Raises:
         TypeError: a callback that is not callable, tensor inputs that are not a list of names, a cancel
-            without ``is_set()``, a ``preview_every`` that is not an int.
+            without ``is_set()``, a ``preview_every`` that is not an int, a ``preview_decoder`` that is not a
+            model with ``decode`` and a config with ``scaling_factor``.
         ValueError: ``preview_every`` below 1, or a preview keyword without ``on_preview``.
     """
     given = (callback_on_step_end, callback_on_step_end_tensor_inputs, cancel, on_progress, on_preview)
@@ -172,6 +173,8 @@ def call_watch_of(
         if preview_every < 1:
             msg = f"preview_every must be 1 or more (a preview every that many steps), got {preview_every}"
             raise ValueError(msg)
+    if preview_decoder is not None:
+        _check_preview_decoder(preview_decoder)
     if on_preview is None and (preview_every is not None or preview_decoder is not None):
         given_name = "preview_every" if preview_every is not None else "preview_decoder"
         msg = f"{given_name} was given without on_preview: pass on_preview=fn, which receives each Preview"
@@ -187,6 +190,25 @@ def call_watch_of(
         on_preview=on_preview,
         preview_decoder=preview_decoder,
     )
+
+
+def _check_preview_decoder(decoder: Any) -> None:
+    """A preview decoder is a model with ``decode(latents).sample`` and a config with ``scaling_factor``, as
+    diffusers' VAEs (``AutoencoderTiny`` above all) are."""
+    import torch
+
+    config = getattr(decoder, "config", None)
+    if (
+        not isinstance(decoder, torch.nn.Module)
+        or not callable(getattr(decoder, "decode", None))
+        or not isinstance(getattr(config, "scaling_factor", None), int | float)
+    ):
+        msg = (
+            "preview_decoder must be a torch.nn.Module with decode(latents).sample and a config with "
+            "scaling_factor, such as diffusers.AutoencoderTiny.from_pretrained('madebyollin/taesd'), got a "
+            f"{type(decoder).__name__}"
+        )
+        raise TypeError(msg)
 
 
 def _given_object_inputs(callback: Any) -> bool:

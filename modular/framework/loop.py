@@ -135,6 +135,10 @@ class LoopSequentialPipelineBlocks(CompositeBlocks):
         msg = f"{type(self).__name__} cannot make previews"
         raise NotImplementedError(msg)
 
+    def check_previews(self, components: Any, decoder: Any = None) -> None:
+        """Before the run, with the pipeline's components: raises ValueError when :meth:`preview_images` could
+        not read this call's latents (a map or ``decoder`` of another latent space). Default: nothing to check."""
+
     def progress_bar(self, iterable: Any = None, total: int | None = None) -> tqdm:
         """A progress bar configured by :meth:`set_progress_bar_config` (``disable=True`` hides it;
         ``tqdm_class=...`` makes it of another class taking tqdm's arguments, as in ``tqdm.contrib``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -21,6 +21,7 @@ from modular.framework.call_watch import Preview, ProgressEvent, call_watch_of, 
 from modular.framework.composite import run_steps
 from modular.framework.planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
 from modular.framework.state import PipelineState
+from modular.framework.steps import Step, StepKind
 from modular.pipeline.call_components import CallComponents, fresh_state
 from modular.pipeline.component_methods import LIVE_PIPELINES, ComponentMethods
 from modular.pipeline.config_components import config_spec_from_index
@@ -261,7 +262,10 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
             on_progress: called with a ``modular.ProgressEvent`` as each block starts and ends and after
                 each denoising step.
             on_preview, preview_every, preview_decoder: every ``preview_every`` steps (default 1),
-                ``on_preview`` gets a ``modular.Preview`` of the current latents.
+                ``on_preview`` gets a ``modular.Preview`` of the current latents: RGB PIL images made by the
+                family's latent-to-RGB map (at latent size), or by ``preview_decoder`` (a small VAE such as
+                diffusers' ``AutoencoderTiny``, registered with the manager and placed by offload as the call's
+                other models). Previews never change the call's result.
 
         Raises:
             TypeError, ValueError: a watching keyword of the wrong kind, or tensors a loop does not offer
@@ -287,13 +291,17 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
             check_output(output, plan, inputs.keys() | (state.values.keys() if state is not None else set()))
             if watch is not None:
                 watch.check_loops(loops_of(plan.steps))
+                if watch.on_preview is not None:
+                    self._prepare_previews(plan, watch.preview_decoder)
             state = fresh_state(state)
             # Only what was given goes into the state: each block applies its own default to a missing value.
             for name, (value, kwargs_type) in inputs.items():
                 state.set(name, value, kwargs_type)
             cm = self._components_manager
             if cm is not None:
-                cm.set_execution_plan(self._models_in_order(plan))
+                cm.set_execution_plan(
+                    self._models_in_order(plan, None if watch is None else watch.preview_decoder)
+                )
             try:
                 with torch.inference_mode():
                     _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
@@ -304,14 +312,35 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
                 state, output
             )  # tensors cloned out of inference mode (modular/pipeline/outputs.py)
 
-    def _models_in_order(self, plan: CallPlan) -> list[torch.nn.Module]:
-        """The models this call uses, in order; a repeat in a row says nothing new and is dropped."""
+    def _models_in_order(
+        self, plan: CallPlan, preview_decoder: torch.nn.Module | None = None
+    ) -> list[torch.nn.Module]:
+        """The models this call uses, in order; a repeat in a row says nothing new and is dropped. A preview
+        decoder runs in every loop after its models (each loop body is listed once, as the engine's plan wants)."""
+        uses: list[Any] = []
+
+        def walk(steps: Iterable[Step]) -> None:  # the order of plan.component_uses, with the decoder added
+            for step in steps:
+                uses.extend(self._components[spec.name] for spec in step.uses)
+                walk(step.body)
+                if step.kind is StepKind.LOOP and preview_decoder is not None:
+                    uses.append(preview_decoder)
+
+        walk(plan.steps)
         models: list[torch.nn.Module] = []
-        for name in plan.component_uses:
-            obj = self._components[name]
+        for obj in uses:
             if isinstance(obj, torch.nn.Module) and (not models or models[-1] is not obj):
                 models.append(obj)
         return models
+
+    def _prepare_previews(self, plan: CallPlan, decoder: torch.nn.Module | None) -> None:
+        """Before the run: each loop can read this call's latents with its map or ``decoder``, and the decoder
+        is in the manager (if not already, as the pipeline's own while it lives), so offload places it."""
+        for loop in loops_of(plan.steps):
+            loop.check_previews(self, decoder)
+        cm = self._components_manager
+        if decoder is not None and cm is not None and cm.get_id(decoder) is None:
+            cm.add("preview_decoder", decoder, owner=self)
 
     def _plan(self, kwargs: dict[str, Any], state: PipelineState | None) -> tuple[CallPlan, dict]:
         """The checked plan for this call (made once per set of given input names) and its tagged inputs."""

@@ -6,6 +6,7 @@ workflow, the components they share) and binds `classic_from` and `run_both` fro
 `repo_fixture` and `pipe_fixture`.
 """
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -316,3 +317,93 @@ def assert_variant_files(repo, variant, dtype, folders: Iterable[tuple[str, str]
         assert {t.dtype for t in plain.values()} == {torch.float32}
         assert {t.dtype for t in half.values()} == {dtype}
         assert plain.keys() == half.keys()
+
+
+# ----- previews (blocks/common/latent_preview.py) -----
+
+
+def run_with_previews(pipe, every=None, decoder=None, seed=0, **kwargs):
+    """Our pipeline's images for `kwargs` (a fresh generator of `seed`) and the previews it handed to
+    on_preview every `every` steps (`every=None`: a call without previews, none)."""
+    previews: list[Any] = []
+    watch: dict[str, Any] = {} if every is None else {"preview_every": every, "on_preview": previews.append}
+    if decoder is not None:
+        watch["preview_decoder"] = decoder
+    images = pipe(generator=seeded(seed), output="images", **watch, **copy.deepcopy(kwargs))
+    return images, previews
+
+
+def assert_previews_change_nothing(pipe, steps=3, batch=1, size=None, decoder=None, **kwargs):
+    """The images are equal with and without previews (every step, every 2 steps), the previews come at the
+    steps due, and each holds one RGB PIL image per image of the batch (of `size`, W x H, when given); with
+    `decoder`, the previews are the preview decoder's.
+
+    Returns the previews of every step."""
+    kwargs = {"num_inference_steps": steps, "output_type": "np", **kwargs}
+    expected, _ = run_with_previews(pipe, **kwargs)
+    every_step: list[Any] = []
+    for every in (1, 2):
+        images, previews = run_with_previews(pipe, every, decoder, **kwargs)
+        assert_identical(images, expected)
+        assert previews, f"no preview every {every} steps: give the call more steps"
+        total = previews[0].total
+        assert [preview.step for preview in previews] == list(range(every, total + 1, every))
+        assert all(preview.total == total for preview in previews)
+        for preview in previews:
+            assert len(preview.images) == batch
+            assert all(isinstance(image, PIL.Image.Image) and image.mode == "RGB" for image in preview.images)
+            assert size is None or all(image.size == size for image in preview.images)
+        every_step = every_step or previews
+    return every_step
+
+
+def tiny_preview_decoder(latent_channels=4, seed=0):
+    """A tiny random AutoencoderTiny (TAESD's layout at 8 channels, 2 levels: images at twice the latents' size),
+    made without touching the global random state."""
+    from diffusers import AutoencoderTiny
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return AutoencoderTiny(
+            encoder_block_out_channels=(8, 8),
+            decoder_block_out_channels=(8, 8),
+            num_encoder_blocks=(1, 1),
+            num_decoder_blocks=(1, 1),
+            latent_channels=latent_channels,
+        ).eval()
+
+
+@contextlib.contextmanager
+def forwards_of(*models):
+    """Inside, a list that gets the class name of each forward of `models` (for "before any model runs")."""
+    calls: list[str] = []
+    handles = [
+        model.register_forward_pre_hook(lambda module, args: calls.append(type(module).__name__))
+        for model in models
+    ]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def assert_previews_show_the_latents(pipe, images_of, every=1, **kwargs):
+    """Each preview (every `every` steps) is `images_of(latents)` of the latents as its step left them (read by a
+    step callback, which runs before the preview)."""
+    latents: list[torch.Tensor] = []
+
+    def keep_latents(pipeline, step_index, timestep, callback_kwargs):
+        latents.append(callback_kwargs["latents"].clone())
+        return {}
+
+    kwargs = {"prompt": "a cat", "num_inference_steps": 2, **kwargs}
+    _, previews = run_with_previews(pipe, every, callback_on_step_end=keep_latents, **kwargs)
+    due = latents[every - 1 :: every]
+    assert len(previews) == len(due) > 0
+    for preview, step_latents in zip(previews, due, strict=True):
+        with torch.inference_mode():
+            expected = images_of(step_latents)
+        assert [np.asarray(image).tolist() for image in preview.images] == [
+            np.asarray(image).tolist() for image in expected
+        ]
