@@ -208,7 +208,9 @@ def wiring_problems(children: Named, check_order: bool = True) -> list[str]:
                         f"but {_block_label(name, child)} reads it as {type_name(param.type_hint)}; "
                         "make the two types agree"
                     )
-            elif check_order and param.required:
+            elif check_order and param.required and param.name not in child.intermediate_output_names:
+                # A block that writes what it reads (a denoising loop's latents) reads the given value; a later
+                # writer of it is the next stage (a second loop), no sign of a wrong order.
                 for later_name, later in children[index + 1 :]:
                     if param.name in later.intermediate_output_names:
                         problems.append(

@@ -59,6 +59,27 @@ def test_input_only_a_later_block_produces_is_an_error_naming_both():
     assert "move 'add' before 'double'" in message
 
 
+class Refine(ModularPipelineBlocks):
+    """y -> y + 1: reads and writes y, as a denoising loop reads and writes latents."""
+
+    inputs = [InputParam("y", type_hint=int, required=True)]
+
+    intermediate_outputs = [OutputParam("y", type_hint=int)]
+
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        block_state.y += 1
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+def test_a_block_that_writes_what_it_reads_may_come_before_another_writer():
+    """Two stages that each read and write one value (two denoising loops on the caller's latents) compose:
+    the first reads the given value, the second the first's; a later writer is no sign of a wrong order."""
+    blocks = SequentialPipelineBlocks.from_blocks_dict({"first": Refine, "second": Refine})
+    assert blocks.init_pipeline()(y=1, output="y") == 3
+
+
 class TensorToInt(ModularPipelineBlocks):
     inputs = [InputParam("t", type_hint=int, required=True)]
 
