@@ -1,20 +1,26 @@
 """Watching a call: the step callback's contract (the peer's and diffusers'), interrupt, callback objects, and
 what is checked before anything runs, on small hand-written blocks (tests/modular/watched_blocks.py)."""
 
+import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 
 from modular import (
+    CallCancelled,
+    CancelToken,
     ConditionalPipelineBlocks,
     InputParam,
     ModularPipelineBlocks,
     OutputParam,
     SequentialPipelineBlocks,
 )
-from modular.framework.call_watch import CallWatch
+from modular.framework.call_watch import CallWatch, call_watch_of
 
-from .watched_blocks import RAN, LatentsOnlyLoop, Setup, run, watched_pipeline
+from .watched_blocks import RAN, LatentsOnlyLoop, Setup, StepLoop, run, watched_pipeline
 
 
 @pytest.fixture(autouse=True)
@@ -207,3 +213,130 @@ def test_callback_tensor_inputs_lists_what_the_loops_offer():
         {"setup": Setup, "first": LatentsOnlyLoop, "pick": PickLoop, "second": ChooseLoop}
     )
     assert blocks.init_pipeline().callback_tensor_inputs == ["latents"]
+
+
+# ----- progress events, cancel, threads, and the cost of watching nothing -----
+
+
+def test_progress_events_name_each_block_and_each_step_in_order():
+    """on_progress gets block_started/block_finished for every block (nested names dotted) and a step event
+    after every denoising step, counting 1..total in each loop; elapsed seconds never go back."""
+    events = []
+    blocks = SequentialPipelineBlocks.from_blocks_dict(
+        {
+            "prep": SequentialPipelineBlocks.from_blocks_dict({"setup": Setup}),
+            "denoise": StepLoop,
+            "again": Setup,
+            "refine": StepLoop,
+        }
+    )
+    pipe = blocks.init_pipeline()
+    run(pipe, on_progress=events.append, num_steps=2)
+    assert [(e.kind, e.stage, e.step, e.total) for e in events] == [
+        ("block_started", "prep.setup", None, None),
+        ("block_finished", "prep.setup", None, None),
+        ("block_started", "denoise", None, None),
+        ("step", "denoise", 1, 2),
+        ("step", "denoise", 2, 2),
+        ("block_finished", "denoise", None, None),
+        ("block_started", "again", None, None),
+        ("block_finished", "again", None, None),
+        ("block_started", "refine", None, None),
+        ("step", "refine", 1, 2),
+        ("step", "refine", 2, 2),
+        ("block_finished", "refine", None, None),
+    ]
+    elapsed = [event.elapsed for event in events]
+    assert elapsed == sorted(elapsed) and elapsed[0] >= 0
+
+
+@pytest.mark.parametrize("at", ["block_started", "step"])
+def test_an_on_progress_that_raises_stops_the_call_and_leaves_the_pipeline_clean(at):
+    """An exception from on_progress propagates as it is (at the first block, or after the first step) and the
+    next call runs as a fresh one."""
+    pipe = watched_pipeline()
+    fresh = run(pipe)
+    RAN.clear()
+
+    def fails(event):
+        if event.kind == at:
+            raise RuntimeError("the app's progress handler failed")
+
+    with pytest.raises(RuntimeError, match="the app's progress handler failed"):
+        run(pipe, on_progress=fails)
+    assert RAN == ([] if at == "block_started" else ["setup", "step"])
+    assert pipe.interrupt is False and keeps_no_callback(pipe)
+    assert torch.equal(run(pipe), fresh)
+
+
+@pytest.mark.parametrize("make_cancel", [CancelToken, threading.Event], ids=["token", "event"])
+def test_a_cancel_raises_call_cancelled_naming_the_block_and_step_and_pickles(make_cancel):
+    """A cancel set after step 1 stops the call before step 2: CallCancelled (a RuntimeError) names the block
+    and the step, survives pickling (a call in another process reports it), and the next call is a fresh one."""
+    cancel = make_cancel()
+
+    def cancel_after_step_1(event):
+        if event.kind == "step":
+            cancel.set() if isinstance(cancel, threading.Event) else cancel.cancel("the user closed the tab")
+
+    pipe = watched_pipeline()
+    with pytest.raises(CallCancelled) as caught:
+        run(pipe, cancel=cancel, on_progress=cancel_after_step_1)
+    error = caught.value
+    assert isinstance(error, RuntimeError)
+    assert (error.block, error.step, error.total) == ("denoise_0", 1, 3)
+    assert str(error).startswith("the call was cancelled before step 2 of 3 of block 'denoise_0'")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is CallCancelled and str(again) == str(error)
+    assert (again.block, again.step, again.total, again.reason) == (error.block, 1, 3, error.reason)
+    assert torch.equal(run(pipe), torch.full((1, 2), 7.0))
+
+
+def test_two_threads_on_one_pipeline_each_have_their_own_interrupt():
+    """Two calls of one pipeline at once: the one whose callback interrupts stops after its first step; the
+    other, at the same step at the same time, runs all of its steps."""
+    pipe = watched_pipeline()
+    both_at_step_0 = threading.Barrier(2, timeout=30)
+
+    def interrupts(pipeline, step, timestep, tensors):
+        pipeline.interrupt = True
+        both_at_step_0.wait()
+        return tensors
+
+    def waits(pipeline, step, timestep, tensors):
+        if step == 0:
+            both_at_step_0.wait()
+        return tensors
+
+    with ThreadPoolExecutor(2) as pool:
+        stopped = pool.submit(run, pipe, callback_on_step_end=interrupts)
+        full = pool.submit(run, pipe, callback_on_step_end=waits)
+        assert torch.equal(stopped.result(timeout=60), torch.ones(1, 2))
+        assert torch.equal(full.result(timeout=60), torch.full((1, 2), 7.0))
+
+
+class SeesTheWatch(ModularPipelineBlocks):
+    """Records what the call handed its blocks as the watch."""
+
+    seen: list = []
+
+    intermediate_outputs = [OutputParam("done")]
+
+    def __call__(self, components, state):
+        SeesTheWatch.seen.append(components.__dict__.get("_call_watch", "no such field"))
+        block_state = self.get_block_state(state)
+        block_state.done = True
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+def test_a_call_with_no_watching_keyword_makes_no_watch():
+    """No callback, cancel, progress or preview keyword: no CallWatch is made (watching costs nothing), and
+    with one the blocks see it."""
+    assert call_watch_of() is None
+    pipe = SeesTheWatch().init_pipeline()
+    SeesTheWatch.seen = []
+    pipe(output="done")
+    pipe(output="done", on_progress=lambda event: None)
+    assert SeesTheWatch.seen[0] is None
+    assert isinstance(SeesTheWatch.seen[1], CallWatch)
