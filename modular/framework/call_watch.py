@@ -340,6 +340,13 @@ class CallWatch:
                 f"not offer; it may return {offered}"
             )
             raise ValueError(msg)
+        missing = loop.missing_callback_values(block_state, list(updates))
+        if missing:
+            msg = (
+                f"callback_on_step_end returned {missing}, which the denoising loop {type(loop).__name__} offers "
+                f"but has no value for in this call, so no step reads it; return only names it has values for"
+            )
+            raise ValueError(msg)
         if updates:
             loop.take_callback_values(components, block_state, updates)
 

@@ -294,12 +294,10 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
             cm = self._components_manager
             if cm is not None:
                 cm.set_execution_plan(self._models_in_order(plan))
-            try:
-                with torch.inference_mode():
-                    _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
-            finally:
-                if watch is not None:
-                    self._interrupt = watch.interrupted
+            with torch.inference_mode():
+                _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
+            if watch is not None:  # a call that failed leaves the flag reset (the peer's contract)
+                self._interrupt = watch.interrupted
             return call_result(
                 state, output
             )  # tensors cloned out of inference mode (modular/pipeline/outputs.py)

@@ -38,6 +38,11 @@ def keeps_no_callback(pipe):
     )
 
 
+def interrupt_then_fail(pipeline, step, timestep, tensors):
+    pipeline.interrupt = True
+    return None
+
+
 # (callback, tensor inputs, error, what ran before it was raised, a fragment of its message)
 BAD_CALLS = {
     "returns_none": (lambda *a: None, None, TypeError, ["setup", "step"], "must return a dict"),
@@ -61,6 +66,20 @@ BAD_CALLS = {
         ValueError,
         ["setup"],
         r"\['negative_embeds'\].*no value",
+    ),
+    "returns_offered_name_without_a_value": (
+        lambda *a: {"negative_embeds": torch.zeros(1, 2)},
+        None,
+        ValueError,
+        ["setup", "step"],
+        r"returned \['negative_embeds'\].*no value",
+    ),
+    "interrupts_then_returns_none": (
+        interrupt_then_fail,
+        None,
+        TypeError,
+        ["setup", "step"],
+        "must return a dict",
     ),
     "not_callable": (0, None, TypeError, [], "callback_on_step_end must be callable"),
     "names_without_callback": (None, ["invalid"], ValueError, [], r"asks for \['invalid'\]"),
