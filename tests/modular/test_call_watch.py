@@ -226,12 +226,17 @@ def test_a_loop_chosen_at_run_time_checks_the_names_when_it_starts():
 
 
 def test_callback_tensor_inputs_lists_what_the_loops_offer():
-    """pipe.callback_tensor_inputs: the names every loop of the blocks offers, each once, in order."""
+    """pipe.callback_tensor_inputs: the names the blocks' loops offer (those inside a choice too), each once, in
+    the order the loops come."""
     assert watched_pipeline().callback_tensor_inputs == ["latents", "embeds", "negative_embeds"]
     blocks = SequentialPipelineBlocks.from_blocks_dict(
-        {"setup": Setup, "first": LatentsOnlyLoop, "pick": PickLoop, "second": ChooseLoop}
+        {"setup": Setup, "first": LatentsOnlyLoop, "second": StepLoop}
     )
-    assert blocks.init_pipeline().callback_tensor_inputs == ["latents"]
+    assert blocks.init_pipeline().callback_tensor_inputs == ["latents", "embeds", "negative_embeds"]
+    chosen = SequentialPipelineBlocks.from_blocks_dict(
+        {"setup": Setup, "pick": PickLoop, "denoise": ChooseLoop}
+    )
+    assert chosen.init_pipeline().callback_tensor_inputs == ["latents"]
 
 
 # ----- progress events, cancel, threads, and the cost of watching nothing -----

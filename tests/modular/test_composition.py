@@ -73,9 +73,10 @@ class Refine(ModularPipelineBlocks):
         return components, state
 
 
-def test_a_block_that_writes_what_it_reads_may_come_before_another_writer():
-    """Two stages that each read and write one value (two denoising loops on the caller's latents) compose:
-    the first reads the given value, the second the first's; a later writer is no sign of a wrong order."""
+def test_a_later_block_that_requires_what_it_writes_is_no_wrong_order():
+    """Two stages that each require and write one value (two denoising loops on the caller's latents) compose:
+    the first reads the given value, the second the first's; only a later block that makes the value without
+    requiring it signals a wrong order."""
     blocks = SequentialPipelineBlocks.from_blocks_dict({"first": Refine, "second": Refine})
     assert blocks.init_pipeline()(y=1, output="y") == 3
 
