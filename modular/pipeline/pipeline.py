@@ -265,7 +265,9 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
 
         Raises:
             TypeError, ValueError: a watching keyword of the wrong kind, or tensors a loop does not offer
-                (before anything runs); a callback's result that is not a dict of offered names (at its step).
+                (before anything runs); tensors a loop has no value for (when it starts); a callback's result
+                that is not a dict of names the loop offers and has (at its step). A call that fails leaves
+                ``interrupt`` False.
             CallCancelled: ``cancel`` was set.
         """
         self._interrupt = (
