@@ -49,13 +49,13 @@ def test_a_name_the_loop_has_no_value_for_fails_before_its_first_step():
 
 
 def test_the_bar_is_the_same_with_progress_events():
-    """on_progress adds events and leaves the tqdm bar as it is: the same text, ending at 3/3."""
-    bars = []
+    """on_progress adds events and leaves the tqdm bar as it is: the same counts, ending at 3/3."""
+    counts = []
     for watching in ({}, {"on_progress": lambda event: None}):
         pipe = Loop().init_pipeline()
         bar = io.StringIO()
-        pipe.set_progress_bar_config(file=bar, ncols=40, mininterval=0)
+        pipe.set_progress_bar_config(file=bar, mininterval=0)
         call(pipe, **watching)
-        bars.append(re.sub(r"\[.*?\]", "", bar.getvalue()))  # elapsed times and rates differ
-    assert bars[0] == bars[1]
-    assert re.findall(r"\d+/\d+", bars[0])[-1] == "3/3"
+        counts.append(re.findall(r"\d+/\d+", bar.getvalue()))  # times and rates differ from run to run
+    assert counts[0] == counts[1]
+    assert counts[0][-1] == "3/3"
