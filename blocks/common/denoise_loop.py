@@ -59,7 +59,7 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
         attention_kwargs = values.get("cross_attention_kwargs") or values.get("joint_attention_kwargs")
         watch = watch_of(components)  # None unless the call asked for callbacks, cancel, progress or previews
         if watch is not None:
-            watch.loop_started(self, len(block_state.timesteps))
+            watch.loop_started(self, len(block_state.timesteps), block_state)
         ticks = progress_ticks(
             len(block_state.timesteps),
             block_state.num_inference_steps,

@@ -304,9 +304,24 @@ class CallWatch:
             self.on_progress(ProgressEvent(kind, stage, step, total, self.elapsed()))
 
     # ----- in a denoising loop -----
-    def loop_started(self, loop: Any, total: int) -> None:
-        """A loop starts: its own offers are checked (a loop chosen only at run time was not checked before)."""
+    def loop_started(self, loop: Any, total: int, block_state: Any = None) -> None:
+        """A loop starts: its own offers are checked (a loop chosen only at run time was not checked before),
+        and, given its ``block_state``, that it has a value for every name the callback asks for, so that a
+        name it offers but has no value for in this call fails before its first step, not after it.
+
+        Raises:
+            ValueError: a name the loop does not offer, or has no value for.
+        """
         self._check_loop(loop)
+        if self.callback is not None and block_state is not None:
+            missing = loop.missing_callback_values(block_state, self.tensor_inputs)
+            if missing:
+                msg = (
+                    f"callback_on_step_end_tensor_inputs asks for {missing}, which the denoising loop "
+                    f"{type(loop).__name__} offers but has no value for in this call (an optional input not "
+                    f"given?); ask for others of {list(loop.callback_tensor_inputs)}"
+                )
+                raise ValueError(msg)
         self.num_timesteps = total
         self._loop_step = 0
 
@@ -345,6 +360,13 @@ class CallWatch:
             msg = (
                 f"callback_on_step_end returned {unknown}, which the denoising loop {type(loop).__name__} does "
                 f"not offer; it may return {offered}"
+            )
+            raise ValueError(msg)
+        missing = loop.missing_callback_values(block_state, list(updates))
+        if missing:
+            msg = (
+                f"callback_on_step_end returned {missing}, which the denoising loop {type(loop).__name__} offers "
+                f"but has no value for in this call, so no step reads it; return only names it has values for"
             )
             raise ValueError(msg)
         if updates:

@@ -210,7 +210,12 @@ def wiring_problems(children: Named, check_order: bool = True) -> list[str]:
                     )
             elif check_order and param.required:
                 for later_name, later in children[index + 1 :]:
-                    if param.name in later.intermediate_output_names:
+                    # A later block that requires the value too only changes it (a second denoising loop on
+                    # the caller's latents): no sign of a wrong order. One that makes it without needing it is.
+                    if (
+                        param.name in later.intermediate_output_names
+                        and param.name not in later.required_inputs
+                    ):
                         problems.append(
                             f"{_block_label(name, child)} needs {param.name!r}, which only the later block "
                             f"{_block_label(later_name, later)} produces; move {later_name!r} before {name!r}"

@@ -113,6 +113,17 @@ class LoopSequentialPipelineBlocks(CompositeBlocks):
             raise ValueError(msg)
         return {name: values[name] for name in names}
 
+    def missing_callback_values(self, block_state: BlockState, names: Iterable[str]) -> list[str]:
+        """The ``names`` this loop will have no value for when its steps call the step callback, checked as it
+        starts: neither in its block state nor made by its own blocks. A loop that overrides
+        :meth:`callback_values` (values kept in another layout) overrides this too; until it does, none is
+        reported here and its :meth:`callback_values` reports them at the first step."""
+        if type(self).callback_values is not LoopSequentialPipelineBlocks.callback_values:
+            return []
+        values = block_state.__dict__
+        made = set(self.intermediate_output_names)
+        return [name for name in names if name not in values and name not in made]
+
     def take_callback_values(
         self, components: Any, block_state: BlockState, updates: Mapping[str, Any]
     ) -> None:

@@ -269,7 +269,9 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
 
         Raises:
             TypeError, ValueError: a watching keyword of the wrong kind, or tensors a loop does not offer
-                (before anything runs); a callback's result that is not a dict of offered names (at its step).
+                (before anything runs); tensors a loop has no value for (when it starts); a callback's result
+                that is not a dict of names the loop offers and has (at its step). A call that fails leaves
+                ``interrupt`` False.
             CallCancelled: ``cancel`` was set.
         """
         self._interrupt = (
@@ -302,12 +304,10 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
                 cm.set_execution_plan(
                     self._models_in_order(plan, None if watch is None else watch.preview_decoder)
                 )
-            try:
-                with torch.inference_mode():
-                    _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
-            finally:
-                if watch is not None:
-                    self._interrupt = watch.interrupted
+            with torch.inference_mode():
+                _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
+            if watch is not None:  # a call that failed leaves the flag reset (the peer's contract)
+                self._interrupt = watch.interrupted
             return call_result(
                 state, output
             )  # tensors cloned out of inference mode (modular/pipeline/outputs.py)

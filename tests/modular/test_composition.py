@@ -59,6 +59,28 @@ def test_input_only_a_later_block_produces_is_an_error_naming_both():
     assert "move 'add' before 'double'" in message
 
 
+class Refine(ModularPipelineBlocks):
+    """y -> y + 1: reads and writes y, as a denoising loop reads and writes latents."""
+
+    inputs = [InputParam("y", type_hint=int, required=True)]
+
+    intermediate_outputs = [OutputParam("y", type_hint=int)]
+
+    def __call__(self, components, state):
+        block_state = self.get_block_state(state)
+        block_state.y += 1
+        self.set_block_state(state, block_state)
+        return components, state
+
+
+def test_a_later_block_that_requires_what_it_writes_is_no_wrong_order():
+    """Two stages that each require and write one value (two denoising loops on the caller's latents) compose:
+    the first reads the given value, the second the first's; only a later block that makes the value without
+    requiring it signals a wrong order."""
+    blocks = SequentialPipelineBlocks.from_blocks_dict({"first": Refine, "second": Refine})
+    assert blocks.init_pipeline()(y=1, output="y") == 3
+
+
 class TensorToInt(ModularPipelineBlocks):
     inputs = [InputParam("t", type_hint=int, required=True)]
 
