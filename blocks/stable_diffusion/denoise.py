@@ -25,9 +25,9 @@ from modular import (
 )
 
 from .utils import (
+    GUIDANCE_SCALE,
     MODEL_NAME,
     SCHEDULER,
-    GUIDANCE_SCALE,
     do_classifier_free_guidance,
     extra_step_kwargs,
     guidance_scale,
