@@ -294,10 +294,12 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
             cm = self._components_manager
             if cm is not None:
                 cm.set_execution_plan(self._models_in_order(plan))
+            view = CallComponents(self, watch)
             try:
                 with torch.inference_mode():
-                    _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
+                    _, state = run_steps(plan.steps, view, state, watch)
             finally:
+                view.call_ended()
                 if watch is not None:
                     self._interrupt = watch.interrupted
             return call_result(

@@ -7,7 +7,12 @@ from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback, SDCFGCutoffCallback
 
 from blocks.stable_diffusion.denoise import StableDiffusionDenoiseStep, StableDiffusionInpaintDenoiseStep
+from blocks.stable_diffusion.tiny import make_tiny_ip_adapter
 
+from ..callback_helpers import (
+    assert_ip_adapter_cutoff_is_classic_for_its_call,
+    assert_ip_adapter_cutoff_stays_in_its_thread,
+)
 from ..helpers import assert_identical, make_image, make_mask, seeded
 from .conftest import SD, run_both
 
@@ -212,3 +217,13 @@ def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, 
     assert pipe.interrupt is True
     assert_identical(*run_both(pipe, classic_workflow, **call))
     assert pipe.interrupt is False
+
+
+def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sd_repo, tmp_path):
+    assert_ip_adapter_cutoff_is_classic_for_its_call(
+        SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo)
+    )
+
+
+def test_an_ip_adapter_scale_set_in_a_call_stays_out_of_another_threads_call(sd_repo, tmp_path):
+    assert_ip_adapter_cutoff_stays_in_its_thread(SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo))

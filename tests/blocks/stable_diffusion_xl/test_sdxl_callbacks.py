@@ -7,11 +7,13 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback, SDXLCFGCutoffCallback
 
+from blocks.stable_diffusion.tiny import make_tiny_ip_adapter
 from blocks.stable_diffusion_xl.denoise import (
     StableDiffusionXLDenoiseStep,
     StableDiffusionXLInpaintDenoiseStep,
 )
 
+from ..callback_helpers import assert_ip_adapter_cutoff_is_classic_for_its_call
 from ..helpers import assert_identical, make_image, make_mask, seeded
 from .conftest import SDXL, run_both
 
@@ -202,3 +204,8 @@ def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, 
     assert pipe.interrupt is True
     assert_identical(*run_both(pipe, classic_workflow, classic_config=config, **call))
     assert pipe.interrupt is False
+
+
+def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sdxl_repo, tmp_path):
+    ip_repo = make_tiny_ip_adapter(tmp_path / "ip", sdxl_repo)
+    assert_ip_adapter_cutoff_is_classic_for_its_call(SDXL, sdxl_repo, ip_repo)
