@@ -25,7 +25,7 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
     block_names = ["before_denoiser", "denoiser", "after_denoiser"]
 
     # What every classic pipeline's callback_on_step_end offers; a family adds the rest of its own.
-    _callback_tensor_inputs = ("latents",)
+    _callback_tensor_inputs: tuple[str, ...] = ("latents",)
 
     description = (
         "Denoising loop: runs its sub-blocks once per timestep, in order, on one shared block state."

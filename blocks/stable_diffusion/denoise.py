@@ -292,10 +292,12 @@ class StableDiffusionDenoiseLoopWrapper(TimestepLoopBlocks):
     a callback returns for it changes nothing there, nor here). See ``blocks/common/callback_tensors.py``.
     """
 
-    _callback_tensor_inputs = ("latents", "prompt_embeds", "negative_prompt_embeds")
+    _callback_tensor_inputs: tuple[str, ...] = ("latents", "prompt_embeds", "negative_prompt_embeds")
 
     #: The tensors the classic pipeline joins into one classifier-free batch before its loop.
-    guidance_batches = (GuidanceBatch("prompt_embeds", "prompt_embeds", "negative_prompt_embeds"),)
+    guidance_batches: tuple[GuidanceBatch, ...] = (
+        GuidanceBatch("prompt_embeds", "prompt_embeds", "negative_prompt_embeds"),
+    )
 
     #: The classic scale the guidance rule falls back on for blocks run without a guider.
     classic_guidance_scale = GUIDANCE_SCALE
