@@ -359,3 +359,22 @@ class StableDiffusionInpaintDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         "Denoises the latents for inpainting. A 9-channel UNet sees the mask and the masked image each step; "
         "with a 4-channel UNet the area outside the mask is pasted back after each step."
     )
+
+    def take_callback_values(self, components, block_state, updates):
+        """As the plain loop's; a 9-channel UNet's mask and masked-image latents must keep equal halves while
+        guidance is on: both conditions of a step see the first (the classic pipeline would give each its own).
+
+        Raises:
+            ValueError: a returned mask or masked_image_latents whose halves differ (nothing is changed).
+        """
+        if components.unet.config.in_channels == 9 and self.guided(components, block_state):
+            batch = block_state.latents.shape[0]
+            for name in ("mask", "masked_image_latents"):
+                value = updates.get(name)
+                if value is not None and value.shape[0] == 2 * batch and not torch.equal(*value.chunk(2)):
+                    msg = (
+                        f"{type(self).__name__}: the step callback returned a {name!r} whose negative and positive "
+                        f"halves differ; this loop gives both conditions the same one: return equal halves"
+                    )
+                    raise ValueError(msg)
+        super().take_callback_values(components, block_state, updates)

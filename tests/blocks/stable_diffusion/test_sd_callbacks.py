@@ -227,3 +227,35 @@ def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sd_repo, tm
 
 def test_an_ip_adapter_scale_set_in_a_call_stays_out_of_another_threads_call(sd_repo, tmp_path):
     assert_ip_adapter_cutoff_stays_in_its_thread(SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo))
+
+
+def changed_mask(pipeline, step, timestep, callback_kwargs):
+    """At the first step, the mask shifted and the masked image's latents dimmed (both halves alike)."""
+    if step == 0:
+        mask, masked = callback_kwargs["mask"], callback_kwargs["masked_image_latents"]
+        return {"mask": mask.roll(3, dims=-1), "masked_image_latents": masked * 0.8}
+    return {}
+
+
+@pytest.mark.parametrize("workflow", ["inpainting_4ch", "inpainting_9ch"])
+def test_a_callback_that_changes_the_mask_equals_the_classic(request, workflow):
+    names = ["mask", "masked_image_latents"]
+    ours, theirs = run_workflow(
+        request, workflow, callback_on_step_end=changed_mask, callback_on_step_end_tensor_inputs=names
+    )
+    assert_identical(ours, theirs)
+    assert not torch.equal(ours, run_workflow(request, workflow)[0])
+
+
+def test_a_mask_with_unequal_halves_is_refused_for_a_9_channel_unet(request):
+    def unequal(pipeline, step, timestep, callback_kwargs):
+        mask = callback_kwargs["mask"]
+        return {"mask": torch.cat([mask[:1], 1 - mask[1:]])}
+
+    with pytest.raises(ValueError, match="'mask' whose negative and positive halves differ"):
+        run_workflow(
+            request,
+            "inpainting_9ch",
+            callback_on_step_end=unequal,
+            callback_on_step_end_tensor_inputs=["mask"],
+        )
