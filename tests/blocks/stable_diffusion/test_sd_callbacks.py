@@ -49,14 +49,14 @@ def test_each_loop_offers_the_tensors_of_its_classic_pipeline(loop, workflow):
 
 
 @pytest.mark.parametrize("workflow", list(WORKFLOWS))
-@pytest.mark.parametrize("images", [1, 2])
-def test_a_callback_sees_the_tensors_of_the_classic_pipeline(request, workflow, images):
+@pytest.mark.parametrize(("images", "guidance"), [(1, {}), (2, {}), (2, {"guidance_scale": 1.0})])
+def test_a_callback_sees_the_tensors_of_the_classic_pipeline(request, workflow, images, guidance):
     """Every offered tensor, at every step, has the classic name, shape and value (prompt_embeds doubled)."""
     seen: dict[str, list] = {"ours": [], "theirs": []}
 
     def record(pipeline, step, timestep, callback_kwargs):
         side = "theirs" if isinstance(pipeline, DiffusionPipeline) else "ours"
-        seen[side].append((step, int(timestep), {k: v.clone() for k, v in callback_kwargs.items()}))
+        seen[side].append((step, int(timestep), {k: _cloned(v) for k, v in callback_kwargs.items()}))
         return {}
 
     names = classic_names(workflow)
@@ -64,6 +64,7 @@ def test_a_callback_sees_the_tensors_of_the_classic_pipeline(request, workflow, 
         request,
         workflow,
         num_images_per_prompt=images,
+        **guidance,
         callback_on_step_end=record,
         callback_on_step_end_tensor_inputs=names,
     )
@@ -72,8 +73,16 @@ def test_a_callback_sees_the_tensors_of_the_classic_pipeline(request, workflow, 
         assert (step, t) == (their_step, their_t)
         assert list(ours) == names
         for name in names:
-            assert_identical(ours[name], theirs[name])
-    assert seen["ours"][0][2]["prompt_embeds"].shape[0] == 2 * images  # classifier-free: [negative, positive]
+            if theirs[name] is None:  # negative_prompt_embeds without guidance
+                assert ours[name] is None
+            else:
+                assert_identical(ours[name], theirs[name])
+    rows = images if guidance else 2 * images  # classifier-free: [negative, positive]; without: positive
+    assert seen["ours"][0][2]["prompt_embeds"].shape[0] == rows
+
+
+def _cloned(value):
+    return None if value is None else value.clone()
 
 
 def changed_latents(pipeline, step, timestep, callback_kwargs):
