@@ -7,10 +7,12 @@ from typing import Any
 import torch
 
 from blocks.common import TimestepLoopBlocks
+from blocks.common.callback_tensors import GuidanceBatch, present, take
 from blocks.common.guidance import (
     GuiderKindCheck,
     call_guider,
     check_guider,
+    guidance_scale_of,
     guided_prediction,
     guider_spec,
     stack_conditions,
@@ -24,6 +26,7 @@ from modular import (
 )
 
 from .utils import (
+    GUIDANCE_SCALE,
     MODEL_NAME,
     SCHEDULER,
     do_classifier_free_guidance,
@@ -158,9 +161,12 @@ class StableDiffusionLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         return block_state.timestep_cond
 
     def call_guider(self, components, block_state):
-        """The call's copy of the guider (made at the first step and checked against the UNet)."""
-        if "call_guider" not in block_state:
-            scale = guidance_scale(components, block_state.guidance_scale)
+        """The call's copy of the guider (made at the first step and checked against the UNet), made again when
+        a step callback changes the scale (``pipeline._guidance_scale = 0.0``): the classic pipelines read
+        ``do_classifier_free_guidance`` at every step."""
+        scale = guidance_scale(components, block_state.guidance_scale)
+        if "call_guider" not in block_state or block_state.__dict__.get("call_guider_scale") != scale:
+            block_state.call_guider_scale = scale
             guider = call_guider(
                 components.guider, scale, guidance_on=do_classifier_free_guidance(components, scale)
             )
@@ -279,7 +285,23 @@ class StableDiffusionInpaintLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
 
 
 class StableDiffusionDenoiseLoopWrapper(TimestepLoopBlocks):
-    """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler."""
+    """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler.
+
+    A step callback gets the tensors of the classic pipeline of its workflow, as it holds them: ``prompt_embeds``
+    is the classifier-free batch ``cat([negative, positive])`` while guidance is on (the positive rows once a
+    callback turns it off), ``negative_prompt_embeds`` the negative rows, which the classic loop never reads (what
+    a callback returns for it changes nothing there, nor here). See ``blocks/common/callback_tensors.py``.
+    """
+
+    _callback_tensor_inputs: tuple[str, ...] = ("latents", "prompt_embeds", "negative_prompt_embeds")
+
+    #: The tensors the classic pipeline joins into one classifier-free batch before its loop.
+    guidance_batches: tuple[GuidanceBatch, ...] = (
+        GuidanceBatch("prompt_embeds", "prompt_embeds", "negative_prompt_embeds"),
+    )
+
+    #: The classic scale the guidance rule falls back on for blocks run without a guider.
+    classic_guidance_scale = GUIDANCE_SCALE
 
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
@@ -288,6 +310,23 @@ class StableDiffusionDenoiseLoopWrapper(TimestepLoopBlocks):
     # Previews of SD 1.x/2.x latents; the inpainting UNet's 9 input channels are built per step, the latents
     # stay 4 channels.
     latent_rgb_map = SD_LATENT_RGB
+
+    def guided(self, components, block_state) -> bool:
+        """Whether classifier-free guidance is on for the call's next step (a callback may have turned it off)."""
+        scale = guidance_scale_of(components, block_state.guidance_scale, self.classic_guidance_scale)
+        return do_classifier_free_guidance(components, scale)
+
+    def callback_values(self, components, block_state, names):
+        kept = block_state.__dict__.setdefault("callback_kept", {})
+        guided = self.guided(components, block_state)
+        values = block_state.__dict__
+        return present(values, names, self.guidance_batches, guided, kept, type(self).__name__)
+
+    def take_callback_values(self, components, block_state, updates):
+        kept = block_state.__dict__.setdefault("callback_kept", {})
+        values = block_state.__dict__
+        changes = take(values, updates, self.guidance_batches, kept, type(self).__name__)
+        super().take_callback_values(components, block_state, changes)
 
 
 class StableDiffusionDenoiseStep(StableDiffusionDenoiseLoopWrapper):
@@ -308,6 +347,13 @@ class StableDiffusionDenoiseStep(StableDiffusionDenoiseLoopWrapper):
 class StableDiffusionInpaintDenoiseStep(StableDiffusionDenoiseLoopWrapper):
     """The inpainting denoising loop, for 4- and 9-channel UNets."""
 
+    # As the classic inpainting pipeline: mask and masked_image_latents doubled while guidance is on.
+    _callback_tensor_inputs = (
+        *StableDiffusionDenoiseLoopWrapper._callback_tensor_inputs,
+        "mask",
+        "masked_image_latents",
+    )
+
     block_classes = [
         StableDiffusionInpaintLoopBeforeDenoiser,
         StableDiffusionLoopDenoiser,
@@ -318,3 +364,22 @@ class StableDiffusionInpaintDenoiseStep(StableDiffusionDenoiseLoopWrapper):
         "Denoises the latents for inpainting. A 9-channel UNet sees the mask and the masked image each step; "
         "with a 4-channel UNet the area outside the mask is pasted back after each step."
     )
+
+    def take_callback_values(self, components, block_state, updates):
+        """As the plain loop's; a 9-channel UNet's mask and masked-image latents must keep equal halves while
+        guidance is on: both conditions of a step see the first (the classic pipeline would give each its own).
+
+        Raises:
+            ValueError: a returned mask or masked_image_latents whose halves differ (nothing is changed).
+        """
+        if components.unet.config.in_channels == 9 and self.guided(components, block_state):
+            batch = block_state.latents.shape[0]
+            for name in ("mask", "masked_image_latents"):
+                value = updates.get(name)
+                if value is not None and value.shape[0] == 2 * batch and not torch.equal(*value.chunk(2)):
+                    msg = (
+                        f"{type(self).__name__}: the step callback returned a {name!r} whose negative and positive "
+                        f"halves differ; this loop gives both conditions the same one: return equal halves"
+                    )
+                    raise ValueError(msg)
+        super().take_callback_values(components, block_state, updates)

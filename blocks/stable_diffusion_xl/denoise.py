@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from blocks.common.callback_tensors import GuidanceBatch
 from blocks.common.guidance import guider_spec
 from blocks.common.latent_preview import SDXL_LATENT_RGB
 from blocks.common.params import tensor_input
@@ -20,10 +21,20 @@ from blocks.stable_diffusion.denoise import (
 from blocks.stable_diffusion.utils import do_classifier_free_guidance
 from modular import InputParam
 
-from .utils import MODEL_NAME, guidance_scale, guidance_scale_input, with_sdxl_guidance
+from .utils import GUIDANCE_SCALE, MODEL_NAME, guidance_scale, guidance_scale_input, with_sdxl_guidance
 
 # The classic SDXL pipelines' guidance: classifier-free, scale 5.0 (the call's guidance_scale sets it per call).
 SDXL_GUIDER_SPEC = guider_spec(guidance_scale=5.0)
+
+# What the classic SDXL pipelines offer a step callback, and the tensors they join into one classifier-free batch
+# (``cat([negative, positive])``) before their loop: the text embeddings, the pooled ones as ``add_text_embeds``,
+# and the micro-conditioning ids (whose halves keep the classic rows, see the conditioning steps).
+SDXL_CALLBACK_TENSOR_INPUTS = ("latents", "prompt_embeds", "add_text_embeds", "add_time_ids")
+SDXL_GUIDANCE_BATCHES = (
+    GuidanceBatch("prompt_embeds", "prompt_embeds", "negative_prompt_embeds"),
+    GuidanceBatch("add_text_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds"),
+    GuidanceBatch("add_time_ids", "add_time_ids", "negative_add_time_ids"),
+)
 
 __all__ = [
     "StableDiffusionXLLoopBeforeDenoiser",
@@ -79,12 +90,16 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
     ]
 
     def condition_inputs(self, components, block_state) -> dict[str, tuple[Any, Any]]:
-        """Per UNet input, its (conditional, unconditional) value on the execution device, made once per call."""
-        if "condition_inputs" not in block_state:
+        """Per UNet input, its (conditional, unconditional) value on the execution device, made once per call
+        and again when a step callback replaces an embedding or turns guidance off."""
+        guided = do_classifier_free_guidance(
+            components, guidance_scale(components, block_state.guidance_scale)
+        )
+        sources = (guided, *(block_state.__dict__.get(name) for name in _CONDITION_SOURCES))
+        made_from = block_state.__dict__.get("condition_inputs_sources")
+        if made_from is None or any(a is not b for a, b in zip(made_from, sources, strict=True)):
+            block_state.condition_inputs_sources = sources
             inputs = super().condition_inputs(components, block_state)
-            guided = do_classifier_free_guidance(
-                components, guidance_scale(components, block_state.guidance_scale)
-            )
             device = components._execution_device
             pairs = {
                 "text_embeds": (block_state.pooled_prompt_embeds, block_state.negative_pooled_prompt_embeds),
@@ -106,6 +121,17 @@ class StableDiffusionXLLoopDenoiser(StableDiffusionLoopDenoiser):
         return {"added_cond_kwargs": added}
 
 
+# What the cached UNet inputs are made from (compared by identity: a callback's tensor is a new object).
+_CONDITION_SOURCES = (
+    "prompt_embeds",
+    "negative_prompt_embeds",
+    "pooled_prompt_embeds",
+    "negative_pooled_prompt_embeds",
+    "add_time_ids",
+    "negative_add_time_ids",
+)
+
+
 class StableDiffusionXLLoopAfterDenoiser(StableDiffusionLoopAfterDenoiser):
     """Loop step: the scheduler step from t to the next timestep (as Stable Diffusion's)."""
 
@@ -122,6 +148,10 @@ class StableDiffusionXLInpaintLoopAfterDenoiser(StableDiffusionInpaintLoopAfterD
 
 class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
     """The text-to-image and image-to-image denoising loop."""
+
+    _callback_tensor_inputs = SDXL_CALLBACK_TENSOR_INPUTS
+    guidance_batches = SDXL_GUIDANCE_BATCHES
+    classic_guidance_scale = GUIDANCE_SCALE
 
     block_classes = [
         StableDiffusionXLLoopBeforeDenoiser,
@@ -141,6 +171,10 @@ class StableDiffusionXLDenoiseStep(StableDiffusionDenoiseLoopWrapper):
 
 class StableDiffusionXLInpaintDenoiseStep(StableDiffusionInpaintDenoiseStep):
     """The inpainting denoising loop, for 4- and 9-channel UNets, with SDXL's UNet conditions."""
+
+    _callback_tensor_inputs = (*SDXL_CALLBACK_TENSOR_INPUTS, "mask", "masked_image_latents")
+    guidance_batches = SDXL_GUIDANCE_BATCHES
+    classic_guidance_scale = GUIDANCE_SCALE
 
     block_classes = [
         StableDiffusionXLInpaintLoopBeforeDenoiser,

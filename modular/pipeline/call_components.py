@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from diffusers import SchedulerMixin
 
+from modular.adapters.call_ip_adapter_scale import end_call_ip_adapter_scale, set_call_ip_adapter_scale
 from modular.framework.state import PipelineState
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class CallComponents:
     def __init__(self, pipeline: ModularPipeline, watch: CallWatch | None = None) -> None:
         self._pipeline = pipeline
         self._call_watch = watch
+        self._ip_adapter_scale_token: Any = None
         self._copies = {
             name: copy.deepcopy(obj)
             for name, obj in pipeline._components.items()
@@ -70,6 +72,25 @@ class CallComponents:
     def _guidance_scale(self, value: float) -> None:
         if self._call_watch is not None:
             self._call_watch.guidance_scale = value
+
+    def set_ip_adapter_scale(self, scale: Any) -> None:
+        """The IP-Adapter scale of the call's remaining steps (diffusers' ``IPAdapterScaleCutoffCallback`` sets 0.0).
+
+        Unlike the classic pipelines, whose change stays after the call, it holds for this call only: the
+        denoiser may be shared with other pipelines and threads, whose calls keep the pipeline's scale
+        (``modular/adapters/call_ip_adapter_scale.py``). ``pipe.set_ip_adapter_scale`` outside a call sets that.
+
+        Raises:
+            IPAdapterError: no IP-Adapter is loaded, or ``scale`` does not fit the loaded adapters.
+        """
+        self._ip_adapter_scale_token = set_call_ip_adapter_scale(
+            self._pipeline, scale, self._ip_adapter_scale_token
+        )
+
+    def call_ended(self) -> None:
+        """Ends what the call set for itself alone (its IP-Adapter scale)."""
+        end_call_ip_adapter_scale(self._ip_adapter_scale_token)
+        self._ip_adapter_scale_token = None
 
     @property
     def num_timesteps(self) -> int | None:

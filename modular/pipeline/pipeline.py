@@ -304,8 +304,12 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
                 cm.set_execution_plan(
                     self._models_in_order(plan, None if watch is None else watch.preview_decoder)
                 )
-            with torch.inference_mode():
-                _, state = run_steps(plan.steps, CallComponents(self, watch), state, watch)
+            view = CallComponents(self, watch)
+            try:
+                with torch.inference_mode():
+                    _, state = run_steps(plan.steps, view, state, watch)
+            finally:
+                view.call_ended()  # a scale a step callback set for this call (call_ip_adapter_scale.py) ends
             if watch is not None:  # a call that failed leaves the flag reset (the peer's contract)
                 self._interrupt = watch.interrupted
             return call_result(

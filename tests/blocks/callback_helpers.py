@@ -1,0 +1,91 @@
+"""What the SD and SDXL callback tests share: diffusers' IPAdapterScaleCutoffCallback beside the classic pipeline."""
+
+import threading
+
+import torch
+from diffusers.callbacks import IPAdapterScaleCutoffCallback
+
+from .helpers import ParityHarness, assert_identical, make_image, seeded
+
+WEIGHTS = {"subfolder": "models", "weight_name": "ip-adapter.safetensors"}
+
+
+def ip_scales(unet):
+    """The scale of every IP-Adapter attention processor of `unet`, as it reads it now."""
+    return {name: list(proc.scale) for name, proc in unet.attn_processors.items() if hasattr(proc, "to_k_ip")}
+
+
+def assert_ip_adapter_cutoff_is_classic_for_its_call(harness: ParityHarness, repo, ip_repo, **inputs):
+    """IPAdapterScaleCutoffCallback gives the classic pipeline's output; the scale it sets holds for its call
+    only (the classic pipeline keeps it), so the next call equals the classic one at the pipeline's scale."""
+    ours = harness.load_pipeline(repo)
+    ours.load_ip_adapter(ip_repo, **WEIGHTS)
+    classic = harness.classic_from(harness.load_pipeline(repo), "text2image")
+    classic.load_ip_adapter(str(ip_repo), **WEIGHTS)
+    for pipe in (ours, classic):
+        pipe.set_ip_adapter_scale(0.7)
+    call = {
+        "prompt": "a cat",
+        "ip_adapter_image": make_image(),
+        "num_inference_steps": 3,
+        "output_type": "latent",
+    }
+    call.update(inputs)
+
+    def cutoff():
+        return IPAdapterScaleCutoffCallback(cutoff_step_ratio=None, cutoff_step_index=1)
+
+    before = ip_scales(ours.unet)
+    theirs = classic(generator=seeded(0), callback_on_step_end=cutoff(), **call).images
+    mine = ours(generator=seeded(0), output="images", callback_on_step_end=cutoff(), **call)
+    assert_identical(mine, theirs)
+    assert ip_scales(ours.unet) == before  # the call's own: the shared UNet keeps the pipeline's scale
+    assert set(map(tuple, ip_scales(classic.unet).values())) == {
+        (0.0,)
+    }  # the classic pipeline keeps the cutoff's
+    uncut = ours(generator=seeded(0), output="images", **call)
+    assert not torch.equal(mine, uncut)
+    classic.set_ip_adapter_scale(0.7)
+    assert_identical(uncut, classic(generator=seeded(0), **call).images)
+
+
+def assert_ip_adapter_cutoff_stays_in_its_thread(harness: ParityHarness, repo, ip_repo, **inputs):
+    """While one call's callback has set its IP-Adapter scale to 0.0, a call of the same pipeline in another
+    thread runs at the pipeline's scale (its output equals a call run alone)."""
+    pipe = harness.load_pipeline(repo)
+    pipe.load_ip_adapter(ip_repo, **WEIGHTS)
+    pipe.set_ip_adapter_scale(0.7)
+    call = {
+        "prompt": "a cat",
+        "ip_adapter_image": make_image(),
+        "num_inference_steps": 2,
+        "output_type": "latent",
+    }
+    call.update(inputs)
+    alone = pipe(generator=seeded(0), output="images", **call)
+    cut, other_done, results = threading.Event(), threading.Event(), {}
+
+    def cut_and_wait(pipeline, step, timestep, callback_kwargs):
+        if step == 0:
+            pipeline.set_ip_adapter_scale(0.0)
+            cut.set()
+            assert other_done.wait(60)
+        return {}
+
+    def cutting():
+        results["cut"] = pipe(generator=seeded(0), output="images", callback_on_step_end=cut_and_wait, **call)
+
+    def other():
+        assert cut.wait(60)
+        try:
+            results["other"] = pipe(generator=seeded(0), output="images", **call)
+        finally:
+            other_done.set()
+
+    threads = [threading.Thread(target=cutting), threading.Thread(target=other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert_identical(results["other"], alone)
+    assert not torch.equal(results["cut"], alone)
