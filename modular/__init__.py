@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from components import ComponentsManager, ComponentSpec, ConfigSpec
     from modular.families import BlockFamily, available_families, register_family
     from modular.framework.block import ModularPipelineBlocks
-    from modular.framework.call_watch import CancelToken, Preview, ProgressEvent
     from modular.framework.conditional import AutoPipelineBlocks, ConditionalPipelineBlocks
     from modular.framework.loop import LoopSequentialPipelineBlocks
     from modular.framework.params import InputParam, OutputParam
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from modular.framework.state import BlockState, PipelineState
     from modular.pipeline.pipeline import ModularPipeline
     from modular.remote import BlockSource
+    from modular.watch.events import CancelToken, Preview, ProgressEvent
 
 try:
     __version__ = version("modular-pipelines")

@@ -41,6 +41,7 @@ PARTS = {
         "logging",
         "families",
         "framework",
+        "watch",
         "adapters",
         "pipeline",
         "remote",

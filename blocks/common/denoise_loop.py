@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from modular import InputParam, LoopSequentialPipelineBlocks, OutputParam, PipelineState
-from modular.framework.call_watch import watch_of
+from modular.watch.watch import watch_of
 
 from .latent_preview import LatentRGBMap, check_latent_channels, decoded_preview_images
 from .lora_scale import denoiser_weights_kept_at_scale_zero

@@ -15,7 +15,7 @@ from modular.framework.steps import Step
 from modular.framework.sub_blocks import SubBlocks
 
 if TYPE_CHECKING:
-    from modular.framework.call_watch import CallWatch
+    from modular.watch.watch import CallWatch
 
 __all__ = ["CompositeBlocks", "run_child", "run_steps"]
 

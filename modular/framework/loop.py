@@ -96,7 +96,7 @@ class LoopSequentialPipelineBlocks(CompositeBlocks):
             components, block_state = run_child(name, block, components, block_state, **loop_kwargs)
         return components, block_state
 
-    # ----- what a call's watch asks of a loop (modular/framework/call_watch.py) -----
+    # ----- what a call's watch asks of a loop (modular/watch/watch.py) -----
     def callback_values(
         self, components: Any, block_state: BlockState, names: Iterable[str]
     ) -> dict[str, Any]:

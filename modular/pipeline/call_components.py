@@ -11,8 +11,8 @@ from modular.adapters.call_ip_adapter_scale import end_call_ip_adapter_scale, se
 from modular.framework.state import PipelineState
 
 if TYPE_CHECKING:
-    from modular.framework.call_watch import CallWatch
     from modular.pipeline.pipeline import ModularPipeline
+    from modular.watch.watch import CallWatch
 
 __all__ = ["CallComponents", "fresh_state"]
 

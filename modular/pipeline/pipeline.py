@@ -17,7 +17,6 @@ from modular.adapters.ip_adapter import IPAdapterMethods
 from modular.adapters.lora import LoraMixin
 from modular.adapters.model_changes import running
 from modular.framework.block import ModularPipelineBlocks
-from modular.framework.call_watch import Preview, ProgressEvent, call_watch_of, loops_of
 from modular.framework.composite import run_steps
 from modular.framework.planning import CallPlan, PlanCache, check_inputs, check_output, tagged_inputs
 from modular.framework.state import PipelineState
@@ -29,6 +28,9 @@ from modular.pipeline.devices import DeviceMethods
 from modular.pipeline.index import read_index, specs_from_index
 from modular.pipeline.outputs import call_result
 from modular.pipeline.replacement import check_replacements
+from modular.watch.events import Preview, ProgressEvent
+from modular.watch.keywords import call_watch_of
+from modular.watch.watch import loops_of
 
 __all__ = ["ModularPipeline"]
 

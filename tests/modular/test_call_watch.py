@@ -18,7 +18,8 @@ from modular import (
     OutputParam,
     SequentialPipelineBlocks,
 )
-from modular.framework.call_watch import CallWatch, call_watch_of
+from modular.watch.keywords import call_watch_of
+from modular.watch.watch import CallWatch
 
 from .watched_blocks import RAN, LatentsOnlyLoop, Setup, StepLoop, run, watched_pipeline
 

@@ -15,7 +15,7 @@ from modular import (
     OutputParam,
     SequentialPipelineBlocks,
 )
-from modular.framework.call_watch import watch_of
+from modular.watch.watch import watch_of
 
 #: The blocks and steps that ran, in order: "setup", then "step" once per loop step.
 RAN: list[str] = []
