@@ -36,9 +36,11 @@ def _models(pipe: ModularPipeline, names: Iterable[str] | None = None) -> list[t
     return [obj for obj in chosen.values() if isinstance(obj, torch.nn.Module)]
 
 
-def running(pipe: ModularPipeline) -> AbstractContextManager[None]:
-    """The context one call of ``pipe`` runs in: on all of its models (it first waits for their changes)."""
-    return MODEL_CALLS.running(_models(pipe), f"{type(pipe).__name__} call", _timeout(pipe))
+def running(pipe: ModularPipeline, also: Iterable[Any] = ()) -> AbstractContextManager[None]:
+    """The context one call of ``pipe`` runs in: on all of its models and the models in ``also`` (a preview
+    decoder: a removal of it waits for the call); it first waits for their changes."""
+    models = [*_models(pipe), *(m for m in also if isinstance(m, torch.nn.Module))]
+    return MODEL_CALLS.running(models, f"{type(pipe).__name__} call", _timeout(pipe))
 
 
 def changes_models(names: Callable[[ModularPipeline], Iterable[str] | None]) -> Callable[[Method], Method]:

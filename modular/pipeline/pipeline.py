@@ -290,7 +290,9 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
         )
         # Running on its models from the plan on: a change of them (a LoRA, an IP-Adapter, a removal) by a
         # pipeline sharing them waits for this call to end, and this call for a change in progress.
-        with running(self):
+        with running(
+            self, () if watch is None or watch.preview_decoder is None else (watch.preview_decoder,)
+        ):
             plan, inputs = self._plan(kwargs, state)
             check_output(output, plan, inputs.keys() | (state.values.keys() if state is not None else set()))
             if watch is not None:

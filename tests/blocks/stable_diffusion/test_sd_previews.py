@@ -141,3 +141,49 @@ def test_bad_preview_values_raise_before_any_model_runs(sd_repo, watch, error, m
         pipe(prompt="a cat", num_inference_steps=2, **watch)
     assert forwards == []
     assert set(cm.components) == registered
+
+
+def test_removing_the_preview_decoder_waits_for_the_call_that_uses_it(sd_repo):
+    """The call runs on its preview decoder as on its own models: a removal of the decoder from the manager in
+    another thread waits until the call has ended, so no preview decodes with a model that is gone."""
+    import threading
+
+    cm, pipe = _offloaded_pipe(sd_repo)
+    decoder = tiny_preview_decoder()
+    in_preview, let_go, removed = threading.Event(), threading.Event(), threading.Event()
+    order = []
+
+    def on_preview(preview):
+        in_preview.set()
+        assert let_go.wait(30)
+        order.append(f"preview {preview.step}")
+
+    def call():
+        pipe(
+            prompt="a cat",
+            num_inference_steps=2,
+            output_type="latent",
+            preview_decoder=decoder,
+            on_preview=on_preview,
+        )
+        order.append("call ended")
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert in_preview.wait(60)
+    decoder_id = cm.get_id(decoder)
+
+    def remove():
+        cm.remove(decoder_id)
+        order.append("removed")
+        removed.set()
+
+    remover = threading.Thread(target=remove)
+    remover.start()
+    assert not removed.wait(0.5)  # still waiting for the call
+    let_go.set()
+    caller.join(60)
+    remover.join(60)
+    # The removal ended after the call's last preview (the call and the removal may then log in either order).
+    assert order.index("removed") > order.index("preview 2")
+    assert cm.get_id(decoder) is None
