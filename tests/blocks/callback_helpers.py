@@ -15,13 +15,22 @@ def ip_scales(unet):
     return {name: list(proc.scale) for name, proc in unet.attn_processors.items() if hasattr(proc, "to_k_ip")}
 
 
-def assert_ip_adapter_cutoff_is_classic_for_its_call(harness: ParityHarness, repo, ip_repo, **inputs):
+def assert_ip_adapter_cutoff_is_classic_for_its_call(
+    harness: ParityHarness, repo, ip_repo, denoiser="unet", **inputs
+):
     """IPAdapterScaleCutoffCallback gives the classic pipeline's output; the scale it sets holds for its call
     only (the classic pipeline keeps it), so the next call equals the classic one at the pipeline's scale."""
     ours = harness.load_pipeline(repo)
     ours.load_ip_adapter(ip_repo, **WEIGHTS)
     classic = harness.classic_from(harness.load_pipeline(repo), "text2image")
-    classic.load_ip_adapter(str(ip_repo), **WEIGHTS)
+    if denoiser == "transformer":  # FluxPipeline's loader takes the image encoder from its own argument
+        encoder = {
+            "image_encoder_pretrained_model_name_or_path": f"{ip_repo}/models/image_encoder",
+            "image_encoder_dtype": torch.float32,
+        }
+    else:
+        encoder = {}
+    classic.load_ip_adapter(str(ip_repo), **WEIGHTS, **encoder)
     for pipe in (ours, classic):
         pipe.set_ip_adapter_scale(0.7)
     call = {
@@ -35,12 +44,14 @@ def assert_ip_adapter_cutoff_is_classic_for_its_call(harness: ParityHarness, rep
     def cutoff():
         return IPAdapterScaleCutoffCallback(cutoff_step_ratio=None, cutoff_step_index=1)
 
-    before = ip_scales(ours.unet)
+    before = ip_scales(getattr(ours, denoiser))
     theirs = classic(generator=seeded(0), callback_on_step_end=cutoff(), **call).images
     mine = ours(generator=seeded(0), output="images", callback_on_step_end=cutoff(), **call)
     assert_identical(mine, theirs)
-    assert ip_scales(ours.unet) == before  # the call's own: the shared UNet keeps the pipeline's scale
-    assert set(map(tuple, ip_scales(classic.unet).values())) == {
+    assert (
+        ip_scales(getattr(ours, denoiser)) == before
+    )  # the call's own: the shared UNet keeps the pipeline's scale
+    assert set(map(tuple, ip_scales(getattr(classic, denoiser)).values())) == {
         (0.0,)
     }  # the classic pipeline keeps the cutoff's
     uncut = ours(generator=seeded(0), output="images", **call)

@@ -142,3 +142,23 @@ def test_asking_for_a_tensor_the_classic_does_not_offer_is_refused(flux_pipe):
             callback_on_step_end=RecordingCallback(),
             callback_on_step_end_tensor_inputs=["latents", "pooled_prompt_embeds"],
         )
+
+
+def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(flux_repo, tmp_path):
+    """diffusers' IPAdapterScaleCutoffCallback on Flux (true CFG, so the negative image prompt counts too)
+    gives FluxPipeline's output, and its scale holds for its call only."""
+    from blocks.flux.tiny import make_tiny_ip_adapter
+
+    from ..callback_helpers import assert_ip_adapter_cutoff_is_classic_for_its_call
+    from .conftest import FLUX
+
+    assert_ip_adapter_cutoff_is_classic_for_its_call(
+        FLUX,
+        flux_repo,
+        make_tiny_ip_adapter(tmp_path / "ip", flux_repo),
+        denoiser="transformer",
+        negative_prompt="blurry",
+        true_cfg_scale=2.0,
+        height=32,
+        width=32,
+    )
