@@ -167,22 +167,30 @@ def _latents(pipe):
     return pipe(prompt="a cat", num_inference_steps=3, generator=generator, output_type="latent", output="images")
 
 
+def _moves(log, since):
+    return [(entry.model_id, entry.reason, entry.bytes_to_device) for entry in list(log)[since:]]
+
+
 def test_an_interrupt_inside_a_streamed_forward_drops_its_streamed_groups(repo, tmp_path):
-    """The UNet streams (it does not fit): a KeyboardInterrupt from one of its blocks mid-forward ends the
-    hooked call, whose groups streamed in are dropped: the UNet holds as much of itself as after a call that
-    ended (latents out: the UNet runs last), the engine's totals equal its ledger, and the next call equals the
-    first."""
+    """The UNet streams (it does not fit): a KeyboardInterrupt from one of its streamed blocks mid-forward ends
+    the hooked call, whose groups streamed in are dropped: the UNet holds as much of itself as after a call that
+    ended (latents out: the UNet runs last), the engine's totals equal its ledger, and the next call streams
+    the same bytes as a call after a call that ended, and equals the first."""
     cm = ComponentsManager()
     pipe = tiny_sd_pipeline(repo, cm)
     expected = _latents(pipe)
     offload_on(cm, pipe, "stream", tmp_path)
     assert torch.equal(_latents(pipe), expected)
-    engine, unet_id = cm.offload_engine, cm.get_id(pipe.unet)
+    engine, unet_id, log = cm.offload_engine, cm.get_id(pipe.unet), cm.offload_log
     after_a_call = (engine.residency(unet_id).resident_share, engine.probe.used_bytes())
     assert after_a_call[0] is not None and 0 < after_a_call[0] < 1  # partly resident
+    since = len(log)
+    assert torch.equal(_latents(pipe), expected)
+    moves_after_a_call = _moves(log, since)
+    assert ("unet" in unet_id) and any(reason == "stream tail" for _, reason, _ in moves_after_a_call)
     forwards = []
 
-    def interrupt(module, args):  # in the second step, past the resident prefix
+    def interrupt(module, args):  # in the second step, in a streamed group
         forwards.append(module)
         if len(forwards) == 2:
             raise KeyboardInterrupt
@@ -193,4 +201,6 @@ def test_an_interrupt_inside_a_streamed_forward_drops_its_streamed_groups(repo, 
     handle.remove()
     assert (engine.residency(unet_id).resident_share, engine.probe.used_bytes()) == after_a_call
     assert_left_clean(cm, pipe)
+    since = len(log)
     assert torch.equal(_latents(pipe), expected)
+    assert _moves(log, since) == moves_after_a_call
