@@ -163,3 +163,25 @@ def test_two_threads_on_shared_models_one_cancelled_mid_loop_the_other_unchanged
     assert_left_clean(cm, pipe_a, pipe_b)
     assert torch.equal(run(pipe_a, seed=0), solo_a)
     assert torch.equal(run(pipe_b, seed=1), solo_b)
+
+
+def test_a_job_runner_passes_its_cancel_to_every_jobs_call(repo):
+    """``JobRunner(cancel=token)``: the first job runs to its end; cancelled from its result, the second job's
+    call raises CallCancelled before its first block, and nothing runs after it. A cancel without is_set is a
+    TypeError when the runner is made."""
+    from modular.batch.jobs import Job, JobRunner
+
+    inputs = {"prompt": "a cat", "num_inference_steps": 1, "height": 32, "width": 32}
+    jobs = [Job(name=name, repo=str(repo), inputs=inputs) for name in ("first", "second", "third")]
+    token = CancelToken()
+    runner = JobRunner(ComponentsManager(), progress=False, cancel=token)
+    results = runner.run(jobs)
+    first = next(results)
+    assert first.job.name == "first" and first.images.shape == (1, 32, 32, 3)
+    token.cancel("stop the batch")
+    with pytest.raises(CallCancelled, match=f"before block '{FIRST_BLOCK}': stop the batch"):
+        next(results)
+    with pytest.raises(StopIteration):
+        next(results)
+    with pytest.raises(TypeError, match="cancel must be a threading.Event"):
+        JobRunner(ComponentsManager(), cancel="stop")
