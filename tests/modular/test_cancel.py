@@ -40,7 +40,9 @@ def _loaded(repo, mode, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["plain", "offload", "host", "stream"])
-def test_a_cancel_set_from_another_thread_during_step_k_stops_the_call_before_step_k_plus_1(repo, tmp_path, mode):
+def test_a_cancel_set_from_another_thread_during_step_k_stops_the_call_before_step_k_plus_1(
+    repo, tmp_path, mode
+):
     """Set while the UNet's forward of step 1 runs: CallCancelled names the loop and step 2 (0-based) with the
     token's reason; no UNet forward ran after it; nothing is left running and the next call equals the first."""
     cm, pipe, expected = _loaded(repo, mode, tmp_path)
@@ -95,7 +97,9 @@ def test_a_cancel_set_while_the_text_encoder_runs_stops_the_call_before_the_next
 
 @pytest.mark.parametrize("mode", ["plain", "offload"])
 @pytest.mark.parametrize("kind", ["CancelToken", "threading.Event"])
-def test_a_cancel_set_before_the_call_raises_before_the_first_block_and_nothing_runs(repo, tmp_path, mode, kind):
+def test_a_cancel_set_before_the_call_raises_before_the_first_block_and_nothing_runs(
+    repo, tmp_path, mode, kind
+):
     """Already set: CallCancelled names the first block; no model ran or moved (the decision log is empty)."""
     cm, pipe, expected = _loaded(repo, mode, tmp_path)
     cancel = CancelToken() if kind == "CancelToken" else threading.Event()
@@ -121,7 +125,9 @@ def test_a_cancel_without_is_set_is_a_type_error_before_anything_runs(repo, tmp_
     cm, pipe, expected = _loaded(repo, mode, tmp_path)
     counter = ForwardGate(pipe.text_encoder, at=0)
     counter.target_thread = threading.get_ident()
-    with pytest.raises(TypeError, match=r"cancel must be a threading.Event or a modular.CancelToken .*got a bool"):
+    with pytest.raises(
+        TypeError, match=r"cancel must be a threading.Event or a modular.CancelToken .*got a bool"
+    ):
         run(pipe, cancel=True)
     assert counter.forwards == 0
     counter.remove()

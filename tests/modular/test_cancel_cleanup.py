@@ -4,6 +4,7 @@ bars, a streamed model's groups, the text encoder's lock and offload's running c
 that ended, and the next call's images equal the first call's."""
 
 import logging
+
 import pytest
 import torch
 from diffusers.guiders import SkipLayerGuidance
@@ -51,7 +52,9 @@ def _raising_at(step, error):
 
 
 @pytest.mark.parametrize("mode", ["plain", "offload"])
-@pytest.mark.parametrize("error", [_Boom("the callback failed"), KeyboardInterrupt()], ids=["own", "interrupt"])
+@pytest.mark.parametrize(
+    "error", [_Boom("the callback failed"), KeyboardInterrupt()], ids=["own", "interrupt"]
+)
 def test_a_step_callback_that_raises_leaves_the_call_as_a_cancel_does(repo, tmp_path, mode, error):
     """The callback's own exception (noted with the loop's name) or a KeyboardInterrupt goes through
     unchanged; nothing is left running and the next call equals the first."""
@@ -134,7 +137,9 @@ def test_a_cancel_between_skip_layer_passes_leaves_no_guider_hook(repo):
     """A guider that hooks the UNet for its skip-layer pass (diffusers' SkipLayerGuidance): a KeyboardInterrupt
     inside that pass and a cancel mid-loop both leave no hook on the UNet, and the next call equals the first."""
     pipe = tiny_sd_pipeline(repo, ComponentsManager())
-    config = LayerSkipConfig(indices=[0], fqn="mid_block.attentions.0.transformer_blocks", skip_attention=True)
+    config = LayerSkipConfig(
+        indices=[0], fqn="mid_block.attentions.0.transformer_blocks", skip_attention=True
+    )
     pipe.update_components(
         guider=SkipLayerGuidance(
             guidance_scale=5.0,
@@ -164,7 +169,9 @@ def test_a_cancel_between_skip_layer_passes_leaves_no_guider_hook(repo):
 
 def _latents(pipe):
     generator = torch.Generator().manual_seed(0)
-    return pipe(prompt="a cat", num_inference_steps=3, generator=generator, output_type="latent", output="images")
+    return pipe(
+        prompt="a cat", num_inference_steps=3, generator=generator, output_type="latent", output="images"
+    )
 
 
 def _moves(log, since):

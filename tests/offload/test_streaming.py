@@ -147,8 +147,8 @@ def test_a_keyboard_interrupt_mid_stream_still_drops_its_group(where):
     assert [b.weight.device.type for b in tower.blocks] == ["cpu", "cpu"]
     assert engine.running_ids() == []
     for _ in range(2):
-        out = []
-        thread = threading.Thread(target=lambda: out.append(tower(X)))
+        out: list[torch.Tensor] = []
+        thread = threading.Thread(target=lambda out=out: out.append(tower(X)))
         thread.start()
         thread.join(30)
         assert out and out[0].shape == expected_tail[0].shape  # meta tensors: the device holds no values
