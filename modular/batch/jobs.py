@@ -23,6 +23,7 @@ from components import ComponentsManager
 from modular.batch.job_values import MAX_SEED, seed_problem
 from modular.batch.step_lines import StepLines, is_terminal
 from modular.errors import MissingInputError, UnknownInputError
+from modular.framework.call_watch import call_watch_of
 from modular.framework.planning import check_inputs, known_inputs
 from modular.pipeline.pipeline import ModularPipeline
 
@@ -129,6 +130,12 @@ class JobRunner:
             nothing; ``True`` a bar always. Bars are cleared when they finish.
         input_flags: How the caller names inputs (``{"control_image": "--control-image PATH"}``),
             for the message about a missing input.
+        cancel: A ``threading.Event`` or ``modular.CancelToken`` every job's pipeline call watches: once set,
+            the call in progress raises ``modular.CallCancelled`` before its next block or step, and no later
+            job runs (``pipe(..., cancel=)``, docs/callbacks.md).
+
+    Raises:
+        TypeError: ``cancel`` has no ``is_set()``.
     """
 
     def __init__(
@@ -136,10 +143,13 @@ class JobRunner:
         manager: ComponentsManager,
         progress: bool | None = None,
         input_flags: Mapping[str, str] | None = None,
+        cancel: Any = None,
     ):
+        call_watch_of(cancel=cancel)  # checked now, not after the first job's models load
         self.manager = manager
         self._progress = progress
         self._flags = dict(input_flags or {})
+        self._cancel = cancel
 
     def bind(self, jobs: Sequence[Job]) -> list[ModularPipeline]:
         """Make each job's pipeline (index files read, no weights) and check its inputs.
@@ -237,7 +247,7 @@ class JobRunner:
         loaded, reused = self.load(job, pipe, label)
         pipe.set_progress_bar_config(**self._bar(job, "denoising", "step", f"{label}: step"))
         started = time.perf_counter()
-        images = call_job(pipe, job, derived)
+        images = call_job(pipe, job, derived, cancel=self._cancel)
         finished = time.perf_counter()
         return JobResult(
             job=job,
@@ -252,15 +262,18 @@ class JobRunner:
         )
 
 
-def call_job(pipe: ModularPipeline, job: Job, extra: Mapping[str, Any] | None = None) -> np.ndarray:
+def call_job(
+    pipe: ModularPipeline, job: Job, extra: Mapping[str, Any] | None = None, cancel: Any = None
+) -> np.ndarray:
     """Call ``pipe`` with the job's inputs (and ``extra``), a CPU generator seeded with ``job.seed`` and
-    numpy output; returns the images, ``[N, H, W, 3]`` float32 in [0, 1]."""
+    numpy output, watching ``cancel`` when one is given; returns the images, ``[N, H, W, 3]`` float32 in
+    [0, 1]."""
     inputs = {**job.inputs, **(extra or {})}
     if job.seed is not None:
         inputs["generator"] = torch.Generator("cpu").manual_seed(job.seed)
     if "output_type" in known_inputs(pipe.blocks):
         inputs["output_type"] = "np"
-    return _as_array(pipe(output="images", **inputs))
+    return _as_array(pipe(output="images", cancel=cancel, **inputs))
 
 
 def _as_array(images: Any) -> np.ndarray:

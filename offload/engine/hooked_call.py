@@ -2,7 +2,7 @@
 
 From the start of the call to its end the model counts as running in the calling thread (``offload.engine.calls``):
 no other thread evicts it, and ``detach``/``close`` wait for it. At the end, the groups a streamed model
-still holds are dropped and what it streamed is logged (``offload.partial.beyond``).
+still holds are dropped, however the call ended, and what it streamed is logged (``offload.partial.beyond``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def run_forward(
     finally:
         with lock:
             calls.exit(model_id)
-            placer.beyond.end_call(model_id)  # drop and log the groups it streamed
+            # Drop and log the groups it streamed; once this thread's outermost call of the model ended, also
+            # those its forwards still count as inside (a KeyboardInterrupt skips torch's always_call hooks).
+            placer.beyond.end_call(model_id, thread_done=not calls.in_call()[model_id])
 
 
 def _out_of_memory(engine: OffloadEngine, model_id: str, retried: bool) -> OffloadOutOfMemoryError:

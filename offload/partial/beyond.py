@@ -242,12 +242,13 @@ class Beyond:
         streaming = layout.streamed_bytes * uses
         return streaming < evicting
 
-    def end_call(self, model_id: str) -> None:
-        """A call of ``model_id`` returned: drop its leftover streamed groups and log what it streamed."""
+    def end_call(self, model_id: str, thread_done: bool = False) -> None:
+        """A call of ``model_id`` returned (or raised): drop its leftover streamed groups and log what it
+        streamed. ``thread_done``: it was this thread's outermost call of the model (see ``GroupStreamer.end_call``)."""
         streamer = self._streamers.get(model_id)
         if streamer is None:
             return
-        streamer.end_call()
+        streamer.end_call(thread_done)
         nbytes, to_host, span = streamer.take_call_bytes()
         if nbytes:
             free = self._placer._probe.free_bytes()

@@ -211,9 +211,17 @@ class GroupStreamer:
             if self._users[index] <= 0:
                 self._unload(index)
 
-    def end_call(self) -> None:
-        """The model's call returned: drop what is still here (a prefetch its call did not use)."""
+    def end_call(self, thread_done: bool = False) -> None:
+        """The model's call returned: drop what is still here (a prefetch its call did not use).
+
+        ``thread_done``: the current thread's outermost call of the model ended, so none of its group forwards
+        can still run: a group it still counts as inside (its forward left by a ``KeyboardInterrupt``, for which
+        torch runs no ``always_call`` hook, so ``exit`` never ran) is left, and dropped unless another thread's
+        forward runs it."""
         with self._room:
+            if thread_done:
+                for index, count in self._mine.pop(threading.get_ident(), Counter()).items():
+                    self._users[index] -= count
             self._drop_unused()
 
     def take_call_bytes(self) -> tuple[int, int, tuple[float, float] | None]:

@@ -1,11 +1,13 @@
 """The state machine of the interaction tests: operations drawn over three pipelines on one manager, each
 checked against a shadow that gets the same weight-changing operations and never offloads.
 
-Two kinds of rule:
+Kinds of rule:
 
 - ``both``: an operation every user can make (LoRA, IP-Adapter, quantized load, save, remove and add,
   update_components, drop and remake a pipeline). It runs on the shadow first, then on the side under
   test; both must give the same outcome (the same value, or an error of the same type).
+- watched calls (tests/interactions/watched_rules.py, mixed in): a call cancelled at a drawn step, and one whose
+  step callback changes the latents, on both sides.
 - ``offload``: a setting of the side under test only (auto offload on a random budget, streaming, a host
   budget with a spill folder, several simulated devices, off again). It must change no output.
 
@@ -38,6 +40,7 @@ from offload.partial.groups import split_groups
 from offload.partial.streaming import smallest_layout
 
 from .checks import assert_claims_true, assert_sides_agree, assert_weights_readable
+from .watched_rules import WatchedCallRules
 from .world import (
     DENOISER,
     IP_WEIGHTS,
@@ -68,7 +71,7 @@ def torchao_config() -> Any | None:
     return TorchAoConfig(Int8WeightOnlyConfig())
 
 
-class InteractionMachine(RuleBasedStateMachine):
+class InteractionMachine(WatchedCallRules, RuleBasedStateMachine):
     """Three pipelines of two families on one manager, and their shadow (see the module docstring)."""
 
     files: Files  # set by the test before the machine runs

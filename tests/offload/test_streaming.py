@@ -1,5 +1,7 @@
 """A model larger than what is free: its prefix stays resident, the rest streams in per forward."""
 
+import threading
+
 import pytest
 import torch
 
@@ -116,6 +118,42 @@ def test_a_forward_that_raises_still_drops_its_group():
     assert [b.weight.device.type for b in tower.blocks] == ["cpu", "cpu"]
     tower(X)  # and the next call streams as before
     assert engine.log[-1].reason == "stream tail"
+
+
+@pytest.mark.parametrize("where", ["pre-hook", "forward"])
+def test_a_keyboard_interrupt_mid_stream_still_drops_its_group(where):
+    """A KeyboardInterrupt (Ctrl-C, or one raised by a step callback) is no Exception, so torch runs no
+    ``always_call`` forward hook for it: the streamed group is dropped when the model's call ends instead. Nothing
+    stays on the device, no forward counts as inside it, and the next calls stream as before, also in another
+    thread."""
+    tower = Tower(depth=2)
+    engine = OffloadEngine(MetaProbe(2 * GROUP), memory_reserve_margin=0)
+    engine.attach("tower", tower)
+    expected_tail = (tower(X), engine.log[-1].bytes_to_device)
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    if where == "pre-hook":
+        handle = tower.blocks[1].register_forward_pre_hook(interrupt)
+    else:
+        tower.blocks[1].forward, plain = interrupt, tower.blocks[1].forward
+    with pytest.raises(KeyboardInterrupt):
+        tower(X)
+    if where == "pre-hook":
+        handle.remove()
+    else:
+        tower.blocks[1].forward = plain
+    assert [b.weight.device.type for b in tower.blocks] == ["cpu", "cpu"]
+    assert engine.running_ids() == []
+    for _ in range(2):
+        out: list[torch.Tensor] = []
+        thread = threading.Thread(target=lambda out=out: out.append(tower(X)))
+        thread.start()
+        thread.join(30)
+        assert out and out[0].shape == expected_tail[0].shape  # meta tensors: the device holds no values
+        assert (engine.log[-1].reason, engine.log[-1].bytes_to_device) == ("stream tail", expected_tail[1])
+    assert [b.weight.device.type for b in tower.blocks] == ["cpu", "cpu"]
 
 
 def test_a_group_that_cannot_fit_even_alone_is_named_and_nothing_moves():
