@@ -80,7 +80,7 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
         self.set_block_state(state, block_state)
         return components, state
 
-    # ----- previews (modular/framework/call_watch.py asks for them every preview_every steps) -----
+    # ----- previews (modular/watch/watch.py asks for them every preview_every steps) -----
     def offers_previews(self, decoder: Any = None) -> bool:
         """Previews with a preview decoder, or with the family's :attr:`latent_rgb_map`."""
         return decoder is not None or self.latent_rgb_map is not None

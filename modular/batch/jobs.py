@@ -23,9 +23,9 @@ from components import ComponentsManager
 from modular.batch.job_values import MAX_SEED, seed_problem
 from modular.batch.step_lines import StepLines, is_terminal
 from modular.errors import MissingInputError, UnknownInputError
-from modular.framework.call_watch import call_watch_of
 from modular.framework.planning import check_inputs, known_inputs
 from modular.pipeline.pipeline import ModularPipeline
+from modular.watch.keywords import call_watch_of
 
 __all__ = ["MAX_SEED", "Demo", "Job", "JobResult", "JobRunner", "call_job", "seed_problem"]
 

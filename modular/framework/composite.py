@@ -38,7 +38,7 @@ def run_steps(
 ) -> tuple[Any, PipelineState]:
     """Run steps in order; each runs its block (a loop iterates, a choice chooses on the state then).
 
-    With a call's ``watch`` (``modular/framework/call_watch.py``), its cancel is checked before each step and
+    With a call's ``watch`` (``modular/watch/watch.py``), its cancel is checked before each step and
     it reports each step's start and end."""
     for step in steps:
         if watch is not None:
