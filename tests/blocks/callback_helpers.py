@@ -1,13 +1,78 @@
-"""What the SD and SDXL callback tests share: diffusers' IPAdapterScaleCutoffCallback beside the classic pipeline."""
+"""What the SD and SDXL callback tests share: callbacks that record or change tensors, the interrupt flag, and
+diffusers' IPAdapterScaleCutoffCallback beside the classic pipeline."""
 
 import threading
 
 import torch
+from diffusers import DiffusionPipeline
 from diffusers.callbacks import IPAdapterScaleCutoffCallback
 
 from .helpers import ParityHarness, assert_identical, make_image, seeded
 
 WEIGHTS = {"subfolder": "models", "weight_name": "ip-adapter.safetensors"}
+
+
+def changed_latents(pipeline, step, timestep, callback_kwargs):
+    """At step 1, the latents halved and shifted."""
+    if step == 1:
+        return {"latents": callback_kwargs["latents"] * 0.5 + 0.1}
+    return {}
+
+
+def changed_mask(pipeline, step, timestep, callback_kwargs):
+    """At the first step, the mask shifted and the masked image's latents dimmed (both halves alike)."""
+    if step == 0:
+        mask, masked = callback_kwargs["mask"], callback_kwargs["masked_image_latents"]
+        return {"mask": mask.roll(3, dims=-1), "masked_image_latents": masked * 0.8}
+    return {}
+
+
+def interrupt_with(attribute):
+    """A callback that sets ``pipeline.<attribute> = True`` at step 1."""
+
+    def stop(pipeline, step, timestep, callback_kwargs):
+        if step == 1:
+            setattr(pipeline, attribute, True)
+        return {}
+
+    return stop
+
+
+def assert_both_see_the_same_tensors(run, names):
+    """Runs ``run(callback)`` (ours and the classic pipeline with that callback) and checks that at every step
+    both sides' callbacks got the same step, timestep and tensors (names, shapes, values). Returns our side's
+    records, ``(step, timestep, tensors)`` per step."""
+    seen: dict[str, list] = {"ours": [], "theirs": []}
+
+    def record(pipeline, step, timestep, callback_kwargs):
+        side = "theirs" if isinstance(pipeline, DiffusionPipeline) else "ours"
+        tensors = {k: None if v is None else v.clone() for k, v in callback_kwargs.items()}
+        seen[side].append((step, int(timestep), tensors))
+        return {}
+
+    run(record)
+    assert len(seen["ours"]) == len(seen["theirs"]) >= 2
+    for (step, t, ours), (their_step, their_t, theirs) in zip(seen["ours"], seen["theirs"], strict=True):
+        assert (step, t) == (their_step, their_t)
+        assert list(ours) == names
+        for name in names:
+            if theirs[name] is None:  # negative_prompt_embeds without guidance
+                assert ours[name] is None
+            else:
+                assert_identical(ours[name], theirs[name])
+    return seen["ours"]
+
+
+def assert_interrupt_equals_the_classic(harness, pipe, classic_workflow, call, attribute, config=None):
+    """Ours interrupted at step 1 through `attribute` equals the classic pipeline interrupted through
+    ``_interrupt``; ``pipe.interrupt`` is then True, and the next call resets it."""
+    classic = harness.classic_from(pipe, classic_workflow, **(config or {}))
+    theirs = classic(generator=seeded(0), callback_on_step_end=interrupt_with("_interrupt"), **call).images
+    ours = pipe(generator=seeded(0), output="images", callback_on_step_end=interrupt_with(attribute), **call)
+    assert_identical(ours, theirs)
+    assert pipe.interrupt is True
+    assert_identical(*harness.run_both(pipe, classic_workflow, classic_config=config, **call))
+    assert pipe.interrupt is False
 
 
 def ip_scales(unet):

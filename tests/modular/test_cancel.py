@@ -191,3 +191,33 @@ def test_a_job_runner_passes_its_cancel_to_every_jobs_call(repo):
         next(results)
     with pytest.raises(TypeError, match="cancel must be a threading.Event"):
         JobRunner(ComponentsManager(), cancel="stop")
+
+
+@pytest.mark.parametrize("mode", ["offload", "stream"])
+def test_step_callbacks_and_previews_run_between_forwards_and_see_the_models_as_the_call_left_them(
+    repo, tmp_path, mode
+):
+    """Under auto offload a step callback and a preview run between forwards: no model is running then, the
+    UNet is resident as its step left it (streamed: its resident part), nothing moves while they run, and the
+    output equals the call without them."""
+    cm, pipe, expected = _loaded(repo, mode, tmp_path)
+    engine = cm.offload_engine
+    unet_id = cm.get_id(pipe.unet)
+    seen = []
+
+    def look(what):
+        seen.append((what, engine.running_ids(), engine.is_resident(unet_id), len(cm.offload_log)))
+
+    def callback(pipeline, step, timestep, callback_kwargs):
+        look("callback")
+        return {}
+
+    images = run(pipe, callback_on_step_end=callback, on_preview=lambda preview: look("preview"))
+    assert torch.equal(images, expected)
+    assert [what for what, *_ in seen] == ["callback", "preview"] * (len(seen) // 2) and seen
+    for k in range(0, len(seen), 2):
+        (_, running, resident, log_size), (_, running_2, resident_2, log_size_2) = seen[k], seen[k + 1]
+        assert running == running_2 == []
+        assert resident and resident_2  # the UNet stays where its step left it (streamed: its resident part)
+        assert log_size == log_size_2  # the callback and the preview moved nothing
+    assert_left_clean(cm, pipe)

@@ -3,17 +3,20 @@ tensors offered (names, layout, values), tensors replaced, diffusers' CFG cutoff
 
 import pytest
 import torch
-from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback, SDCFGCutoffCallback
 
 from blocks.stable_diffusion.denoise import StableDiffusionDenoiseStep, StableDiffusionInpaintDenoiseStep
 from blocks.stable_diffusion.tiny import make_tiny_ip_adapter
 
 from ..callback_helpers import (
+    assert_both_see_the_same_tensors,
+    assert_interrupt_equals_the_classic,
     assert_ip_adapter_cutoff_is_classic_for_its_call,
     assert_ip_adapter_cutoff_stays_in_its_thread,
+    changed_latents,
+    changed_mask,
 )
-from ..helpers import assert_identical, make_image, make_mask, seeded
+from ..helpers import assert_identical, make_image, make_mask
 from .conftest import SD, run_both
 
 STEPS = 3  # a step before a change, the step of the change, and one after it
@@ -52,43 +55,20 @@ def test_each_loop_offers_the_tensors_of_its_classic_pipeline(loop, workflow):
 @pytest.mark.parametrize(("images", "guidance"), [(1, {}), (2, {}), (2, {"guidance_scale": 1.0})])
 def test_a_callback_sees_the_tensors_of_the_classic_pipeline(request, workflow, images, guidance):
     """Every offered tensor, at every step, has the classic name, shape and value (prompt_embeds doubled)."""
-    seen: dict[str, list] = {"ours": [], "theirs": []}
-
-    def record(pipeline, step, timestep, callback_kwargs):
-        side = "theirs" if isinstance(pipeline, DiffusionPipeline) else "ours"
-        seen[side].append((step, int(timestep), {k: _cloned(v) for k, v in callback_kwargs.items()}))
-        return {}
-
     names = classic_names(workflow)
-    run_workflow(
-        request,
-        workflow,
-        num_images_per_prompt=images,
-        **guidance,
-        callback_on_step_end=record,
-        callback_on_step_end_tensor_inputs=names,
+    seen = assert_both_see_the_same_tensors(
+        lambda record: run_workflow(
+            request,
+            workflow,
+            num_images_per_prompt=images,
+            **guidance,
+            callback_on_step_end=record,
+            callback_on_step_end_tensor_inputs=names,
+        ),
+        names,
     )
-    assert len(seen["ours"]) == len(seen["theirs"]) >= 2
-    for (step, t, ours), (their_step, their_t, theirs) in zip(seen["ours"], seen["theirs"], strict=True):
-        assert (step, t) == (their_step, their_t)
-        assert list(ours) == names
-        for name in names:
-            if theirs[name] is None:  # negative_prompt_embeds without guidance
-                assert ours[name] is None
-            else:
-                assert_identical(ours[name], theirs[name])
     rows = images if guidance else 2 * images  # classifier-free: [negative, positive]; without: positive
-    assert seen["ours"][0][2]["prompt_embeds"].shape[0] == rows
-
-
-def _cloned(value):
-    return None if value is None else value.clone()
-
-
-def changed_latents(pipeline, step, timestep, callback_kwargs):
-    if step == 1:
-        return {"latents": callback_kwargs["latents"] * 0.5 + 0.1}
-    return {}
+    assert seen[0][2]["prompt_embeds"].shape[0] == rows
 
 
 def swapped_prompt_embeds(pipeline, step, timestep, callback_kwargs):
@@ -104,8 +84,10 @@ def test_a_callback_that_changes_latents_equals_the_classic(request, workflow):
     assert_identical(*run_workflow(request, workflow, callback_on_step_end=changed_latents))
 
 
-@pytest.mark.parametrize("workflow", list(WORKFLOWS))
-@pytest.mark.parametrize("images", [1, 2])
+# Every workflow with one image; two images per prompt once (the batch layout is the same in every workflow).
+@pytest.mark.parametrize(
+    ("workflow", "images"), [(workflow, 1) for workflow in WORKFLOWS] + [("text2image", 2)]
+)
 def test_a_callback_that_replaces_prompt_embeds_equals_the_classic(request, workflow, images):
     ours, theirs = run_workflow(
         request,
@@ -202,15 +184,6 @@ def test_a_cfg_cutoff_is_for_its_call_only(sd_pipe):
     assert_identical(*run_both(sd_pipe, "text2image", **call))
 
 
-def interrupt_with(attribute):
-    def stop(pipeline, step, timestep, callback_kwargs):
-        if step == 1:
-            setattr(pipeline, attribute, True)
-        return {}
-
-    return stop
-
-
 @pytest.mark.parametrize("workflow", list(WORKFLOWS))
 @pytest.mark.parametrize("attribute", ["_interrupt", "interrupt"])
 def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, attribute):
@@ -219,13 +192,7 @@ def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, 
     fixture, classic_workflow, inputs = WORKFLOWS[workflow]
     pipe = request.getfixturevalue(fixture)
     call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", **inputs}
-    classic = SD.classic_from(pipe, classic_workflow)
-    theirs = classic(generator=seeded(0), callback_on_step_end=interrupt_with("_interrupt"), **call).images
-    ours = pipe(generator=seeded(0), output="images", callback_on_step_end=interrupt_with(attribute), **call)
-    assert_identical(ours, theirs)
-    assert pipe.interrupt is True
-    assert_identical(*run_both(pipe, classic_workflow, **call))
-    assert pipe.interrupt is False
+    assert_interrupt_equals_the_classic(SD, pipe, classic_workflow, call, attribute)
 
 
 def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sd_repo, tmp_path):
@@ -236,14 +203,6 @@ def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sd_repo, tm
 
 def test_an_ip_adapter_scale_set_in_a_call_stays_out_of_another_threads_call(sd_repo, tmp_path):
     assert_ip_adapter_cutoff_stays_in_its_thread(SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo))
-
-
-def changed_mask(pipeline, step, timestep, callback_kwargs):
-    """At the first step, the mask shifted and the masked image's latents dimmed (both halves alike)."""
-    if step == 0:
-        mask, masked = callback_kwargs["mask"], callback_kwargs["masked_image_latents"]
-        return {"mask": mask.roll(3, dims=-1), "masked_image_latents": masked * 0.8}
-    return {}
 
 
 @pytest.mark.parametrize("workflow", ["inpainting_4ch", "inpainting_9ch"])

@@ -4,7 +4,6 @@ replaced, diffusers' SDXL CFG cutoff callback, the interrupt flag."""
 
 import pytest
 import torch
-from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback, SDXLCFGCutoffCallback
 
 from blocks.stable_diffusion.tiny import make_tiny_ip_adapter
@@ -13,8 +12,14 @@ from blocks.stable_diffusion_xl.denoise import (
     StableDiffusionXLInpaintDenoiseStep,
 )
 
-from ..callback_helpers import assert_ip_adapter_cutoff_is_classic_for_its_call
-from ..helpers import assert_identical, make_image, make_mask, seeded
+from ..callback_helpers import (
+    assert_both_see_the_same_tensors,
+    assert_interrupt_equals_the_classic,
+    assert_ip_adapter_cutoff_is_classic_for_its_call,
+    changed_latents,
+    changed_mask,
+)
+from ..helpers import assert_identical, make_image, make_mask
 from .conftest import SDXL, run_both
 
 REFINER = {"requires_aesthetics_score": True, "force_zeros_for_empty_prompt": False}
@@ -65,43 +70,20 @@ def test_each_loop_offers_the_tensors_of_its_classic_pipeline(loop, workflow):
 @pytest.mark.parametrize(("images", "guidance"), [(1, {}), (2, {}), (2, {"guidance_scale": 1.0})])
 def test_a_callback_sees_the_tensors_of_the_classic_pipeline(request, workflow, images, guidance):
     """Every offered tensor, at every step, has the classic name, shape and value (prompt_embeds doubled)."""
-    seen: dict[str, list] = {"ours": [], "theirs": []}
-
-    def record(pipeline, step, timestep, callback_kwargs):
-        side = "theirs" if isinstance(pipeline, DiffusionPipeline) else "ours"
-        seen[side].append((step, int(timestep), {k: _cloned(v) for k, v in callback_kwargs.items()}))
-        return {}
-
     names = classic_names(workflow)
-    run_workflow(
-        request,
-        workflow,
-        num_images_per_prompt=images,
-        **guidance,
-        callback_on_step_end=record,
-        callback_on_step_end_tensor_inputs=names,
+    seen = assert_both_see_the_same_tensors(
+        lambda record: run_workflow(
+            request,
+            workflow,
+            num_images_per_prompt=images,
+            **guidance,
+            callback_on_step_end=record,
+            callback_on_step_end_tensor_inputs=names,
+        ),
+        names,
     )
-    assert len(seen["ours"]) == len(seen["theirs"]) >= 2
-    for (step, t, ours), (their_step, their_t, theirs) in zip(seen["ours"], seen["theirs"], strict=True):
-        assert (step, t) == (their_step, their_t)
-        assert list(ours) == names
-        for name in names:
-            if theirs[name] is None:  # negative_prompt_embeds without guidance
-                assert ours[name] is None
-            else:
-                assert_identical(ours[name], theirs[name])
     for name in ("prompt_embeds", "add_text_embeds", "add_time_ids"):  # classifier-free: [negative, positive]
-        assert seen["ours"][0][2][name].shape[0] == (images if guidance else 2 * images)
-
-
-def _cloned(value):
-    return None if value is None else value.clone()
-
-
-def changed_latents(pipeline, step, timestep, callback_kwargs):
-    if step == 1:
-        return {"latents": callback_kwargs["latents"] * 0.5 + 0.1}
-    return {}
+        assert seen[0][2][name].shape[0] == (images if guidance else 2 * images)
 
 
 def swapped_embeds(pipeline, step, timestep, callback_kwargs):
@@ -116,9 +98,15 @@ def test_a_callback_that_changes_latents_equals_the_classic(request, workflow):
     assert_identical(*run_workflow(request, workflow, callback_on_step_end=changed_latents))
 
 
-@pytest.mark.parametrize("workflow", list(WORKFLOWS))
-@pytest.mark.parametrize("images", [1, 2])
-@pytest.mark.parametrize("names", [["prompt_embeds"], ["prompt_embeds", "add_text_embeds", "add_time_ids"]])
+ALL_BATCHES = ["prompt_embeds", "add_text_embeds", "add_time_ids"]
+
+
+# Every workflow with all three batches and one image; one batch alone, and two images per prompt, once each.
+@pytest.mark.parametrize(
+    ("workflow", "images", "names"),
+    [(workflow, 1, ALL_BATCHES) for workflow in WORKFLOWS]
+    + [("text2image", 1, ["prompt_embeds"]), ("text2image", 2, ALL_BATCHES)],
+)
 def test_a_callback_that_replaces_embeddings_equals_the_classic(request, workflow, images, names):
     ours, theirs = run_workflow(
         request,
@@ -188,15 +176,6 @@ def test_a_cfg_cutoff_is_for_its_call_only(sdxl_pipe):
     assert_identical(*run_both(sdxl_pipe, "text2image", **call))
 
 
-def interrupt_with(attribute):
-    def stop(pipeline, step, timestep, callback_kwargs):
-        if step == 1:
-            setattr(pipeline, attribute, True)
-        return {}
-
-    return stop
-
-
 @pytest.mark.parametrize("workflow", list(WORKFLOWS))
 @pytest.mark.parametrize("attribute", ["_interrupt", "interrupt"])
 def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, attribute):
@@ -205,26 +184,12 @@ def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, 
     fixture, classic_workflow, inputs, config = WORKFLOWS[workflow]
     pipe = request.getfixturevalue(fixture)
     call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", **inputs}
-    classic = SDXL.classic_from(pipe, classic_workflow, **config)
-    theirs = classic(generator=seeded(0), callback_on_step_end=interrupt_with("_interrupt"), **call).images
-    ours = pipe(generator=seeded(0), output="images", callback_on_step_end=interrupt_with(attribute), **call)
-    assert_identical(ours, theirs)
-    assert pipe.interrupt is True
-    assert_identical(*run_both(pipe, classic_workflow, classic_config=config, **call))
-    assert pipe.interrupt is False
+    assert_interrupt_equals_the_classic(SDXL, pipe, classic_workflow, call, attribute, config)
 
 
 def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sdxl_repo, tmp_path):
     ip_repo = make_tiny_ip_adapter(tmp_path / "ip", sdxl_repo)
     assert_ip_adapter_cutoff_is_classic_for_its_call(SDXL, sdxl_repo, ip_repo)
-
-
-def changed_mask(pipeline, step, timestep, callback_kwargs):
-    """At the first step, the mask shifted and the masked image's latents dimmed (both halves alike)."""
-    if step == 0:
-        mask, masked = callback_kwargs["mask"], callback_kwargs["masked_image_latents"]
-        return {"mask": mask.roll(3, dims=-1), "masked_image_latents": masked * 0.8}
-    return {}
 
 
 @pytest.mark.parametrize("workflow", ["inpainting_4ch", "inpainting_9ch"])
