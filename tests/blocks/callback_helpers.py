@@ -5,11 +5,22 @@ import threading
 
 import torch
 from diffusers import DiffusionPipeline
-from diffusers.callbacks import IPAdapterScaleCutoffCallback
+from diffusers.callbacks import IPAdapterScaleCutoffCallback, PipelineCallback
 
 from .helpers import ParityHarness, assert_identical, make_image, seeded
 
 WEIGHTS = {"subfolder": "models", "weight_name": "ip-adapter.safetensors"}
+
+
+class ShiftLatents(PipelineCallback):
+    """A ready-made-style callback of our own: shifts the latents at one step."""
+
+    tensor_inputs = ["latents"]
+
+    def callback_fn(self, pipeline, step_index, timesteps, callback_kwargs):
+        if step_index == self.config.cutoff_step_index:
+            callback_kwargs["latents"] = callback_kwargs["latents"] - 0.2
+        return callback_kwargs
 
 
 def changed_latents(pipeline, step, timestep, callback_kwargs):

@@ -3,12 +3,13 @@ tensors offered (names, layout, values), tensors replaced, diffusers' CFG cutoff
 
 import pytest
 import torch
-from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback, SDCFGCutoffCallback
+from diffusers.callbacks import MultiPipelineCallbacks, SDCFGCutoffCallback
 
 from blocks.stable_diffusion.denoise import StableDiffusionDenoiseStep, StableDiffusionInpaintDenoiseStep
 from blocks.stable_diffusion.tiny import make_tiny_ip_adapter
 
 from ..callback_helpers import (
+    ShiftLatents,
     assert_both_see_the_same_tensors,
     assert_interrupt_equals_the_classic,
     assert_ip_adapter_cutoff_is_classic_for_its_call,
@@ -140,17 +141,6 @@ def test_a_returned_prompt_embeds_of_another_batch_is_refused(sd_pipe):
             callback_on_step_end=three_rows,
             callback_on_step_end_tensor_inputs=["prompt_embeds"],
         )
-
-
-class ShiftLatents(PipelineCallback):
-    """A ready-made-style callback of our own: shifts the latents at one step."""
-
-    tensor_inputs = ["latents"]
-
-    def callback_fn(self, pipeline, step_index, timesteps, callback_kwargs):
-        if step_index == self.config.cutoff_step_index:
-            callback_kwargs["latents"] = callback_kwargs["latents"] - 0.2
-        return callback_kwargs
 
 
 CFG_CUTOFFS = {

@@ -4,7 +4,7 @@ replaced, diffusers' SDXL CFG cutoff callback, the interrupt flag."""
 
 import pytest
 import torch
-from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback, SDXLCFGCutoffCallback
+from diffusers.callbacks import MultiPipelineCallbacks, SDXLCFGCutoffCallback
 
 from blocks.stable_diffusion.tiny import make_tiny_ip_adapter
 from blocks.stable_diffusion_xl.denoise import (
@@ -13,6 +13,7 @@ from blocks.stable_diffusion_xl.denoise import (
 )
 
 from ..callback_helpers import (
+    ShiftLatents,
     assert_both_see_the_same_tensors,
     assert_interrupt_equals_the_classic,
     assert_ip_adapter_cutoff_is_classic_for_its_call,
@@ -132,17 +133,6 @@ def test_a_returned_add_time_ids_of_another_batch_is_refused(sdxl_pipe):
             callback_on_step_end=three_rows,
             callback_on_step_end_tensor_inputs=["add_time_ids"],
         )
-
-
-class ShiftLatents(PipelineCallback):
-    """A ready-made-style callback of our own: shifts the latents at one step."""
-
-    tensor_inputs = ["latents"]
-
-    def callback_fn(self, pipeline, step_index, timesteps, callback_kwargs):
-        if step_index == self.config.cutoff_step_index:
-            callback_kwargs["latents"] = callback_kwargs["latents"] - 0.2
-        return callback_kwargs
 
 
 CFG_CUTOFFS = {
