@@ -276,9 +276,8 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
                 ``interrupt`` False.
             CallCancelled: ``cancel`` was set.
         """
-        self._interrupt = (
-            False  # diffusers resets the flag when a call starts, also one that fails its checks
-        )
+        # diffusers resets the flag when a call starts, also for a call that then fails its checks.
+        self._interrupt = False
         watch = call_watch_of(
             callback_on_step_end,
             callback_on_step_end_tensor_inputs,
@@ -325,16 +324,20 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
     ) -> list[torch.nn.Module]:
         """The models this call uses, in order; a repeat in a row says nothing new and is dropped. A preview
         decoder runs in every loop after its models (each loop body is listed once, as the engine's plan wants)."""
-        uses: list[Any] = []
+        uses: list[Any]
+        if preview_decoder is None:  # every call: the plan's cached order
+            uses = [self._components[name] for name in plan.component_uses]
+        else:
+            uses = []
 
-        def walk(steps: Iterable[Step]) -> None:  # the order of plan.component_uses, with the decoder added
-            for step in steps:
-                uses.extend(self._components[spec.name] for spec in step.uses)
-                walk(step.body)
-                if step.kind is StepKind.LOOP and preview_decoder is not None:
-                    uses.append(preview_decoder)
+            def walk(steps: Iterable[Step]) -> None:  # plan.component_uses' order, with the decoder added
+                for step in steps:
+                    uses.extend(self._components[spec.name] for spec in step.uses)
+                    walk(step.body)
+                    if step.kind is StepKind.LOOP:
+                        uses.append(preview_decoder)
 
-        walk(plan.steps)
+            walk(plan.steps)
         models: list[torch.nn.Module] = []
         for obj in uses:
             if isinstance(obj, torch.nn.Module) and (not models or models[-1] is not obj):

@@ -69,6 +69,7 @@ class CallWatch:
     started: float = attrs.field(factory=time.perf_counter)
     _stage: str = ""
     _loop_step: int = 0
+    _offered: list[str] = attrs.field(factory=list)  # the running loop's callback_tensor_inputs
 
     # ----- before the run -----
     def check_loops(self, loops: Iterable[Any]) -> None:
@@ -83,7 +84,7 @@ class CallWatch:
 
     def _check_loop(self, loop: Any) -> None:
         if self.callback is not None or self.tensor_inputs_given:
-            offered = list(loop.callback_tensor_inputs)
+            offered = self._offered = list(loop.callback_tensor_inputs)
             missing = [name for name in self.tensor_inputs if name not in offered]
             if missing:
                 msg = (
@@ -136,7 +137,7 @@ class CallWatch:
                 msg = (
                     f"callback_on_step_end_tensor_inputs asks for {missing}, which the denoising loop "
                     f"{type(loop).__name__} offers but has no value for in this call (an optional input not "
-                    f"given?); ask for others of {list(loop.callback_tensor_inputs)}"
+                    f"given?); ask for others of {self._offered}"
                 )
                 raise ValueError(msg)
         self.num_timesteps = total
@@ -171,7 +172,7 @@ class CallWatch:
                 f"{{}}), got {type(updates).__name__}"
             )
             raise TypeError(msg)
-        offered = list(loop.callback_tensor_inputs)
+        offered = self._offered  # read once, as the loop started (it walks the loop's blocks)
         unknown = [name for name in updates if name not in offered]
         if unknown:
             msg = (
