@@ -249,3 +249,45 @@ def test_a_torchao_model_in_bfloat16_among_float32_ones_is_refused_before_any_mo
         "(a torchao-quantized model loaded without torch_dtype is torch.bfloat16)"
     )
     assert encoded == []
+
+
+@pytest.mark.parametrize("backend", list(MAPPINGS))
+def test_a_quantized_pipeline_under_offload_takes_callbacks_previews_and_a_cancel(repo, backend):
+    """Step callbacks, previews and a cancel meet quantized models under offload: a callback that changes
+    nothing and previews leave the output equal; a cancel at step 1 raises and the next call is equal."""
+    from modular import CallCancelled, CancelToken
+
+    cm = ComponentsManager()
+    pipe = quantized_pipeline(repo, cm, quantization_config=MAPPINGS[backend]())
+    expected = run(pipe)
+    budget = module_nbytes(pipe.unet) + module_nbytes(pipe.text_encoder) + 1024
+    cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
+    generator = torch.Generator().manual_seed(0)
+    previews = []
+    watched = pipe(
+        prompt="a cat",
+        num_inference_steps=2,
+        generator=generator,
+        output_type="pt",
+        output="images",
+        callback_on_step_end=lambda pipeline, step, timestep, tensors: {},
+        on_preview=previews.append,
+    )
+    assert torch.equal(watched, expected)
+    assert [p.step for p in previews] == list(range(1, previews[0].total + 1))  # PNDM: one timestep more
+    token = CancelToken()
+
+    def cancel_at_step_1(event):
+        if event.kind == "step" and event.step == 1:
+            token.cancel()
+
+    with pytest.raises(CallCancelled):
+        pipe(
+            prompt="a cat",
+            num_inference_steps=2,
+            output_type="pt",
+            cancel=token,
+            on_progress=cancel_at_step_1,
+        )
+    assert cm.offload_engine.running_ids() == []
+    assert torch.equal(run(pipe), expected)
