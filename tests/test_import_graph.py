@@ -46,6 +46,8 @@ PARTS = {
         "pipeline",
         "remote",
         "batch",
+        "serving",
+        "http",
         "cli",
     ],
 }

@@ -27,7 +27,16 @@ from modular.framework.planning import check_inputs, known_inputs
 from modular.pipeline.pipeline import ModularPipeline
 from modular.watch.keywords import call_watch_of
 
-__all__ = ["MAX_SEED", "Demo", "Job", "JobResult", "JobRunner", "call_job", "seed_problem"]
+__all__ = [
+    "MAX_SEED",
+    "Demo",
+    "Job",
+    "JobResult",
+    "JobRunner",
+    "call_job",
+    "check_job_inputs",
+    "seed_problem",
+]
 
 Derive = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 
@@ -181,23 +190,7 @@ class JobRunner:
         if unknown:
             msg = f"{job.repo}: job {job.name!r} reuses {unknown}, which its pipeline does not have (it has {pipe.component_names})"
             raise KeyError(msg)
-        params = known_inputs(pipe.blocks)
-        check_inputs(job.repo, params, dict(job.inputs), pipe.blocks)
-        unknown = [name for name in job.derives if name not in params]
-        if unknown:
-            msg = f"{job.repo}: job {job.name!r} derives {unknown}, which its pipeline does not take"
-            raise UnknownInputError(msg)
-        given = {*job.inputs, *job.derives}
-        missing = [
-            p.name
-            for p in pipe.blocks.inputs
-            if p.required and p.default is None and p.name and p.name not in given
-        ]
-        if missing:
-            where = f" (workflow {job.workflow!r})" if job.workflow else ""
-            fix = ", ".join(self._flags.get(name, name) for name in missing)
-            msg = f"{job.repo}{where} needs {', '.join(missing)}: pass {fix}"
-            raise MissingInputError(msg)
+        check_job_inputs(pipe, job, self._flags)
         return pipe
 
     def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
@@ -262,18 +255,53 @@ class JobRunner:
         )
 
 
+def check_job_inputs(pipe: ModularPipeline, job: Job, input_flags: Mapping[str, str] | None = None) -> None:
+    """Check ``job``'s inputs (and the names it derives) against ``pipe``'s blocks, before anything loads.
+
+    Args:
+        input_flags: How the caller names inputs, for the message about a missing one.
+
+    Raises:
+        MissingInputError: an input the workflow requires is not given.
+        UnknownInputError, InputTypeError: an input the pipeline does not take or of the wrong type.
+    """
+    params = known_inputs(pipe.blocks)
+    check_inputs(job.repo, params, dict(job.inputs), pipe.blocks)
+    unknown = [name for name in job.derives if name not in params]
+    if unknown:
+        msg = f"{job.repo}: job {job.name!r} derives {unknown}, which its pipeline does not take"
+        raise UnknownInputError(msg)
+    given = {*job.inputs, *job.derives}
+    missing = [
+        p.name
+        for p in pipe.blocks.inputs
+        if p.required and p.default is None and p.name and p.name not in given
+    ]
+    if missing:
+        where = f" (workflow {job.workflow!r})" if job.workflow else ""
+        flags = input_flags or {}
+        fix = ", ".join(flags.get(name, name) for name in missing)
+        msg = f"{job.repo}{where} needs {', '.join(missing)}: pass {fix}"
+        raise MissingInputError(msg)
+
+
 def call_job(
-    pipe: ModularPipeline, job: Job, extra: Mapping[str, Any] | None = None, cancel: Any = None
+    pipe: ModularPipeline,
+    job: Job,
+    extra: Mapping[str, Any] | None = None,
+    cancel: Any = None,
+    **watch: Any,
 ) -> np.ndarray:
     """Call ``pipe`` with the job's inputs (and ``extra``), a CPU generator seeded with ``job.seed`` and
-    numpy output, watching ``cancel`` when one is given; returns the images, ``[N, H, W, 3]`` float32 in
-    [0, 1]."""
+    numpy output, watching ``cancel`` when one is given (and the other watching keywords of ``pipe(...)`` in
+    ``watch``: ``on_progress``, ``preview_every``, ``on_preview``...); returns the images, ``[N, H, W, 3]``
+    float32 in [0, 1]."""
     inputs = {**job.inputs, **(extra or {})}
     if job.seed is not None:
         inputs["generator"] = torch.Generator("cpu").manual_seed(job.seed)
     if "output_type" in known_inputs(pipe.blocks):
         inputs["output_type"] = "np"
-    return _as_array(pipe(output="images", cancel=cancel, **inputs))
+    return _as_array(pipe(output="images", cancel=cancel, **watch, **inputs))
 
 
 def _as_array(images: Any) -> np.ndarray:

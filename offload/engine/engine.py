@@ -374,6 +374,25 @@ class OffloadEngine:
             for watcher in self.watchers:
                 watcher("use", model_id)
 
+    def place_if_room(self, model_id: str) -> bool:
+        """Make ``model_id`` resident only if it fits in the free room now (above the margin), evicting
+        nothing; returns whether it is resident after. For hints from outside a call (a server bringing the
+        next job's models up while a job runs): the check and the placement hold the lock together, so a
+        forward in another thread never loses a model to it.
+
+        Raises:
+            KeyError: ``model_id`` is not attached.
+        """
+        with self._lock:
+            if model_id not in self._hooks:
+                raise KeyError(f"{model_id!r} is not attached to this engine")
+            if self._ledger.is_resident(model_id):
+                return True
+            if self._probe.free_bytes() - self.memory_reserve_margin < self._ledger.nbytes(model_id):
+                return False
+            self.ensure_resident(model_id)
+            return True
+
     def evict(self, model_id: str) -> None:
         """Take ``model_id`` off the device now (nothing is copied back); a pinned model stays."""
         with self._lock:

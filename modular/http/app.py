@@ -1,0 +1,271 @@
+"""The FastAPI app of ``modular serve``: the routes over one ``Scheduler`` (docs/serving.md lists them).
+
+Every route but ``/healthz`` needs the token when the server has one (``modular/http/settings.py``);
+errors are JSON, ``{"error": {"type": ..., "message": ...}}``, with the message ``modular batch`` and ``modular
+run`` give for the same problem, and never a traceback. A request names only the workflows the server was
+started with; results are read back by job id and index, from names the server made.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib.resources
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from modular.errors import InputTypeError, MissingInputError, UnknownInputError
+from modular.http.events_stream import event_stream
+from modular.http.memory import memory_report
+from modular.http.settings import ServerSettings
+from modular.http.uploads import UploadError, read_job_body
+from modular.serving.jobs import JobStateError, QueueFullError, UnknownJobError
+from modular.serving.requests import REQUEST_KEYS, RequestError
+from modular.serving.scheduler import Scheduler
+
+__all__ = ["make_app"]
+
+log = logging.getLogger(__name__)
+OPEN_PATHS = frozenset({"/healthz"})
+BAD_REQUEST = (RequestError, MissingInputError, UnknownInputError, InputTypeError, UploadError)
+
+
+def error_response(
+    status: int, error: BaseException | str, kind: str | None = None, **headers: str
+) -> JSONResponse:
+    message = error if isinstance(error, str) else str(error)
+    body = {"error": {"type": kind or type(error).__name__, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+def _request_schema() -> dict[str, Any]:
+    """The JSON body of ``POST /v1/jobs`` as the OpenAPI schema shows it (the server checks it itself, with
+    the batch format's messages)."""
+    text = {"type": "string"}
+    number = {"type": "number"}
+    whole = {"type": "integer"}
+    properties: dict[str, Any] = {
+        "workflow": {**text, "description": "a served workflow's name (GET /v1/workflows)"},
+        "prompt": text,
+        "negative_prompt": text,
+        "size": {**text, "pattern": "^[0-9]+x[0-9]+$", "description": "WIDTHxHEIGHT in pixels"},
+        "steps": {**whole, "minimum": 1},
+        "guidance_scale": number,
+        "seed": {**whole, "minimum": 0, "description": "image i is made with seed + i"},
+        "seeds": {"type": "array", "items": {**whole, "minimum": 0}},
+        "images_per_prompt": {**whole, "minimum": 1},
+        "priority": {**whole, "description": "higher runs first (within fairness)"},
+        "timeout": {**number, "exclusiveMinimum": 0},
+        "inputs": {"type": "object", "description": "more call inputs, e.g. {'strength': 0.6}"},
+        "images": {
+            "type": "object",
+            "additionalProperties": text,
+            "description": "image inputs as base64 (PNG, JPEG, WebP), e.g. {'image': '...'}",
+        },
+    }
+    assert set(properties) == set(REQUEST_KEYS)
+    return {"type": "object", "properties": properties, "required": ["prompt"], "additionalProperties": False}
+
+
+def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> FastAPI:
+    """The app serving ``scheduler`` (which the caller starts and closes)."""
+    settings = settings or ServerSettings()
+    token = settings.resolved_token()
+    app = FastAPI(
+        title="modular serve",
+        description="A queue of diffusion jobs over one components manager; see docs/serving.md.",
+        version="1",
+    )
+    app.state.scheduler = scheduler
+    app.state.settings = settings
+
+    @app.middleware("http")
+    async def check_token(request: Request, call_next: Any) -> Response:
+        if token is not None and request.url.path not in OPEN_PATHS:
+            given = request.headers.get("authorization", "")
+            given = (
+                given[7:] if given.lower().startswith("bearer ") else request.query_params.get("token", "")
+            )
+            if not hmac.compare_digest(
+                given.encode(), token.encode()
+            ):  # constant time: no guessing by timing
+                return error_response(
+                    401,
+                    "this server needs its token: send 'Authorization: Bearer <token>'",
+                    "Unauthorized",
+                    **{"WWW-Authenticate": "Bearer"},
+                )
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
+        return error_response(400, problems, "RequestError")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return error_response(error.status_code, str(error.detail), "HTTPError")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, "the server met an error; its log has the details", "InternalError")
+
+    @app.get("/healthz")
+    def health() -> dict[str, Any]:
+        return {"ok": True}
+
+    @app.post(
+        "/v1/jobs",
+        status_code=202,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": _request_schema()},
+                    "multipart/form-data": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"request": {"type": "string", "description": "the JSON request"}},
+                            "additionalProperties": {"type": "string", "format": "binary"},
+                        }
+                    },
+                },
+            }
+        },
+    )
+    async def submit(request: Request) -> Response:
+        try:
+            data, uploads = await read_job_body(request, scheduler.uploads, settings)
+            job = scheduler.submit(data, uploads)
+        except QueueFullError as error:
+            return error_response(429, error, **{"Retry-After": str(error.retry_after)})
+        except BAD_REQUEST as error:
+            status = getattr(error, "status", 400)
+            return error_response(status, error)
+        return JSONResponse(
+            {"id": job.id, "state": job.state, "position": scheduler.position(job.id), "seeds": job.seeds},
+            status_code=202,
+            headers={"Location": f"/v1/jobs/{job.id}"},
+        )
+
+    @app.get("/v1/jobs")
+    def list_jobs(state: str | None = None) -> list[dict[str, Any]]:
+        states = tuple(state.split(",")) if state else None
+        return scheduler.jobs(states)
+
+    @app.get("/v1/jobs/{job_id}")
+    def get_job(job_id: str) -> Response:
+        try:
+            return JSONResponse(scheduler.describe(job_id))
+        except UnknownJobError as error:
+            return error_response(404, error)
+
+    @app.delete("/v1/jobs/{job_id}", status_code=202)
+    def cancel_job(job_id: str) -> Response:
+        try:
+            job = scheduler.cancel(job_id)
+        except UnknownJobError as error:
+            return error_response(404, error)
+        except JobStateError as error:
+            return error_response(409, error)
+        return JSONResponse(job.describe(scheduler.position(job.id)), status_code=202)
+
+    @app.get(
+        "/v1/jobs/{job_id}/result", response_class=Response, responses={200: {"content": {"image/png": {}}}}
+    )
+    def result(job_id: str, index: int = Query(0, ge=0)) -> Response:
+        try:
+            job = scheduler.describe(job_id)
+        except UnknownJobError as error:
+            return error_response(404, error)
+        if index >= len(job["results"]):
+            if job["state"] == "done":
+                return error_response(
+                    404,
+                    f"job {job_id!r} made {len(job['results'])} images; index {index} is not one",
+                    "HTTPError",
+                )
+            return error_response(
+                409, f"job {job_id!r} is {job['state']}; image {index} is not made", "JobStateError"
+            )
+        return FileResponse(scheduler.results / job["results"][index], media_type="image/png")
+
+    @app.get(
+        "/v1/jobs/{job_id}/events",
+        response_class=Response,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    def job_events(job_id: str, request: Request) -> Response:
+        try:
+            scheduler.describe(job_id)
+        except UnknownJobError as error:
+            return error_response(404, error)
+        return event_stream(scheduler, request, job_id)
+
+    @app.get("/v1/events", response_class=Response, responses={200: {"content": {"text/event-stream": {}}}})
+    def all_events(request: Request) -> Response:
+        return event_stream(scheduler, request, None)
+
+    @app.get("/v1/queue")
+    def queue() -> dict[str, Any]:
+        running = scheduler.running
+        return {
+            "paused": scheduler.paused,
+            "waiting": [job.id for job in scheduler.waiting()],
+            "running": None if running is None else running.id,
+            "max_queue": scheduler.max_queue,
+        }
+
+    @app.post("/v1/queue/pause")
+    def pause() -> dict[str, Any]:
+        scheduler.pause()
+        return {"paused": True}
+
+    @app.post("/v1/queue/resume")
+    def resume() -> dict[str, Any]:
+        scheduler.resume()
+        return {"paused": False}
+
+    @app.get("/v1/manager", response_model=None)
+    def manager(format: str = Query("json", pattern="^(json|text)$")) -> Any:
+        cm = scheduler.manager
+        if format == "text":
+            return PlainTextResponse(str(cm))
+        return {"components": [_component(cm, component_id) for component_id in list(cm.components)]}
+
+    @app.get("/v1/memory")
+    def memory() -> dict[str, Any]:
+        return memory_report(scheduler)
+
+    @app.get("/v1/workflows")
+    def workflows() -> list[dict[str, Any]]:
+        return [scheduler.served.describe(name) for name in scheduler.served]
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> HTMLResponse:
+        return HTMLResponse(importlib.resources.files("modular.http").joinpath("page/index.html").read_text())
+
+    return app
+
+
+def _component(cm: Any, component_id: str) -> dict[str, Any]:
+    try:
+        info = cm.get_model_info(component_id)
+    except KeyError:  # removed meanwhile
+        return {"id": component_id}
+    return {"id": component_id, **{key: _json(value) for key, value in info.items()}}
+
+
+def _json(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(key): _json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_json(item) for item in value]
+    return str(value)

@@ -1,0 +1,97 @@
+"""One served job as the scheduler holds it, and the errors a client's action on a job can meet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from modular.serving.requests import CheckedRequest
+from modular.watch.events import CancelToken
+
+__all__ = ["JobStateError", "QueueFullError", "ServedJob", "UnknownJobError"]
+
+
+class QueueFullError(RuntimeError):
+    """The queue holds ``max_queue`` waiting jobs; ``retry_after`` is a guess, in seconds, of when one frees."""
+
+    def __init__(self, max_queue: int, retry_after: int) -> None:
+        self.max_queue = max_queue
+        self.retry_after = retry_after
+        super().__init__(f"the queue is full ({max_queue} jobs wait); try again in about {retry_after} s")
+
+
+class UnknownJobError(KeyError):
+    """No job has this id."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(job_id)
+
+    def __str__(self) -> str:
+        return f"no job has id {self.job_id!r}"
+
+
+class JobStateError(RuntimeError):
+    """An action the job's state does not allow (cancelling a finished job, asking for a result not made)."""
+
+
+@attrs.define(eq=False)
+class ServedJob:
+    """A job of the queue. ``arrived`` is the scheduler's clock at acceptance (fairness reads it); ``created``,
+    ``started``, ``finished`` are seconds since the epoch; ``results`` the result file names written so far,
+    in entry order; ``uploads`` the input images the server stored for it."""
+
+    id: str
+    seq: int
+    request: CheckedRequest
+    arrived: float
+    created: float
+    uploads: dict[str, Path] = attrs.Factory(dict)
+    state: str = "queued"
+    bypassed: int = 0
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None
+    results: list[str] = attrs.Factory(list)
+    attempts: int = 0
+    token: CancelToken = attrs.Factory(CancelToken)
+    progress: dict[str, Any] = attrs.Factory(dict)
+
+    @property
+    def workflow(self) -> str:
+        return self.request.workflow
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
+
+    @property
+    def seeds(self) -> list[int]:
+        return [entry.seed for entry in self.request.entries]
+
+    def describe(self, position: int | None = None) -> dict[str, Any]:
+        """The job as JSON values, as ``GET /v1/jobs/{id}`` answers."""
+        return {
+            "id": self.id,
+            "state": self.state,
+            "workflow": self.workflow,
+            "priority": self.priority,
+            "position": position,
+            "request": dict(self.request.data),
+            "seeds": self.seeds,
+            "images": len(self.request.entries),
+            "created": self.created,
+            "started": self.started,
+            "finished": self.finished,
+            "waited": None if self.started is None else round(self.started - self.created, 6),
+            "ran": None
+            if self.started is None or self.finished is None
+            else round(self.finished - self.started, 6),
+            "error": self.error,
+            "results": list(self.results),
+            "attempts": self.attempts,
+            "bypassed": self.bypassed,
+            "progress": dict(self.progress),
+        }

@@ -1,0 +1,246 @@
+"""A job request, as a client sends it: one prompt through one served workflow, checked by the batch job check.
+
+A request is the batch job format narrowed to one prompt, one workflow and one size (docs/serving.md):
+``{"workflow": "tiny-sd", "prompt": "a red fox", "seed": 7, "size": "64x64", "steps": 20}``. It becomes a
+one-prompt job table and goes through ``parse_job`` and ``BatchJob.from_spec`` (the same checks and the same
+messages as ``modular batch``), then its inputs are checked against the workflow's pipeline as ``modular
+run`` checks them. Its images (``images_per_prompt`` of them) are its entries; each entry's seed is the
+batch format's (``derive_seed(seed, index)``, or the listed ``seeds``). Limits (steps, images, pixels) are
+checked before anything is accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import PIL.Image
+
+from modular.batch.entries import BatchEntry, BatchJob
+from modular.batch.jobfile import JobFileError, parse_job
+from modular.batch.jobs import MAX_SEED, check_job_inputs, seed_problem
+from modular.batch.schema import SHARED, WORKFLOW, got
+from modular.serving.served import ServedWorkflows
+
+__all__ = ["REQUEST_KEYS", "CheckedRequest", "Limits", "RequestError", "check_request", "open_images"]
+
+SOURCE = "request"
+# Keys of a request beyond the batch keys it passes on: which workflow, the prompt, one size, and how it queues.
+OWN_KEYS = ("workflow", "prompt", "negative_prompt", "size", "priority", "timeout", "seed")
+PASSED_ON = ("steps", "guidance_scale", "images_per_prompt", "seeds", "inputs")
+REQUEST_KEYS = (*OWN_KEYS, *PASSED_ON, "images")
+
+
+class RequestError(JobFileError):
+    """A request the server refuses; the message (one line) names every problem, as ``modular batch`` does."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(SOURCE, problems)
+
+
+@attrs.frozen
+class Limits:
+    """What one request may ask for: ``max_steps`` per image, ``max_images`` per request, ``max_pixels``
+    per image (width times height, asked for or given as an input image)."""
+
+    max_steps: int = 200
+    max_images: int = 8
+    max_pixels: int = 2048 * 2048
+
+    def problems(self, job: BatchJob) -> list[str]:
+        found = []
+        spec = job.spec.workflows[0]
+        if spec.steps is not None and spec.steps > self.max_steps:
+            found.append(f"'steps' must be at most {self.max_steps} on this server (got {spec.steps})")
+        for size in spec.sizes:
+            if size is not None and size[0] * size[1] > self.max_pixels:
+                found.append(
+                    f"'size' {size[0]}x{size[1]} is {size[0] * size[1]} pixels; this server makes at most {self.max_pixels}"
+                )
+        return found
+
+
+@attrs.frozen
+class CheckedRequest:
+    """An accepted request in normal form: ``data`` is what is stored (and checked again after a restart),
+    ``job`` its one-prompt batch job, ``entries`` its images in order."""
+
+    data: Mapping[str, Any]
+    workflow: str
+    job: BatchJob
+    priority: int
+    timeout: float | None
+
+    @property
+    def entries(self) -> tuple[BatchEntry, ...]:
+        return self.job.entries
+
+
+def limits_of(limits: Limits | None) -> Limits:
+    return limits if limits is not None else Limits()
+
+
+def _unknown(key: str) -> str:
+    close = difflib.get_close_matches(key, REQUEST_KEYS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(sorted(REQUEST_KEYS))})"
+    return f"unknown key {key!r}{hint}"
+
+
+def _number(data: Mapping[str, Any], key: str, problems: list[str], whole: bool) -> Any:
+    value = data.get(key)
+    if value is None:
+        return None
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        problems.append(f"{key!r} must be a {'whole number' if whole else 'number'} {got(value)}")
+        return None
+    return value
+
+
+def _workflow(data: Mapping[str, Any], served: ServedWorkflows, problems: list[str]) -> str | None:
+    name = data.get("workflow")
+    if name is None and len(served) == 1:
+        return next(iter(served))
+    if not isinstance(name, str) or name not in served:
+        what = "is missing" if name is None else f"{name!r} is not served here"
+        problems.append(f"'workflow' {what}; this server serves {', '.join(sorted(served))}")
+        return None
+    return name
+
+
+def check_request(
+    data: Any,
+    served: ServedWorkflows,
+    images: Mapping[str, Path] | None = None,
+    limits: Limits | None = None,
+    output: str | Path = "results",
+) -> CheckedRequest:
+    """Check one request; returns it in normal form (a seed chosen when none is given).
+
+    Args:
+        data: The request as JSON values.
+        served: What the server serves; the request names one of them.
+        images: Input images the server stored for the request (uploads or decoded base64), by input
+            name, at paths the server made.
+        limits: What one request may ask for (default ``Limits()``).
+        output: The folder results go to (only its name is checked; the server writes there itself).
+
+    Raises:
+        RequestError: anything wrong, every problem in one message, with the messages of ``modular batch``.
+        MissingInputError, UnknownInputError, InputTypeError: inputs the workflow's pipeline does not take.
+    """
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        raise RequestError([f"a request is one table of keys {got(data)}"])
+    images = dict(images or {})
+    problems.extend(_unknown(key) for key in data if key not in REQUEST_KEYS)
+    if "images" in data:
+        problems.append("'images' come as uploads or base64 inputs, which the server stores itself")
+    workflow = _workflow(data, served, problems)
+    priority = _number(data, "priority", problems, whole=True) or 0
+    timeout = _number(data, "timeout", problems, whole=False)
+    if timeout is not None and timeout <= 0:
+        problems.append(f"'timeout' must be more than 0 seconds (got {timeout})")
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str):
+        problems.append(f"'prompt' must be a string {got(prompt)}")
+    size = data.get("size")
+    if problems or workflow is None or not isinstance(prompt, str):
+        raise RequestError(problems)
+    normal = dict(data)
+    normal["workflow"] = workflow
+    if "seeds" not in normal:
+        seed = normal.get("seed")
+        if seed is None:
+            normal["seed"] = seed = random.randrange(MAX_SEED + 1)  # recorded: a restart runs the same images
+        problem = seed_problem(seed)
+        if problem is not None:
+            raise RequestError([f"'seed' {problem}"])
+    elif "seed" in normal:
+        raise RequestError(
+            ["give 'seed' (image i is made with seed + i) or 'seeds' (one per image), not both"]
+        )
+    shared = {key: normal[key] for key in PASSED_ON if key in normal and key != "inputs"}
+    if "seed" in normal:  # the seeds of the job's entries, as the batch format lists explicit ones
+        count = shared.pop("images_per_prompt", 1)
+        if (
+            isinstance(count, int)
+            and not isinstance(count, bool)
+            and 1 <= count <= limits_of(limits).max_images
+        ):
+            shared["seeds"] = [(normal["seed"] + number) % (MAX_SEED + 1) for number in range(count)]
+        else:
+            shared["images_per_prompt"] = (
+                count  # refused below, with the batch format's message or the limit's
+            )
+    workflow_table = dict(served[workflow].table())
+    if "inputs" in normal:
+        workflow_table["inputs"] = normal["inputs"]
+    if images:
+        workflow_table["images"] = {key: str(path) for key, path in images.items()}
+    prompt_table = {"prompt": prompt}
+    if "negative_prompt" in data:
+        prompt_table["negative_prompt"] = data["negative_prompt"]
+    table: dict[str, Any] = {
+        "output": str(output),
+        "prompts": [prompt_table],
+        "workflows": [workflow_table],
+        **shared,
+    }
+    if size is not None:
+        table["sizes"] = [size]
+    try:
+        job = BatchJob.from_spec(parse_job(table, SOURCE, served.base))
+    except JobFileError as error:  # the batch check's messages, said of the request rather than of its table
+        problems = [
+            problem.replace("workflows[0]: ", "").replace(
+                "'sizes' must be a list of sizes", "'size' must be a size"
+            )
+            for problem in error.problems
+        ]
+        raise RequestError(problems) from None
+    if len(job.entries) > limits_of(limits).max_images:
+        raise RequestError(
+            [
+                f"a request makes at most {limits_of(limits).max_images} images on this server (got {len(job.entries)})"
+            ]
+        )
+    limits = limits or Limits()
+    opened = open_images(images, limits.max_pixels)
+    problems = limits.problems(job)
+    if problems:
+        raise RequestError(problems)
+    entry = job.entries[0]
+    pipe = served.pipeline(workflow)
+    check_job_inputs(pipe, entry.job(opened, on_cuda=False), {})
+    return CheckedRequest(normal, workflow, job, priority, timeout)
+
+
+def open_images(images: Mapping[str, Path], max_pixels: int | None = None) -> dict[str, PIL.Image.Image]:
+    """The input images, decoded (a mask as one channel, others as RGB); the size in the file's header is
+    checked against ``max_pixels`` before any pixel is decoded.
+
+    Raises:
+        RequestError: a file that is not an image, or one larger than ``max_pixels``.
+    """
+    opened = {}
+    for key, path in images.items():
+        try:
+            with PIL.Image.open(path) as image:
+                width, height = image.size
+                if max_pixels is not None and width * height > max_pixels:
+                    msg = f"image {key!r} is {width}x{height}; this server takes at most {max_pixels} pixels"
+                    raise RequestError([msg])
+                opened[key] = image.convert("L" if "mask" in key else "RGB")
+        except (OSError, PIL.Image.DecompressionBombError, SyntaxError, ValueError) as error:
+            if isinstance(error, RequestError):
+                raise
+            raise RequestError([f"image {key!r} is not an image this server can read ({error})"]) from None
+    return opened
+
+
+assert set(PASSED_ON) <= {*SHARED, *WORKFLOW}  # the keys a request passes on are batch keys

@@ -1,0 +1,188 @@
+"""The server's durable record of jobs: one SQLite file (Python's own ``sqlite3``), written before a client is answered.
+
+Each accepted job is one row: its id, arrival number, state, priority, the request in normal form (JSON),
+its timings, error, and the result files written so far. A job is committed (``synchronous=FULL``) before
+``add`` returns, so a job the client was told about survives a ``kill -9``. After a crash, ``recover`` puts every
+job that was running back in the queue (its results already written are kept; it runs the rest, to the
+same file names), so no accepted job is lost and none runs twice to a second result file.
+
+Result files are written by ``write_result`` under names the server makes (``<job id>-<index>.png``): a
+temporary file, flushed and synced, renamed over the name, before the row records it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+__all__ = ["STATES", "JobRecord", "JobStore", "write_result"]
+
+STATES = ("queued", "running", "done", "failed", "cancelled")
+FINAL = frozenset({"done", "failed", "cancelled"})
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    request TEXT NOT NULL,
+    created REAL NOT NULL,
+    started REAL,
+    finished REAL,
+    error TEXT,
+    results TEXT NOT NULL DEFAULT '[]',
+    attempts INTEGER NOT NULL DEFAULT 0
+)
+"""
+
+
+@attrs.define
+class JobRecord:
+    """One job as the store holds it. Times are seconds since the epoch; ``results`` the file names written,
+    in entry order; ``attempts`` how many times it started (more than one after a crash)."""
+
+    id: str
+    seq: int
+    state: str
+    workflow: str
+    priority: int
+    request: dict[str, Any]
+    created: float
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None
+    results: list[str] = attrs.Factory(list)
+    attempts: int = 0
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL
+
+
+class JobStore:
+    """The jobs of one server in a SQLite file; every method is safe from any thread.
+
+    Args:
+        path: The database file (made with its folder when missing); ``":memory:"`` for a store that does not
+            outlive the process (tests, benchmarks).
+
+    Raises:
+        sqlite3.DatabaseError: the file is not a database of this server (the message names it).
+    """
+
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(_SCHEMA)
+        except sqlite3.DatabaseError as error:
+            self._db.close()
+            msg = f"{self.path} is not a job database this server can use ({error}); move it away or pass another --state folder"
+            raise sqlite3.DatabaseError(msg) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def add(self, job_id: str, workflow: str, priority: int, request: dict[str, Any]) -> JobRecord:
+        """Record a new queued job, committed before returning; its ``seq`` is its arrival number."""
+        created = time.time()
+        with self._write() as db:
+            (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
+            db.execute(
+                "INSERT INTO jobs (id, seq, state, workflow, priority, request, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, last + 1, "queued", workflow, priority, json.dumps(request), created),
+            )
+        return JobRecord(job_id, last + 1, "queued", workflow, priority, dict(request), created)
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        """Set fields of one job (``state``, ``started``, ``finished``, ``error``, ``results``, ``attempts``)."""
+        unknown = sorted(set(fields) - {"state", "started", "finished", "error", "results", "attempts"})
+        if unknown:
+            raise KeyError(f"JobStore.update(): unknown field(s) {unknown}")
+        if "state" in fields and fields["state"] not in STATES:
+            raise ValueError(f"state must be one of {list(STATES)} (got {fields['state']!r})")
+        if "results" in fields:
+            fields["results"] = json.dumps(list(fields["results"]))
+        names = ", ".join(f"{name} = ?" for name in fields)
+        with self._write() as db:
+            db.execute(f"UPDATE jobs SET {names} WHERE id = ?", (*fields.values(), job_id))
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def all(self, states: Sequence[str] | None = None) -> list[JobRecord]:
+        """Every job (or those in ``states``), in arrival order."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+        records = [_record(row) for row in rows]
+        return records if states is None else [record for record in records if record.state in states]
+
+    def recover(self) -> list[JobRecord]:
+        """After a restart: every job left running goes back to the queue; returns the queued jobs in arrival order."""
+        with self._write() as db:
+            db.execute("UPDATE jobs SET state = 'queued', started = NULL WHERE state = 'running'")
+        return self.all(("queued",))
+
+
+def _record(row: tuple) -> JobRecord:
+    job_id, seq, state, workflow, priority, request, created, started, finished, error, results, attempts = (
+        row
+    )
+    return JobRecord(
+        job_id,
+        seq,
+        state,
+        workflow,
+        priority,
+        json.loads(request),
+        created,
+        started,
+        finished,
+        error,
+        json.loads(results),
+        attempts,
+    )
+
+
+def write_result(folder: Path, name: str, data: bytes) -> Path:
+    """Write ``data`` to ``folder/name`` atomically: a temporary file in the folder, flushed and synced, then
+    renamed over the name (``os.replace``), so a reader never sees a partial file under it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / name
+    partial = folder / f".{name}.{os.getpid()}-{threading.get_ident()}.partial"
+    with open(partial, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, final)
+    return final
