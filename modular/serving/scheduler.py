@@ -225,7 +225,15 @@ class Scheduler:
         """Every job this process knows, in arrival order, as ``describe`` gives them."""
         with self._cond:
             jobs = sorted(self._jobs.values(), key=lambda job: job.seq)
-        return [job.describe(self.position(job.id)) for job in jobs if states is None or job.state in states]
+            positions = self._positions_now()
+        return [job.describe(positions.get(job.id)) for job in jobs if states is None or job.state in states]
+
+    def _positions_now(self) -> dict[str, int]:
+        """Each unfinished job's position (the running one 0), from one ordering of the waiting jobs."""
+        positions = {job.id: number for number, job in enumerate(self._order(), 1)}
+        if self._running is not None:
+            positions[self._running.id] = 0
+        return positions
 
     def waiting(self) -> list[ServedJob]:
         """The waiting jobs in the order they would run now."""
