@@ -263,7 +263,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
 
 
 def _page_file(name: str) -> str:
-    return importlib.resources.files("modular.http").joinpath("page", name).read_text(encoding="utf-8")
+    return importlib.resources.files("modular.http").joinpath(f"page/{name}").read_text(encoding="utf-8")
 
 
 def _asset_route(name: str, media_type: str) -> Any:
