@@ -9,6 +9,8 @@ as ``.ci/run`` does) they fail instead.
 from __future__ import annotations
 
 import base64
+import hashlib
+import io
 import os
 import shutil
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import PIL.Image
 import pytest
 
 from components import ComponentsManager
@@ -295,6 +298,27 @@ def test_the_page_sends_its_token(browser_page: Any, tmp_path: Path) -> None:
         png = gallery_png(page, job_id)
         assert png == server.client.get(f"/v1/jobs/{job_id}/result").content
         assert page.is_hidden("#error")
+
+        # An input image goes as a file of a multipart form, and the call takes it as the direct call does.
+        picture = PIL.Image.new("RGB", (32, 32))
+        picture.putdata([(8 * x, 8 * y, 128) for y in range(32) for x in range(32)])
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        upload = buffer.getvalue()
+        page.set_input_files(
+            "[data-testid='field-image']",
+            files=[{"name": "in.png", "mimeType": "image/png", "buffer": upload}],
+        )
+        fill_form(page, steps="4", strength="0.5", seed="6")
+        image_job = submit(page)
+        wait_state(page, image_job, "done")
+        stored = server.scheduler.uploads / f"{hashlib.sha256(upload).hexdigest()}.png"
+        assert stored.read_bytes() == upload
+        inputs = {"prompt": "a cat", "num_inference_steps": 4, "width": 32, "height": 32, "strength": 0.5}
+        direct = server.direct_png({**inputs, "image": PIL.Image.open(io.BytesIO(upload)).convert("RGB")}, 6)
+        assert gallery_png(page, image_job) == direct
+        assert direct != server.direct_png(inputs, 6)  # the image changed the call
+
         # Fetches carry the header, the stream and the images the query parameter; the script and style
         # need neither.
         for url in page.requested:
