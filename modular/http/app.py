@@ -31,7 +31,11 @@ __all__ = ["make_app"]
 
 log = logging.getLogger(__name__)
 # The page's script and style hold no secret; a browser loads them without the page's token (no header).
-PAGE_ASSETS = {"/page.js": ("page.js", "text/javascript"), "/page.css": ("page.css", "text/css")}
+PAGE_ASSETS = {
+    "/page.js": ("page.js", "text/javascript"),
+    "/chart.js": ("chart.js", "text/javascript"),
+    "/page.css": ("page.css", "text/css"),
+}
 OPEN_PATHS = frozenset({"/healthz", *PAGE_ASSETS})
 # The page loads only from this server (previews arrive as data: URLs); a prompt cannot pull in a script.
 PAGE_POLICY = (

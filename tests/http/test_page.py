@@ -197,6 +197,7 @@ def save_screenshot(page: Any, path: Path) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_a_session_on_the_page(page_server: PageServer, browser_page: Any, tmp_path: Path) -> None:
     page, server = browser_page, page_server
     open_page(page, server.url + "/")
