@@ -280,6 +280,8 @@ def test_a_session_on_the_page(page_server: PageServer, browser_page: Any, tmp_p
     assert third_png == server.direct_png(inputs, 31)
     assert first_png != third_png
 
+    # Nothing came from elsewhere, and the page's policy would refuse it if a script asked.
+    assert "default-src 'self'" in server.client.get("/").headers["content-security-policy"]
     origin = server.url + "/"
     outside = [url for url in page.requested if not url.startswith((origin, "data:"))]
     assert outside == [], "the page fetched from outside its server"
