@@ -89,14 +89,19 @@ def browser_page(needs_browser: None, tmp_path: Path) -> Iterator[Any]:
 
 
 class PageServer:
-    """A scheduler and its server on a free loopback port, serving one tiny Stable Diffusion repo."""
+    """A scheduler and its server on a free loopback port, serving a tiny Stable Diffusion repo whole
+    (``tiny-sd``: its auto blocks choose by the inputs) and as text to image (``tiny-sd-text``)."""
 
     def __init__(self, root: Path, token: str | None = None) -> None:
         from blocks.stable_diffusion import make_tiny_repo
 
         self.repo = make_tiny_repo(root / "tiny-sd")
         self.manager = ComponentsManager()
-        self.served = ServedWorkflows([parse_served(f"tiny-sd={self.repo}")], self.manager)
+        workflows = [
+            parse_served(f"tiny-sd={self.repo}"),
+            parse_served(f"tiny-sd-text={self.repo}:text2image"),
+        ]
+        self.served = ServedWorkflows(workflows, self.manager)
         self.scheduler = Scheduler(self.served, root / "state")
         self.scheduler.start()
         self.settings = ServerSettings(port=0, token=token)
@@ -207,6 +212,13 @@ def test_a_session_on_the_page(page_server: PageServer, browser_page: Any, tmp_p
     for name in drawn:
         assert page.locator(f"[data-testid='field-{name}']").count() == 1, name
     assert page.get_attribute("[data-testid='field-image']", "type") == "file"
+    # Another workflow's form has that workflow's inputs: text to image takes no image and no strength.
+    page.select_option("#workflow", "tiny-sd-text")
+    assert page.locator("[data-testid='field-steps']").count() == 1
+    assert page.locator("[data-testid='field-image']").count() == 0
+    assert page.locator("[data-testid='field-strength']").count() == 0
+    page.select_option("#workflow", "tiny-sd")
+    assert page.locator("[data-testid='field-strength']").count() == 1
 
     # A bad request: the server's message is shown, nothing is queued.
     fill_form(page, prompt="a fox", size="3x")
@@ -242,9 +254,12 @@ def test_a_session_on_the_page(page_server: PageServer, browser_page: Any, tmp_p
     page.click("[data-testid='pause']")
     page.wait_for_selector("#queue-state[data-paused='1']", state="attached")
     assert server.client.get("/v1/queue").json()["paused"] is True
-    fill_form(page, seed="21")
+    markup = '<img src="http://elsewhere.invalid/x.png" data-injected="1">'  # a prompt is shown as text
+    fill_form(page, prompt=markup, seed="21")
     second = submit(page)
-    fill_form(page, seed="31")
+    assert row(page, second).locator("td.prompt").inner_text() == markup
+    assert page.locator("[data-injected]").count() == 0
+    fill_form(page, prompt="a red fox", seed="31")
     third = submit(page)
     page.wait_for_function(
         "id => document.querySelector(`tr[data-job-id='${id}'] [data-testid=job-position]`)?.textContent === '2'",
