@@ -213,7 +213,9 @@ def test_a_session_on_the_page(page_server: PageServer, browser_page: Any, tmp_p
         assert page.locator(f"[data-testid='field-{name}']").count() == 1, name
     assert page.get_attribute("[data-testid='field-image']", "type") == "file"
     # Another workflow's form has that workflow's inputs: text to image takes no image and no strength.
+    fill_form(page, steps="3")
     page.select_option("#workflow", "tiny-sd-text")
+    assert page.input_value("[data-testid='field-steps']") == "3"  # what was typed stays
     assert page.locator("[data-testid='field-steps']").count() == 1
     assert page.locator("[data-testid='field-image']").count() == 0
     assert page.locator("[data-testid='field-strength']").count() == 0

@@ -82,6 +82,8 @@
   function drawFields(workflow) {
     const names = new Map(workflow.inputs.map((input) => [input.name, input]));
     const fields = $("fields");
+    // What was typed stays when another workflow is chosen (files are chosen again).
+    const typed = new Map([...fields.querySelectorAll("textarea, input:not([type=file])")].map((c) => [c.name, c.value]));
     fields.replaceChildren();
     const placeholder = (name) => {
       const input = names.get(name);
@@ -92,6 +94,7 @@
       control.id = "field-" + id;
       control.name = id;
       control.setAttribute("data-testid", "field-" + id);
+      if (control.type !== "file" && typed.has(id)) control.value = typed.get(id);
       row.append(element("label", { for: control.id }, label), control);
       fields.append(row);
     };
