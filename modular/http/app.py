@@ -30,7 +30,17 @@ from modular.serving.scheduler import Scheduler
 __all__ = ["make_app"]
 
 log = logging.getLogger(__name__)
-OPEN_PATHS = frozenset({"/healthz"})
+# The page's script and style hold no secret; a browser loads them without the page's token (no header).
+PAGE_ASSETS = {
+    "/page.js": ("page.js", "text/javascript"),
+    "/chart.js": ("chart.js", "text/javascript"),
+    "/page.css": ("page.css", "text/css"),
+}
+OPEN_PATHS = frozenset({"/healthz", *PAGE_ASSETS})
+# The page loads only from this server (previews arrive as data: URLs); a prompt cannot pull in a script.
+PAGE_POLICY = (
+    "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
 BAD_REQUEST = (RequestError, MissingInputError, UnknownInputError, InputTypeError, UploadError)
 
 
@@ -248,9 +258,23 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> HTMLResponse:
-        return HTMLResponse(importlib.resources.files("modular.http").joinpath("page/index.html").read_text())
+        return HTMLResponse(_page_file("index.html"), headers={"Content-Security-Policy": PAGE_POLICY})
+
+    for path, (name, media_type) in PAGE_ASSETS.items():
+        app.add_api_route(path, _asset_route(name, media_type), methods=["GET"], include_in_schema=False)
 
     return app
+
+
+def _page_file(name: str) -> str:
+    return importlib.resources.files("modular.http").joinpath(f"page/{name}").read_text(encoding="utf-8")
+
+
+def _asset_route(name: str, media_type: str) -> Any:
+    def asset() -> Response:
+        return Response(_page_file(name), media_type=media_type, headers={"Cache-Control": "no-cache"})
+
+    return asset
 
 
 def _component(cm: Any, component_id: str) -> dict[str, Any]:
