@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from modular.batch.jobs import MAX_SEED
 from modular.errors import InputTypeError, MissingInputError, UnknownInputError
 from modular.http.events_stream import event_stream
 from modular.http.memory import memory_report
@@ -42,22 +43,27 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-def _request_schema() -> dict[str, Any]:
+def _request_schema(scheduler: Scheduler) -> dict[str, Any]:
     """The JSON body of ``POST /v1/jobs`` as the OpenAPI schema shows it (the server checks it itself, with
-    the batch format's messages)."""
+    the batch format's messages): the served workflows and this server's limits are in it, so that a client
+    made from the schema sends requests this server takes."""
     text = {"type": "string"}
     number = {"type": "number"}
     whole = {"type": "integer"}
     properties: dict[str, Any] = {
-        "workflow": {**text, "description": "a served workflow's name (GET /v1/workflows)"},
+        "workflow": {
+            **text,
+            "enum": sorted(scheduler.served),
+            "description": "a served workflow's name (GET /v1/workflows)",
+        },
         "prompt": text,
         "negative_prompt": text,
         "size": {**text, "pattern": "^[0-9]+x[0-9]+$", "description": "WIDTHxHEIGHT in pixels"},
-        "steps": {**whole, "minimum": 1},
+        "steps": {**whole, "minimum": 1, "maximum": scheduler.limits.max_steps},
         "guidance_scale": number,
-        "seed": {**whole, "minimum": 0, "description": "image i is made with seed + i"},
-        "seeds": {"type": "array", "items": {**whole, "minimum": 0}},
-        "images_per_prompt": {**whole, "minimum": 1},
+        "seed": {**whole, "minimum": 0, "maximum": MAX_SEED, "description": "image i is made with seed + i"},
+        "seeds": {"type": "array", "items": {**whole, "minimum": 0, "maximum": MAX_SEED}},
+        "images_per_prompt": {**whole, "minimum": 1, "maximum": scheduler.limits.max_images},
         "priority": {**whole, "description": "higher runs first (within fairness)"},
         "timeout": {**number, "exclusiveMinimum": 0},
         "inputs": {"type": "object", "description": "more call inputs, e.g. {'strength': 0.6}"},
@@ -68,7 +74,8 @@ def _request_schema() -> dict[str, Any]:
         },
     }
     assert set(properties) == set(REQUEST_KEYS)
-    return {"type": "object", "properties": properties, "required": ["prompt"], "additionalProperties": False}
+    required = ["prompt"] if len(scheduler.served) == 1 else ["workflow", "prompt"]  # one served: its own
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> FastAPI:
@@ -126,7 +133,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             "requestBody": {
                 "required": True,
                 "content": {
-                    "application/json": {"schema": _request_schema()},
+                    "application/json": {"schema": _request_schema(scheduler)},
                     "multipart/form-data": {
                         "schema": {
                             "type": "object",
@@ -231,7 +238,11 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
         scheduler.resume()
         return {"paused": False}
 
-    @app.get("/v1/manager", response_model=None)
+    @app.get(
+        "/v1/manager",
+        response_model=None,
+        responses={200: {"content": {"application/json": {}, "text/plain": {}}}},  # ?format=text: the table
+    )
     def manager(format: str = Query("json", pattern="^(json|text)$")) -> Any:
         cm = scheduler.manager
         if format == "text":

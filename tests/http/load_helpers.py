@@ -57,9 +57,10 @@ class Served:
 
 @contextlib.contextmanager
 def serving(
-    repos: Path, state: Path, *, limits: Limits | None = None, **settings: object
+    repos: Path, state: Path, *, limits: Limits | None = None, start: bool = True, **settings: object
 ) -> Iterator[Served]:
-    """A started scheduler over both tiny repos and its server on a free port; both stopped on exit."""
+    """A scheduler over both tiny repos (started unless ``start`` is false: then jobs only wait) and its
+    server on a free port; both stopped on exit."""
     scheduler = Scheduler(
         served_workflows(repos),
         state,
@@ -67,7 +68,8 @@ def serving(
         max_queue=500,
     )
     server_settings = ServerSettings(port=0, **settings)  # type: ignore[arg-type]
-    scheduler.start()
+    if start:
+        scheduler.start()
     try:
         server = start_server(make_app(scheduler, server_settings), server_settings)
     except BaseException:
