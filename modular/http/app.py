@@ -11,11 +11,13 @@ from __future__ import annotations
 import hmac
 import importlib.resources
 import logging
+import threading
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modular.batch.jobs import MAX_SEED
@@ -25,7 +27,7 @@ from modular.http.memory import memory_report
 from modular.http.settings import ServerSettings
 from modular.http.uploads import UploadError, read_job_body
 from modular.serving.jobs import JobStateError, QueueFullError, UnknownJobError
-from modular.serving.requests import REQUEST_KEYS, RequestError
+from modular.serving.requests import PRIORITY_BOUND, REQUEST_KEYS, RequestError
 from modular.serving.scheduler import Scheduler
 
 __all__ = ["make_app"]
@@ -64,8 +66,13 @@ def _request_schema(scheduler: Scheduler) -> dict[str, Any]:
         "seed": {**whole, "minimum": 0, "maximum": MAX_SEED, "description": "image i is made with seed + i"},
         "seeds": {"type": "array", "items": {**whole, "minimum": 0, "maximum": MAX_SEED}},
         "images_per_prompt": {**whole, "minimum": 1, "maximum": scheduler.limits.max_images},
-        "priority": {**whole, "description": "higher runs first (within fairness)"},
-        "timeout": {**number, "exclusiveMinimum": 0},
+        "priority": {
+            **whole,
+            "minimum": -PRIORITY_BOUND,
+            "maximum": PRIORITY_BOUND - 1,
+            "description": "higher runs first (within fairness)",
+        },
+        "timeout": {**number, "exclusiveMinimum": 0, "maximum": threading.TIMEOUT_MAX},
         "inputs": {"type": "object", "description": "more call inputs, e.g. {'strength': 0.6}"},
         "images": {
             "type": "object",
@@ -148,7 +155,8 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     async def submit(request: Request) -> Response:
         try:
             data, uploads = await read_job_body(request, scheduler.uploads, settings)
-            job = scheduler.submit(data, uploads)
+            # off the event loop: the check and the store's synced write must not hold up other requests
+            job = await run_in_threadpool(scheduler.submit, data, uploads)
         except QueueFullError as error:
             return error_response(429, error, **{"Retry-After": str(error.retry_after)})
         except BAD_REQUEST as error:

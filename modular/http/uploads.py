@@ -123,8 +123,21 @@ async def read_job_body(
     return data, uploads
 
 
+def _not_a_number(name: str) -> Any:
+    raise UploadError(f"the request is not JSON ({name} is no JSON number)")
+
+
 def _json(body: bytes) -> Any:
+    # Python's json takes NaN, Infinity and lone surrogates ("\ud800"), which no JSON answer can carry back
+    # (GET /v1/jobs shows each job's request): refused here, with the rest that is not JSON.
     try:
-        return json.loads(body)
+        data = json.loads(body, parse_constant=_not_a_number)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UploadError(f"the request is not JSON ({error})") from None
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = error.object[error.start : error.end]
+        msg = f"the request is not JSON text (it holds {ascii(bad)}, half of a UTF-16 pair, which is no character)"
+        raise UploadError(msg) from None
+    return data

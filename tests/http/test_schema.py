@@ -10,6 +10,8 @@ names every operation the server serves.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +20,9 @@ from schemathesis import GenerationMode
 from modular.serving import Limits
 from tests.http.load_helpers import make_repos, serving
 
-EXAMPLES = 8  # per operation and mode; raise it by hand for a longer hunt
+EXAMPLES = int(
+    os.environ.get("MODULAR_SCHEMA_EXAMPLES", "8")
+)  # per operation and mode; more by hand for a longer hunt
 CHECKS = [
     schemathesis.checks.not_a_server_error,
     schemathesis.checks.content_type_conformance,

@@ -82,7 +82,13 @@ def test_the_guide_transcripts_show_what_the_commands_print(tmp_path, monkeypatc
             namespace["scheduler"].close()
     assert problems == []
     walked = " ".join(commands)
-    for part in ("/v1/jobs -H", "/events", "/result", "-X DELETE", "/v1/queue/pause"):  # submit, watch, cancel
+    for part in (
+        "/v1/jobs -H",
+        "/events",
+        "/result",
+        "-X DELETE",
+        "/v1/queue/pause",
+    ):  # submit, watch, cancel
         assert part in walked, f"the walk-through no longer runs {part!r}"
     assert (tmp_path / "fox.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the result it saved is a PNG
 
