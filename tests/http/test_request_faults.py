@@ -123,3 +123,24 @@ def test_a_submit_in_progress_does_not_hold_up_other_requests(served, http, monk
         poster.join(30)
     assert released_in_time == [True]
     assert answers[0].status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[" * 50_000, "the request is not JSON this server takes (it nests too deep)"),
+        (
+            b'{"prompt": "a fox", "seed": ' + b"9" * 5000 + b"}",
+            "the request is not JSON this server takes (a number of too many digits)",
+        ),
+        (
+            b'{"prompt": "a fox", "guidance_scale": 1e999}',
+            "the request is not JSON this server takes (1e999 is past a 64-bit float)",
+        ),
+    ],
+    ids=["deep", "digits", "1e999"],
+)
+def test_json_python_cannot_read_or_answer_is_refused(http, body, message):
+    """Nesting past Python's recursion limit and integers past its digit limit were 500s; 1e999 read as
+    infinity, which made GET /v1/jobs a 500."""
+    assert _refused(http, body) == message
