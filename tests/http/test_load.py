@@ -122,7 +122,8 @@ class Client(threading.Thread):
         job_id = self._submit(http, self.good_request())
         if job_id is None:
             return
-        with http.stream("GET", f"/v1/jobs/{job_id}/events") as stream:
+        path = self.rng.choice((f"/v1/jobs/{job_id}/events", "/v1/events"))  # one job's, or the queue's
+        with http.stream("GET", path) as stream:
             assert stream.status_code == 200
             for number, _line in enumerate(stream.iter_lines()):
                 if number >= self.rng.randrange(1, 6):
