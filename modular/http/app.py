@@ -11,20 +11,23 @@ from __future__ import annotations
 import hmac
 import importlib.resources
 import logging
+import threading
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from modular.batch.jobs import MAX_SEED
 from modular.errors import InputTypeError, MissingInputError, UnknownInputError
 from modular.http.events_stream import event_stream
 from modular.http.memory import memory_report
 from modular.http.settings import ServerSettings
 from modular.http.uploads import UploadError, read_job_body
 from modular.serving.jobs import JobStateError, QueueFullError, UnknownJobError
-from modular.serving.requests import REQUEST_KEYS, RequestError
+from modular.serving.requests import PRIORITY_BOUND, REQUEST_KEYS, RequestError
 from modular.serving.scheduler import Scheduler
 
 __all__ = ["make_app"]
@@ -52,24 +55,34 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-def _request_schema() -> dict[str, Any]:
+def _request_schema(scheduler: Scheduler) -> dict[str, Any]:
     """The JSON body of ``POST /v1/jobs`` as the OpenAPI schema shows it (the server checks it itself, with
-    the batch format's messages)."""
+    the batch format's messages): the served workflows and this server's limits are in it, so that a client
+    made from the schema sends requests this server takes."""
     text = {"type": "string"}
     number = {"type": "number"}
     whole = {"type": "integer"}
     properties: dict[str, Any] = {
-        "workflow": {**text, "description": "a served workflow's name (GET /v1/workflows)"},
+        "workflow": {
+            **text,
+            "enum": sorted(scheduler.served),
+            "description": "a served workflow's name (GET /v1/workflows)",
+        },
         "prompt": text,
         "negative_prompt": text,
         "size": {**text, "pattern": "^[0-9]+x[0-9]+$", "description": "WIDTHxHEIGHT in pixels"},
-        "steps": {**whole, "minimum": 1},
+        "steps": {**whole, "minimum": 1, "maximum": scheduler.limits.max_steps},
         "guidance_scale": number,
-        "seed": {**whole, "minimum": 0, "description": "image i is made with seed + i"},
-        "seeds": {"type": "array", "items": {**whole, "minimum": 0}},
-        "images_per_prompt": {**whole, "minimum": 1},
-        "priority": {**whole, "description": "higher runs first (within fairness)"},
-        "timeout": {**number, "exclusiveMinimum": 0},
+        "seed": {**whole, "minimum": 0, "maximum": MAX_SEED, "description": "image i is made with seed + i"},
+        "seeds": {"type": "array", "items": {**whole, "minimum": 0, "maximum": MAX_SEED}},
+        "images_per_prompt": {**whole, "minimum": 1, "maximum": scheduler.limits.max_images},
+        "priority": {
+            **whole,
+            "minimum": -PRIORITY_BOUND,
+            "maximum": PRIORITY_BOUND - 1,
+            "description": "higher runs first (within fairness)",
+        },
+        "timeout": {**number, "exclusiveMinimum": 0, "maximum": threading.TIMEOUT_MAX},
         "inputs": {"type": "object", "description": "more call inputs, e.g. {'strength': 0.6}"},
         "images": {
             "type": "object",
@@ -78,7 +91,8 @@ def _request_schema() -> dict[str, Any]:
         },
     }
     assert set(properties) == set(REQUEST_KEYS)
-    return {"type": "object", "properties": properties, "required": ["prompt"], "additionalProperties": False}
+    required = ["prompt"] if len(scheduler.served) == 1 else ["workflow", "prompt"]  # one served: its own
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> FastAPI:
@@ -136,7 +150,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             "requestBody": {
                 "required": True,
                 "content": {
-                    "application/json": {"schema": _request_schema()},
+                    "application/json": {"schema": _request_schema(scheduler)},
                     "multipart/form-data": {
                         "schema": {
                             "type": "object",
@@ -151,7 +165,8 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     async def submit(request: Request) -> Response:
         try:
             data, uploads = await read_job_body(request, scheduler.uploads, settings)
-            job = scheduler.submit(data, uploads)
+            # off the event loop: the check and the store's synced write must not hold up other requests
+            job = await run_in_threadpool(scheduler.submit, data, uploads)
         except QueueFullError as error:
             return error_response(429, error, **{"Retry-After": str(error.retry_after)})
         except BAD_REQUEST as error:
@@ -241,7 +256,11 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
         scheduler.resume()
         return {"paused": False}
 
-    @app.get("/v1/manager", response_model=None)
+    @app.get(
+        "/v1/manager",
+        response_model=None,
+        responses={200: {"content": {"application/json": {}, "text/plain": {}}}},  # ?format=text: the table
+    )
     def manager(format: str = Query("json", pattern="^(json|text)$")) -> Any:
         cm = scheduler.manager
         if format == "text":

@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,34 @@ async def read_job_body(
     return data, uploads
 
 
+def _not_a_number(name: str) -> Any:
+    raise UploadError(f"the request is not JSON ({name} is no JSON number)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 reads as infinity
+        raise UploadError(f"the request is not JSON this server takes ({text} is past a 64-bit float)")
+    return value
+
+
 def _json(body: bytes) -> Any:
+    # Python's json takes NaN, Infinity, 1e999 and lone surrogates ("\ud800"), which no JSON answer can carry back
+    # (GET /v1/jobs shows each job's request): refused here, with the rest that is not JSON.
     try:
-        return json.loads(body)
+        data = json.loads(body, parse_constant=_not_a_number, parse_float=_finite)
+    except UploadError:
+        raise
+    except RecursionError:
+        raise UploadError("the request is not JSON this server takes (it nests too deep)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UploadError(f"the request is not JSON ({error})") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
+        raise UploadError("the request is not JSON this server takes (a number of too many digits)") from None
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = error.object[error.start : error.end]
+        msg = f"the request is not JSON text (it holds {ascii(bad)}, half of a UTF-16 pair, which is no character)"
+        raise UploadError(msg) from None
+    return data

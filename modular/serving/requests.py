@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import random
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from modular.serving.served import ServedWorkflows
 __all__ = ["REQUEST_KEYS", "CheckedRequest", "Limits", "RequestError", "check_request", "open_images"]
 
 SOURCE = "request"
+PRIORITY_BOUND = 2**63  # a priority is stored with its job, as SQLite's 64-bit INTEGER
 # Keys of a request beyond the batch keys it passes on: which workflow, the prompt, one size, and how it queues.
 OWN_KEYS = ("workflow", "prompt", "negative_prompt", "size", "priority", "timeout", "seed")
 PASSED_ON = ("steps", "guidance_scale", "images_per_prompt", "seeds", "inputs")
@@ -142,9 +144,19 @@ def check_request(
         problems.append("'images' come as uploads or base64 inputs, which the server stores itself")
     workflow = _workflow(data, served, problems)
     priority = _number(data, "priority", problems, whole=True) or 0
+    if not -PRIORITY_BOUND <= priority < PRIORITY_BOUND:
+        problems.append(f"'priority' must be from -2**63 to 2**63-1 (got {priority})")
     timeout = _number(data, "timeout", problems, whole=False)
-    if timeout is not None and timeout <= 0:
-        problems.append(f"'timeout' must be more than 0 seconds (got {timeout})")
+    if timeout is not None and not 0 < timeout <= threading.TIMEOUT_MAX:  # NaN included
+        problems.append(
+            f"'timeout' must be more than 0 and at most {threading.TIMEOUT_MAX:.0f} seconds (got {timeout})"
+        )
+    count = data.get("images_per_prompt")
+    if isinstance(count, int) and not isinstance(count, bool) and count > limits_of(limits).max_images:
+        # before the batch check, which would make every one of its entries first
+        problems.append(
+            f"a request makes at most {limits_of(limits).max_images} images on this server (got {count})"
+        )
     prompt = data.get("prompt")
     if not isinstance(prompt, str):
         problems.append(f"'prompt' must be a string {got(prompt)}")
@@ -197,9 +209,10 @@ def check_request(
         job = BatchJob.from_spec(parse_job(table, SOURCE, served.base))
     except JobFileError as error:  # the batch check's messages, said of the request rather than of its table
         problems = [
-            problem.replace("workflows[0]: ", "").replace(
-                "'sizes' must be a list of sizes", "'size' must be a size"
-            )
+            problem.replace("workflows[0]: ", "")
+            .replace("'sizes' must be a list of sizes", "'size' must be a size")
+            .replace("its key 'prompts'", "its key 'prompt'")
+            .replace("its key 'sizes'", "its key 'size'")
             for problem in error.problems
         ]
         raise RequestError(problems) from None
