@@ -7,14 +7,17 @@ job that was running back in the queue (its results already written are kept; it
 same file names), so no accepted job is lost and none runs twice to a second result file.
 
 Result files are written by ``write_result`` under names the server makes (``<job id>-<index>.png``): a
-temporary file, flushed and synced, renamed over the name, before the row records it.
+temporary file, flushed and synced, renamed over the name, before the row records it. A writer killed
+mid-write leaves its temporary file; ``remove_partials`` removes those of processes gone, at a server's start.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -24,7 +27,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["STATES", "JobRecord", "JobStore", "write_result"]
+__all__ = ["STATES", "JobRecord", "JobStore", "remove_partials", "write_result"]
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL = frozenset({"done", "failed", "cancelled"})
@@ -176,13 +179,72 @@ def _record(row: tuple) -> JobRecord:
 
 def write_result(folder: Path, name: str, data: bytes) -> Path:
     """Write ``data`` to ``folder/name`` atomically: a temporary file in the folder, flushed and synced, then
-    renamed over the name (``os.replace``), so a reader never sees a partial file under it."""
+    renamed over the name (``os.replace``) and the folder synced, so a reader never sees a partial file under
+    it and the name survives a crash once this returns. A write that fails removes its temporary file.
+
+    Raises:
+        OSError: the folder cannot be written (the name keeps what it held).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / name
     partial = folder / f".{name}.{os.getpid()}-{threading.get_ident()}.partial"
-    with open(partial, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, final)
+    try:
+        with open(partial, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, final)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _sync_folder(folder)
     return final
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX: the folder's entry is synced; elsewhere nothing to do)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+# The temporary file of a ``write_result`` in progress: ``.<name>.<pid>-<thread>.partial``.
+_PARTIAL = re.compile(r"^\..+\.(?P<pid>\d+)-\d+\.partial$")
+
+
+def remove_partials(folder: Path) -> list[Path]:
+    """Remove the temporary files that writers killed mid-write left in ``folder`` (their process no longer
+    runs); those of live processes, this one included, and every file not named as ``write_result`` names
+    them stay. Returns what was removed."""
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        match = _PARTIAL.match(entry)
+        if match is None or not _gone(int(match["pid"])):
+            continue
+        try:
+            (folder / entry).unlink()
+        except OSError:  # removed meanwhile
+            continue
+        removed.append(folder / entry)
+    return removed
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process of this host has id ``pid`` now."""
+    if pid == os.getpid() or sys.platform == "win32":  # os.kill(pid, 0) would end the process there
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
