@@ -34,8 +34,8 @@ from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, Unkno
 from modular.serving.policy import Fairness, order, passed_over
 from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
 from modular.serving.served import ServedWorkflows
-from modular.serving.store import JobRecord, JobStore, write_result
-from modular.watch.events import Preview, ProgressEvent
+from modular.serving.store import JobRecord, JobStore, remove_partials, write_result
+from modular.watch.events import CancelToken, Preview, ProgressEvent
 
 __all__ = ["Scheduler"]
 
@@ -131,6 +131,7 @@ class Scheduler:
         self._durations: list[float] = []
         self._positions: dict[str, int] = {}
         self._no_previews: set[str] = set()
+        remove_partials(self.results)  # what a server killed mid-write left
         self._recover()
 
     # -- accepting ----------------------------------------------------------------------------
@@ -366,9 +367,7 @@ class Scheduler:
                 self.store.update(job.id, results=job.results)
         except CallCancelled as error:
             if error.reason == _STOPPING:  # not the client's cancel: the next start runs it again
-                job.state = "queued"
-                self.store.update(job.id, state="queued", started=None)
-                self.events.publish("requeued", job.id, reason=_STOPPING)
+                self._requeue(job)
             elif error.reason is not None and error.reason.startswith("timed out"):
                 self._finish(job, "failed", error.reason)
             else:
@@ -383,6 +382,17 @@ class Scheduler:
                 timer.cancel()
             self._durations.append(time.perf_counter() - started)
             del self._durations[:-100]
+
+    def _requeue(self, job: ServedJob) -> None:
+        """Put a job the stop interrupted back in the queue, in the store and in memory, with a fresh token
+        (its old one stays set), so that this scheduler's next ``start`` runs it as a new one's would."""
+        with self._cond:
+            job.state = "queued"
+            job.started = None
+            job.token = CancelToken()
+            self._waiting.append(job)
+        self.store.update(job.id, state="queued", started=None)
+        self.events.publish("requeued", job.id, reason=_STOPPING)
 
     def _call(self, pipe: Any, job: ServedJob, call: Any, index: int) -> Any:
         """One image of ``job``; a workflow whose family makes no previews (no latent-to-RGB map for its
