@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import PIL.Image
+import torch
 
 from components import ComponentsManager
+from components.load_id import get_load_id
 from modular.batch.jobs import call_job
 from modular.batch.store import encode
 from modular.serving import Scheduler, ServedWorkflow, ServedWorkflows, check_request
@@ -98,3 +100,26 @@ def image_count(data: Mapping[str, Any]) -> int:
 def expected_names(jobs: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
     """The result file names of ``(job id, request)`` pairs once done: ``<id>-<index>.png`` each."""
     return sorted(f"{job_id}-{index}.png" for job_id, data in jobs for index in range(image_count(data)))
+
+
+def models_by_load_id(manager: ComponentsManager) -> dict[str, torch.nn.Module]:
+    """Every model the manager holds, by its load ID (``repo|subfolder|variant|revision``)."""
+    found = {}
+    for obj in manager.components.values():
+        if isinstance(obj, torch.nn.Module):
+            load_id = get_load_id(obj)
+            assert load_id is not None, f"{type(obj).__name__} has no load ID"
+            found[load_id] = obj
+    return found
+
+
+def assert_same_weights(manager: ComponentsManager, reference: ComponentsManager) -> None:
+    """Every model of ``manager`` holds exactly the weights of the model with its load ID in ``reference`` (a
+    manager that never offloaded): none lost to a placeholder, a dropped host copy or a missed read-back."""
+    mine, theirs = models_by_load_id(manager), models_by_load_id(reference)
+    assert set(mine) <= set(theirs), sorted(set(mine) - set(theirs))
+    for load_id, model in mine.items():
+        held, expected = model.state_dict(), theirs[load_id].state_dict()
+        assert held.keys() == expected.keys(), load_id
+        differ = [key for key in held if not torch.equal(held[key], expected[key])]
+        assert not differ, f"{load_id}: {len(differ)} tensors differ, e.g. {differ[:3]}"
