@@ -61,10 +61,13 @@ def input_image(path: Path, size: int = 32, shade: int = 90) -> Path:
 
 class DirectCalls:
     """The direct call of a served request: its workflows on a manager of their own (no offload, no
-    scheduler), each image ``call_job`` on its entry, encoded as the scheduler encodes results."""
+    scheduler) unless ``manager`` is given, each image ``call_job`` on its entry, encoded as the scheduler
+    encodes results."""
 
-    def __init__(self, workflows: Mapping[str, tuple[Path, str | None]]) -> None:
-        self.served = served(ComponentsManager(), workflows)
+    def __init__(
+        self, workflows: Mapping[str, tuple[Path, str | None]], manager: ComponentsManager | None = None
+    ) -> None:
+        self.served = served(manager or ComponentsManager(), workflows)
 
     def pngs(self, data: Mapping[str, Any], uploads: Mapping[str, Path] | None = None) -> list[bytes]:
         """The PNG bytes of each image of request ``data`` (in normal form: its seed given)."""
