@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import PIL.Image
 import torch
 
@@ -69,13 +70,17 @@ class DirectCalls:
     ) -> None:
         self.served = served(manager or ComponentsManager(), workflows)
 
-    def pngs(self, data: Mapping[str, Any], uploads: Mapping[str, Path] | None = None) -> list[bytes]:
-        """The PNG bytes of each image of request ``data`` (in normal form: its seed given)."""
+    def arrays(self, data: Mapping[str, Any], uploads: Mapping[str, Path] | None = None) -> list[np.ndarray]:
+        """Each image of request ``data`` (in normal form: its seed given), as the pipeline returns it."""
         assert "seed" in data or "seeds" in data, "a direct call needs the request's recorded seed"
         checked = check_request(dict(data), self.served, dict(uploads or {}))
         pipe = self.served.load(checked.workflow)
         images = open_images(dict(uploads or {}))
-        return [encode(call_job(pipe, entry.job(images, False)), "png") for entry in checked.entries]
+        return [call_job(pipe, entry.job(images, False)) for entry in checked.entries]
+
+    def pngs(self, data: Mapping[str, Any], uploads: Mapping[str, Path] | None = None) -> list[bytes]:
+        """The PNG bytes of each image of request ``data``, encoded as the scheduler encodes its results."""
+        return [encode(array, "png") for array in self.arrays(data, uploads)]
 
 
 def result_bytes(scheduler: Scheduler, job_id: str) -> list[bytes]:
