@@ -1,8 +1,8 @@
 """Where capabilities meet: sequences of operations over three pipelines on one manager (LoRA, IP-Adapter,
 quantized loads, offload on random budgets, streaming, host budget and spill folder, several devices, save
 and reload, remove and add, update_components, dropped pipelines, jobs through a scheduler on the same
-manager, one cancelled) keep every output equal to a shadow run
-without offload, and every read of the weights real (tests/interactions/machine.py).
+manager, one cancelled) keep every output equal to a shadow run without offload, and every read of the
+weights real (tests/interactions/machine.py).
 
 CI runs a bounded number of examples, derandomized so that a failure reproduces. By hand:
 ``INTERACTIONS_EXAMPLES=2000 INTERACTIONS_SEED=7 pytest tests/interactions -k stateful`` (a seed draws other
