@@ -32,7 +32,7 @@ from modular.serving.cost import bytes_to_bring
 from modular.serving.events import EventHub
 from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError
 from modular.serving.policy import Fairness, order, passed_over
-from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
+from modular.serving.requests import CheckedRequest, Limits, check_request, open_images, stored_seeds
 from modular.serving.served import ServedWorkflows
 from modular.serving.store import JobRecord, JobStore, remove_partials, write_result
 from modular.watch.events import CancelToken, Preview, ProgressEvent
@@ -42,6 +42,7 @@ __all__ = ["Scheduler"]
 log = logging.getLogger(__name__)
 _STOPPING = "the server is stopping"
 KEEP_FINISHED = 1000  # finished jobs kept in memory; older ones are read from the store
+FINISHED = ("done", "failed", "cancelled")
 
 
 def _error_text(error: BaseException) -> str:
@@ -223,10 +224,21 @@ class Scheduler:
         return job.describe(self.position(job_id))
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        """Every job this process knows, in arrival order, as ``describe`` gives them."""
+        """Every job this process holds and the latest ``KEEP_FINISHED`` finished ones of the store it does not
+        (finished before a restart), in arrival order, as ``describe`` gives them."""
         with self._cond:
             jobs = sorted(self._jobs.values(), key=lambda job: job.seq)
-        return [job.describe(self.position(job.id)) for job in jobs if states is None or job.state in states]
+        held = {job.id for job in jobs}
+        described = [
+            (job.seq, job.describe(self.position(job.id)))
+            for job in jobs
+            if states is None or job.state in states
+        ]
+        finished = [state for state in states or FINISHED if state in FINISHED]
+        stored = self.store.all(finished, latest=KEEP_FINISHED) if finished else []
+        older = [record for record in stored if record.id not in held]
+        described += [(record.seq, _describe_record(record)) for record in older]
+        return [description for _, description in sorted(described, key=lambda pair: pair[0])]
 
     def waiting(self) -> list[ServedJob]:
         """The waiting jobs in the order they would run now."""
@@ -547,17 +559,28 @@ class Scheduler:
 
 
 def _describe_record(record: JobRecord) -> dict[str, Any]:
+    """A job of the store that this process does not hold (finished before a restart, or long ago), with the
+    keys of ``ServedJob.describe``; what the store does not keep (``bypassed``) is ``None``."""
+    data = record.request.get("request", {})
     return {
         "id": record.id,
         "state": record.state,
         "workflow": record.workflow,
         "priority": record.priority,
         "position": None,
-        "request": record.request.get("request", {}),
+        "request": data,
+        "seeds": stored_seeds(data),
+        "images": len(stored_seeds(data)),
         "created": record.created,
         "started": record.started,
         "finished": record.finished,
+        "waited": None if record.started is None else round(record.started - record.created, 6),
+        "ran": None
+        if record.started is None or record.finished is None
+        else round(record.finished - record.started, 6),
         "error": record.error,
         "results": list(record.results),
         "attempts": record.attempts,
+        "bypassed": None,
+        "progress": {},
     }

@@ -143,12 +143,20 @@ class JobStore:
             row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else _record(row)
 
-    def all(self, states: Sequence[str] | None = None) -> list[JobRecord]:
-        """Every job (or those in ``states``), in arrival order."""
+    def all(self, states: Sequence[str] | None = None, latest: int | None = None) -> list[JobRecord]:
+        """Every job (or those in ``states``; the ``latest`` of them only, when given), in arrival order."""
+        query, values = "SELECT * FROM jobs", list(states or ())
+        if states is not None and not values:
+            return []
+        if states is not None:
+            query += f" WHERE state IN ({', '.join('?' * len(values))})"
+        query += " ORDER BY seq DESC"
+        if latest is not None:
+            query += " LIMIT ?"
+            values.append(latest)
         with self._lock:
-            rows = self._db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
-        records = [_record(row) for row in rows]
-        return records if states is None else [record for record in records if record.state in states]
+            rows = self._db.execute(query, values).fetchall()
+        return [_record(row) for row in reversed(rows)]
 
     def recover(self) -> list[JobRecord]:
         """After a restart: every job left running goes back to the queue; returns the queued jobs in arrival order."""

@@ -323,3 +323,33 @@ def test_a_server_starting_removes_partial_files_of_writers_gone_only(repo, tmp_
         assert sorted(os.listdir(results)) == [live.name]
     finally:
         scheduler.close()
+
+
+def test_after_a_restart_finished_jobs_are_listed_and_described_as_before(repo, tmp_path):
+    state = tmp_path / "state"
+    first = Scheduler(served(ComponentsManager(), {"sd": (repo, None)}), state, prefetch=False)
+    try:
+        done = first.submit(request("sd", 41, images_per_prompt=2))
+        cancelled = first.submit(request("sd", 42))
+        first.cancel(cancelled.id)
+        run_all(first)
+        before = {job_id: first.describe(job_id) for job_id in (done.id, cancelled.id)}
+    finally:
+        first.close()
+    second = Scheduler(served(ComponentsManager(), {"sd": (repo, None)}), state, prefetch=False)
+    try:
+        later = second.submit(request("sd", 43))
+        after = {job_id: second.describe(job_id) for job_id in (done.id, cancelled.id)}
+        for job_id, described in after.items():
+            assert described.keys() == before[job_id].keys()
+            changed = {key for key in described if described[key] != before[job_id][key]}
+            assert changed <= {"bypassed", "progress"}, {
+                key: (before[job_id][key], described[key]) for key in changed
+            }
+        assert after[done.id]["seeds"] == done.seeds == [41, 42]
+        assert [job["id"] for job in second.jobs()] == [done.id, cancelled.id, later.id]
+        assert [job["id"] for job in second.jobs(("done", "queued"))] == [done.id, later.id]
+        assert [job["id"] for job in second.jobs(("queued",))] == [later.id]
+        assert second.jobs(("running",)) == []
+    finally:
+        second.close()

@@ -197,3 +197,13 @@ def _pid_gone() -> int:
         except OSError:
             continue
     raise AssertionError("every probed pid is taken")
+
+
+def test_all_gives_the_latest_of_some_states_in_arrival_order(store):
+    for number in range(6):
+        store.add(f"job-{number}", "sd", 0, request(number))
+        store.update(f"job-{number}", state="done" if number % 2 else "cancelled")
+    assert [record.id for record in store.all(("done",), latest=2)] == ["job-3", "job-5"]
+    assert [record.id for record in store.all(latest=3)] == ["job-3", "job-4", "job-5"]
+    assert [record.id for record in store.all(("done", "cancelled"))] == [f"job-{n}" for n in range(6)]
+    assert store.all(()) == [] and store.all(("queued",)) == []
