@@ -34,7 +34,7 @@ from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, Unkno
 from modular.serving.policy import Fairness, order, passed_over
 from modular.serving.requests import CheckedRequest, Limits, check_request, open_images, stored_seeds
 from modular.serving.served import ServedWorkflows
-from modular.serving.store import JobRecord, JobStore, remove_partials, write_result
+from modular.serving.store import JobRecord, JobStore, hold_state_folder, remove_partials, write_result
 from modular.watch.events import CancelToken, Preview, ProgressEvent
 
 __all__ = ["Scheduler"]
@@ -76,6 +76,7 @@ class Scheduler:
 
     Raises:
         sqlite3.DatabaseError: the state folder's database is not this server's.
+        StateFolderInUseError: a server of another process holds the state folder (until ``close``).
     """
 
     def __init__(
@@ -107,8 +108,14 @@ class Scheduler:
             self._temporary = tempfile.TemporaryDirectory(prefix="modular-serve-")
             state = self._temporary.name
             self.store = JobStore(":memory:")
+            self._release_state: Callable[[], None] = lambda: None  # a folder of its own
         else:
-            self.store = JobStore(Path(state) / "jobs.sqlite")
+            self._release_state = hold_state_folder(Path(state))
+            try:
+                self.store = JobStore(Path(state) / "jobs.sqlite")
+            except BaseException:
+                self._release_state()
+                raise
         self.state = Path(state).resolve()
         self.results = self.state / "results"
         self.uploads = self.state / "uploads"
@@ -542,6 +549,7 @@ class Scheduler:
     def close(self) -> None:
         self.stop()
         self.store.close()
+        self._release_state()
         temporary = getattr(self, "_temporary", None)
         if temporary is not None:
             temporary.cleanup()

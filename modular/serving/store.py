@@ -20,14 +20,22 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-__all__ = ["STATES", "JobRecord", "JobStore", "remove_partials", "write_result"]
+__all__ = [
+    "STATES",
+    "JobRecord",
+    "JobStore",
+    "StateFolderInUseError",
+    "hold_state_folder",
+    "remove_partials",
+    "write_result",
+]
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL = frozenset({"done", "failed", "cancelled"})
@@ -256,3 +264,71 @@ def _gone(pid: int) -> bool:
     except OSError:  # another user's process: alive
         return False
     return False
+
+
+class StateFolderInUseError(RuntimeError):
+    """Another process's server holds the state folder: two servers on one folder would run its jobs twice."""
+
+
+_HELD: dict[str, tuple[int, int]] = {}  # state folder -> (lock file descriptor, holders in this process)
+_HELD_LOCK = threading.Lock()
+
+
+def hold_state_folder(folder: Path) -> Callable[[], None]:
+    """Hold ``folder`` for one server until the returned function is called: an exclusive ``flock`` on
+    ``folder/serve.lock``, which the system releases when the process ends, however it ends (a ``kill -9``
+    included), so a restart after a crash finds it free. Servers of this process share it (a test's
+    second scheduler on a folder); elsewhere than POSIX nothing is held.
+
+    Raises:
+        StateFolderInUseError: a server of another process holds it (the message names the folder and its pid).
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; one server per folder is up to the user there
+        return lambda: None
+    key = str(folder.resolve())
+    with _HELD_LOCK:
+        if key in _HELD:
+            descriptor, holders = _HELD[key]
+            _HELD[key] = (descriptor, holders + 1)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(folder / "serve.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(descriptor)
+                msg = (
+                    f"the state folder {key} is in use by another server (pid {holder}); stop it, or pass "
+                    "another --state folder"
+                )
+                raise StateFolderInUseError(msg) from None
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+            _HELD[key] = (descriptor, 1)
+
+    def release() -> None:
+        with _HELD_LOCK:
+            if key not in _HELD:
+                return
+            descriptor, holders = _HELD[key]
+            if holders > 1:
+                _HELD[key] = (descriptor, holders - 1)
+                return
+            del _HELD[key]
+            os.close(descriptor)  # closing the last descriptor of the lock releases it
+
+    return _once(release)
+
+
+def _once(function: Callable[[], None]) -> Callable[[], None]:
+    done = threading.Event()
+
+    def call() -> None:
+        if not done.is_set():
+            done.set()
+            function()
+
+    return call

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from components import ComponentsManager
-from modular.serving import EventHub, JobStore, Scheduler
+from modular.serving import EventHub, JobStore, Scheduler, StateFolderInUseError
 
 from .durable_helpers import DirectCalls, expected_names, request, result_bytes, run_all, served, tiny_repo
 
@@ -353,3 +353,63 @@ def test_after_a_restart_finished_jobs_are_listed_and_described_as_before(repo, 
         assert second.jobs(("running",)) == []
     finally:
         second.close()
+
+
+LOCKER = """
+import fcntl, os, sys, time
+descriptor = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    print("busy", flush=True)
+    raise SystemExit(0)
+os.pwrite(descriptor, f"{os.getpid()}\\n".encode(), 0)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def probe(state: Path) -> str:
+    """Whether another process can take the state folder's lock now: ``locked`` (it could, and let go) or ``busy``."""
+    done = subprocess.run(
+        [sys.executable, "-c", LOCKER, str(state / "serve.lock")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the state folder is held with flock (POSIX)")
+def test_a_state_folder_serves_one_process_at_a_time(repo, tmp_path):
+    """While one process's server holds the folder, another's is refused (naming the folder and the pid);
+    a scheduler holds the folder until closed, and a killed holder frees it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, str(state / "serve.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(
+            StateFolderInUseError, match=f"in use by another server \\(pid {holder.pid}\\)"
+        ) as raised:
+            Scheduler(served(ComponentsManager(), {"sd": (repo, None)}), state)
+        assert str(state) in str(raised.value) and "--state" in str(raised.value)
+        assert not (state / "jobs.sqlite").exists()  # refused before anything was opened
+    finally:
+        holder.kill()  # a kill -9 of the holder: the system frees its lock
+        holder.wait(LINE_TIMEOUT)
+    scheduler = Scheduler(served(ComponentsManager(), {"sd": (repo, None)}), state)
+    try:
+        assert probe(state) == "busy"  # this process's scheduler holds it
+        again = Scheduler(served(ComponentsManager(), {"sd": (repo, None)}), state)  # this process: shared
+        again.close()
+        assert probe(state) == "busy"  # still held by the first
+    finally:
+        scheduler.close()
+    assert probe(state) == "locked"  # closed: free
