@@ -153,7 +153,7 @@ class JobStore:
 
     def all(self, states: Sequence[str] | None = None, latest: int | None = None) -> list[JobRecord]:
         """Every job (or those in ``states``; the ``latest`` of them only, when given), in arrival order."""
-        query, values = "SELECT * FROM jobs", list(states or ())
+        query, values = "SELECT * FROM jobs", list[str | int](states or ())
         if states is not None and not values:
             return []
         if states is not None:
