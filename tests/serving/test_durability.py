@@ -254,6 +254,25 @@ def test_a_graceful_stop_puts_the_running_job_back_in_the_queue(repo, direct, tm
         scheduler.close()
 
 
+def test_a_job_a_stop_put_back_can_be_cancelled_while_it_waits(repo, tmp_path):
+    hub = StopAtStep()
+    scheduler = Scheduler(
+        served(ComponentsManager(), {"sd": (repo, None)}), tmp_path / "state", prefetch=False, events=hub
+    )
+    hub.scheduler = scheduler
+    try:
+        job = scheduler.submit(request("sd", 24))
+        scheduler.start()
+        assert hub.at_step.wait(60)
+        scheduler.stop()
+        assert scheduler.waiting() == [job]
+        scheduler.cancel(job.id)
+        assert (job.state, scheduler.store.get(job.id).state) == ("cancelled", "cancelled")
+        assert scheduler.waiting() == [] and scheduler.wait_idle(5)
+    finally:
+        scheduler.close()
+
+
 def test_a_job_stopped_gracefully_runs_on_the_next_server(repo, direct, tmp_path):
     state = tmp_path / "state"
     hub = StopAtStep()
