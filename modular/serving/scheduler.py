@@ -335,6 +335,8 @@ class Scheduler:
         with self._cond:
             if self._paused or not self._waiting or self._running is not None:
                 return None
+            if self._stopping and threading.current_thread() is self._worker:
+                return None  # a stop came after the worker looked: the job stays queued for the next start
             ordered = self._order()
             chosen = ordered[0]
             for job in passed_over(self._waiting, chosen):

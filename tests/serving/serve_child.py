@@ -105,7 +105,7 @@ def serve(config_path: str) -> None:
     manager = ComponentsManager()
     served = ServedWorkflows([ServedWorkflow("sd", config["repo"])], manager)
     if spec is not None and spec["at"] in ("written", "partial"):
-        scheduler_module.write_result = holding_writer(ids, spec)  # type: ignore[assignment]
+        scheduler_module.write_result = holding_writer(ids, spec)
     scheduler = Scheduler(served, config["state"], prefetch=False, events=HoldingHub(ids, spec))
     scheduler.pause()
     scheduler.start()

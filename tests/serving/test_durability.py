@@ -432,3 +432,42 @@ def test_a_state_folder_serves_one_process_at_a_time(repo, tmp_path):
     finally:
         scheduler.close()
     assert probe(state) == "locked"  # closed: free
+
+
+class TakeWhenTold(Scheduler):
+    """A scheduler whose worker, about to take a job, waits to be told (so that a stop lands just before)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.about_to_take = threading.Event()
+        self.take = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def _take(self):
+        if threading.current_thread() is self._worker and not self.take.is_set():
+            self.about_to_take.set()
+            self.take.wait(30)
+        return super()._take()
+
+
+def test_a_stop_just_before_the_worker_takes_a_job_leaves_it_queued(repo, tmp_path):
+    """The worker looked (not stopping), then a stop came before it took the job: the job is not started."""
+    scheduler = TakeWhenTold(
+        served(ComponentsManager(), {"sd": (repo, None)}), tmp_path / "state", prefetch=False
+    )
+    try:
+        job = scheduler.submit(request("sd", 25))
+        scheduler.start()
+        assert scheduler.about_to_take.wait(30)
+        stopping = threading.Thread(target=scheduler.stop)
+        stopping.start()
+        deadline = time.monotonic() + 30
+        while not scheduler._stopping and time.monotonic() < deadline:
+            time.sleep(0.01)
+        scheduler.take.set()
+        stopping.join(60)
+        assert not stopping.is_alive()
+        assert (job.state, job.attempts, scheduler.store.get(job.id).state) == ("queued", 0, "queued")
+        assert scheduler.run_next() is job and job.state == "done"  # by hand, after the stop: it runs
+    finally:
+        scheduler.take.set()
+        scheduler.close()
