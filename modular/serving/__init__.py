@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from modular.serving.requests import CheckedRequest, Limits, RequestError, check_request
     from modular.serving.scheduler import Scheduler
     from modular.serving.served import ServedWorkflow, ServedWorkflows, parse_served
-    from modular.serving.store import JobRecord, JobStore
+    from modular.serving.store import JobRecord, JobStore, StateFolderInUseError
 
 # Each name is imported on first use (PEP 562): `modular --help` does not import the scheduler.
 __getattr__, __dir__ = lazy_exports(__name__, __file__)
@@ -37,6 +37,7 @@ __all__ = [
     "ServedJob",
     "ServedWorkflow",
     "ServedWorkflows",
+    "StateFolderInUseError",
     "UnknownJobError",
     "check_request",
     "parse_served",

@@ -27,7 +27,15 @@ from modular.batch.jobs import MAX_SEED, check_job_inputs, seed_problem
 from modular.batch.schema import SHARED, WORKFLOW, got
 from modular.serving.served import ServedWorkflows
 
-__all__ = ["REQUEST_KEYS", "CheckedRequest", "Limits", "RequestError", "check_request", "open_images"]
+__all__ = [
+    "REQUEST_KEYS",
+    "CheckedRequest",
+    "Limits",
+    "RequestError",
+    "check_request",
+    "open_images",
+    "stored_seeds",
+]
 
 SOURCE = "request"
 PRIORITY_BOUND = 2**63  # a priority is stored with its job, as SQLite's 64-bit INTEGER
@@ -231,6 +239,17 @@ def check_request(
     pipe = served.pipeline(workflow)
     check_job_inputs(pipe, entry.job(opened, on_cuda=False), {})
     return CheckedRequest(normal, workflow, job, priority, timeout)
+
+
+def stored_seeds(data: Mapping[str, Any]) -> list[int]:
+    """The seed of each image of a request in normal form (as ``check_request`` lists them for its entries):
+    its ``seeds``, or ``seed + i`` for each of its ``images_per_prompt``."""
+    if isinstance(data.get("seeds"), list):
+        return list(data["seeds"])
+    seed, count = data.get("seed"), data.get("images_per_prompt", 1)
+    if not isinstance(seed, int) or not isinstance(count, int):
+        return []
+    return [(seed + number) % (MAX_SEED + 1) for number in range(count)]
 
 
 def open_images(images: Mapping[str, Path], max_pixels: int | None = None) -> dict[str, PIL.Image.Image]:

@@ -32,16 +32,17 @@ from modular.serving.cost import bytes_to_bring
 from modular.serving.events import EventHub
 from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError
 from modular.serving.policy import Fairness, order, passed_over
-from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
+from modular.serving.requests import CheckedRequest, Limits, check_request, open_images, stored_seeds
 from modular.serving.served import ServedWorkflows
-from modular.serving.store import JobRecord, JobStore, write_result
-from modular.watch.events import Preview, ProgressEvent
+from modular.serving.store import JobRecord, JobStore, hold_state_folder, remove_partials, write_result
+from modular.watch.events import CancelToken, Preview, ProgressEvent
 
 __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 _STOPPING = "the server is stopping"
 KEEP_FINISHED = 1000  # finished jobs kept in memory; older ones are read from the store
+FINISHED = ("done", "failed", "cancelled")
 
 
 def _error_text(error: BaseException) -> str:
@@ -75,6 +76,7 @@ class Scheduler:
 
     Raises:
         sqlite3.DatabaseError: the state folder's database is not this server's.
+        StateFolderInUseError: a server of another process holds the state folder (until ``close``).
     """
 
     def __init__(
@@ -106,8 +108,14 @@ class Scheduler:
             self._temporary = tempfile.TemporaryDirectory(prefix="modular-serve-")
             state = self._temporary.name
             self.store = JobStore(":memory:")
+            self._release_state: Callable[[], None] = lambda: None  # a folder of its own
         else:
-            self.store = JobStore(Path(state) / "jobs.sqlite")
+            self._release_state = hold_state_folder(Path(state))
+            try:
+                self.store = JobStore(Path(state) / "jobs.sqlite")
+            except BaseException:
+                self._release_state()
+                raise
         self.state = Path(state).resolve()
         self.results = self.state / "results"
         self.uploads = self.state / "uploads"
@@ -131,6 +139,7 @@ class Scheduler:
         self._durations: list[float] = []
         self._positions: dict[str, int] = {}
         self._no_previews: set[str] = set()
+        remove_partials(self.results)  # what a server killed mid-write left
         self._recover()
 
     # -- accepting ----------------------------------------------------------------------------
@@ -222,11 +231,22 @@ class Scheduler:
         return job.describe(self.position(job_id))
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        """Every job this process knows, in arrival order, as ``describe`` gives them."""
+        """Every job this process holds and the latest ``KEEP_FINISHED`` finished ones of the store it does not
+        (finished before a restart), in arrival order, as ``describe`` gives them."""
         with self._cond:
             jobs = sorted(self._jobs.values(), key=lambda job: job.seq)
             positions = self._positions_now()
-        return [job.describe(positions.get(job.id)) for job in jobs if states is None or job.state in states]
+        held = {job.id for job in jobs}
+        described = [
+            (job.seq, job.describe(positions.get(job.id)))
+            for job in jobs
+            if states is None or job.state in states
+        ]
+        finished = [state for state in states or FINISHED if state in FINISHED]
+        stored = self.store.all(finished, latest=KEEP_FINISHED) if finished else []
+        older = [record for record in stored if record.id not in held]
+        described += [(record.seq, _describe_record(record)) for record in older]
+        return [description for _, description in sorted(described, key=lambda pair: pair[0])]
 
     def _positions_now(self) -> dict[str, int]:
         """Each unfinished job's position (the running one 0), from one ordering of the waiting jobs."""
@@ -323,6 +343,8 @@ class Scheduler:
         with self._cond:
             if self._paused or not self._waiting or self._running is not None:
                 return None
+            if self._stopping and threading.current_thread() is self._worker:
+                return None  # a stop came after the worker looked: the job stays queued for the next start
             ordered = self._order()
             chosen = ordered[0]
             for job in passed_over(self._waiting, chosen):
@@ -374,9 +396,7 @@ class Scheduler:
                 self.store.update(job.id, results=job.results)
         except CallCancelled as error:
             if error.reason == _STOPPING:  # not the client's cancel: the next start runs it again
-                job.state = "queued"
-                self.store.update(job.id, state="queued", started=None)
-                self.events.publish("requeued", job.id, reason=_STOPPING)
+                self._requeue(job)
             elif error.reason is not None and error.reason.startswith("timed out"):
                 self._finish(job, "failed", error.reason)
             else:
@@ -391,6 +411,17 @@ class Scheduler:
                 timer.cancel()
             self._durations.append(time.perf_counter() - started)
             del self._durations[:-100]
+
+    def _requeue(self, job: ServedJob) -> None:
+        """Put a job the stop interrupted back in the queue, in the store and in memory, with a fresh token
+        (its old one stays set), so that this scheduler's next ``start`` runs it as a new one's would."""
+        with self._cond:
+            job.state = "queued"
+            job.started = None
+            job.token = CancelToken()
+            self._waiting.append(job)
+        self.store.update(job.id, state="queued", started=None)
+        self.events.publish("requeued", job.id, reason=_STOPPING)
 
     def _call(self, pipe: Any, job: ServedJob, call: Any, index: int) -> Any:
         """One image of ``job``; a workflow whose family makes no previews (no latent-to-RGB map for its
@@ -528,6 +559,7 @@ class Scheduler:
     def close(self) -> None:
         self.stop()
         self.store.close()
+        self._release_state()
         temporary = getattr(self, "_temporary", None)
         if temporary is not None:
             temporary.cleanup()
@@ -545,17 +577,28 @@ class Scheduler:
 
 
 def _describe_record(record: JobRecord) -> dict[str, Any]:
+    """A job of the store that this process does not hold (finished before a restart, or long ago), with the
+    keys of ``ServedJob.describe``; what the store does not keep (``bypassed``) is ``None``."""
+    data = record.request.get("request", {})
     return {
         "id": record.id,
         "state": record.state,
         "workflow": record.workflow,
         "priority": record.priority,
         "position": None,
-        "request": record.request.get("request", {}),
+        "request": data,
+        "seeds": stored_seeds(data),
+        "images": len(stored_seeds(data)),
         "created": record.created,
         "started": record.started,
         "finished": record.finished,
+        "waited": None if record.started is None else round(record.started - record.created, 6),
+        "ran": None
+        if record.started is None or record.finished is None
+        else round(record.finished - record.started, 6),
         "error": record.error,
         "results": list(record.results),
         "attempts": record.attempts,
+        "bypassed": None,
+        "progress": {},
     }

@@ -78,7 +78,7 @@ class ServedWorkflows(Mapping[str, ServedWorkflow]):
 
     Raises:
         ValueError: two workflows share a name, or none is given.
-        FileNotFoundError, JobFileError and the input errors of ``JobRunner.bind``: a repo that cannot be read.
+        FileNotFoundError, JobFileError: a repo that cannot be read.
     """
 
     def __init__(
@@ -95,13 +95,25 @@ class ServedWorkflows(Mapping[str, ServedWorkflow]):
         self.base = Path(base).resolve()
         self._served = {served.name: served for served in workflows}
         self._runner = JobRunner(manager, progress=False)
-        self._pipes = {served.name: self._runner.bind([self._bind_job(served)])[0] for served in workflows}
+        self._pipes = {served.name: self._bind(served) for served in workflows}
         self._loaded: set[str] = set()
         self._lock = threading.Lock()
 
     def _bind_job(self, served: ServedWorkflow) -> Job:
-        # Bound with no inputs: only the index is read; each request's inputs are checked on their own.
         return Job(served.name, self.repo_path(served), served.workflow, revision=served.revision)
+
+    def _bind(self, served: ServedWorkflow) -> ModularPipeline:
+        """The workflow's pipeline, index files read, no weights. Its inputs are not checked here, as
+        ``JobRunner.bind`` checks a job's: a workflow that requires an input (image2image's ``image``) is
+        served before any request gives one; each request's inputs are checked on their own."""
+        job = self._bind_job(served)
+        return ModularPipeline.from_pretrained(
+            job.repo,
+            components_manager=self.manager,
+            collection=job.name,
+            workflow=job.workflow,
+            revision=job.revision,
+        )
 
     def repo_path(self, served: ServedWorkflow) -> str:
         """Where the repo is found: a local folder (relative to ``base``) when there is one, else the hub id."""

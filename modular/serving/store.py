@@ -7,24 +7,35 @@ job that was running back in the queue (its results already written are kept; it
 same file names), so no accepted job is lost and none runs twice to a second result file.
 
 Result files are written by ``write_result`` under names the server makes (``<job id>-<index>.png``): a
-temporary file, flushed and synced, renamed over the name, before the row records it.
+temporary file, flushed and synced, renamed over the name, before the row records it. A writer killed
+mid-write leaves its temporary file; ``remove_partials`` removes those of processes gone, at a server's start.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
+import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-__all__ = ["STATES", "JobRecord", "JobStore", "write_result"]
+__all__ = [
+    "STATES",
+    "JobRecord",
+    "JobStore",
+    "StateFolderInUseError",
+    "hold_state_folder",
+    "remove_partials",
+    "write_result",
+]
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL = frozenset({"done", "failed", "cancelled"})
@@ -140,12 +151,20 @@ class JobStore:
             row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else _record(row)
 
-    def all(self, states: Sequence[str] | None = None) -> list[JobRecord]:
-        """Every job (or those in ``states``), in arrival order."""
+    def all(self, states: Sequence[str] | None = None, latest: int | None = None) -> list[JobRecord]:
+        """Every job (or those in ``states``; the ``latest`` of them only, when given), in arrival order."""
+        query, values = "SELECT * FROM jobs", list[str | int](states or ())
+        if states is not None and not values:
+            return []
+        if states is not None:
+            query += f" WHERE state IN ({', '.join('?' * len(values))})"
+        query += " ORDER BY seq DESC"
+        if latest is not None:
+            query += " LIMIT ?"
+            values.append(latest)
         with self._lock:
-            rows = self._db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
-        records = [_record(row) for row in rows]
-        return records if states is None else [record for record in records if record.state in states]
+            rows = self._db.execute(query, values).fetchall()
+        return [_record(row) for row in reversed(rows)]
 
     def recover(self) -> list[JobRecord]:
         """After a restart: every job left running goes back to the queue; returns the queued jobs in arrival order."""
@@ -176,13 +195,140 @@ def _record(row: tuple) -> JobRecord:
 
 def write_result(folder: Path, name: str, data: bytes) -> Path:
     """Write ``data`` to ``folder/name`` atomically: a temporary file in the folder, flushed and synced, then
-    renamed over the name (``os.replace``), so a reader never sees a partial file under it."""
+    renamed over the name (``os.replace``) and the folder synced, so a reader never sees a partial file under
+    it and the name survives a crash once this returns. A write that fails removes its temporary file.
+
+    Raises:
+        OSError: the folder cannot be written (the name keeps what it held).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / name
     partial = folder / f".{name}.{os.getpid()}-{threading.get_ident()}.partial"
-    with open(partial, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, final)
+    try:
+        with open(partial, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, final)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _sync_folder(folder)
     return final
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX: the folder's entry is synced; elsewhere nothing to do)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+# The temporary file of a ``write_result`` in progress: ``.<name>.<pid>-<thread>.partial``.
+_PARTIAL = re.compile(r"^\..+\.(?P<pid>\d+)-\d+\.partial$")
+
+
+def remove_partials(folder: Path) -> list[Path]:
+    """Remove the temporary files that writers killed mid-write left in ``folder`` (their process no longer
+    runs); those of live processes, this one included, and every file not named as ``write_result`` names
+    them stay. Returns what was removed."""
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        match = _PARTIAL.match(entry)
+        if match is None or not _gone(int(match["pid"])):
+            continue
+        try:
+            (folder / entry).unlink()
+        except OSError:  # removed meanwhile
+            continue
+        removed.append(folder / entry)
+    return removed
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process of this host has id ``pid`` now."""
+    if pid == os.getpid() or sys.platform == "win32":  # os.kill(pid, 0) would end the process there
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
+class StateFolderInUseError(RuntimeError):
+    """Another process's server holds the state folder: two servers on one folder would run its jobs twice."""
+
+
+_HELD: dict[str, tuple[int, int]] = {}  # state folder -> (lock file descriptor, holders in this process)
+_HELD_LOCK = threading.Lock()
+
+
+def hold_state_folder(folder: Path) -> Callable[[], None]:
+    """Hold ``folder`` for one server until the returned function is called: an exclusive ``flock`` on
+    ``folder/serve.lock``, which the system releases when the process ends, however it ends (a ``kill -9``
+    included), so a restart after a crash finds it free. Servers of this process share it (a test's
+    second scheduler on a folder); elsewhere than POSIX nothing is held.
+
+    Raises:
+        StateFolderInUseError: a server of another process holds it (the message names the folder and its pid).
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; one server per folder is up to the user there
+        return lambda: None
+    key = str(folder.resolve())
+    with _HELD_LOCK:
+        if key in _HELD:
+            descriptor, holders = _HELD[key]
+            _HELD[key] = (descriptor, holders + 1)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(folder / "serve.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                os.close(descriptor)
+                msg = (
+                    f"the state folder {key} is in use by another server (pid {holder}); stop it, or pass "
+                    "another --state folder"
+                )
+                raise StateFolderInUseError(msg) from None
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+            _HELD[key] = (descriptor, 1)
+
+    def release() -> None:
+        with _HELD_LOCK:
+            if key not in _HELD:
+                return
+            descriptor, holders = _HELD[key]
+            if holders > 1:
+                _HELD[key] = (descriptor, holders - 1)
+                return
+            del _HELD[key]
+            os.close(descriptor)  # closing the last descriptor of the lock releases it
+
+    return _once(release)
+
+
+def _once(function: Callable[[], None]) -> Callable[[], None]:
+    done = threading.Event()
+
+    def call() -> None:
+        if not done.is_set():
+            done.set()
+            function()
+
+    return call

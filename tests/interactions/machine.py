@@ -8,6 +8,8 @@ Kinds of rule:
   test; both must give the same outcome (the same value, or an error of the same type).
 - watched calls (tests/interactions/watched_rules.py, mixed in): a call cancelled at a drawn step, and one whose
   step callback changes the latents, on both sides.
+- serving (tests/interactions/serving_rules.py, mixed in): jobs through a scheduler over the side under test's
+  manager, one cancelled waiting or running; each result equals the shadow's direct call.
 - ``offload``: a setting of the side under test only (auto offload on a random budget, streaming, a host
   budget with a spill folder, several simulated devices, off again). It must change no output.
 
@@ -40,6 +42,7 @@ from offload.partial.groups import split_groups
 from offload.partial.streaming import smallest_layout
 
 from .checks import assert_claims_true, assert_sides_agree, assert_weights_readable
+from .serving_rules import ServingRules
 from .watched_rules import WatchedCallRules
 from .world import (
     DENOISER,
@@ -71,7 +74,7 @@ def torchao_config() -> Any | None:
     return TorchAoConfig(Int8WeightOnlyConfig())
 
 
-class InteractionMachine(WatchedCallRules, RuleBasedStateMachine):
+class InteractionMachine(WatchedCallRules, ServingRules, RuleBasedStateMachine):
     """Three pipelines of two families on one manager, and their shadow (see the module docstring)."""
 
     files: Files  # set by the test before the machine runs
@@ -452,6 +455,7 @@ class InteractionMachine(WatchedCallRules, RuleBasedStateMachine):
             for name, folder, expected in self.saved:
                 self.assert_loads_back(name, folder, expected)
         finally:
+            self.close_serving()
             self.main.close()
             self.shadow.close()
             shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,7 +1,8 @@
 """Where capabilities meet: sequences of operations over three pipelines on one manager (LoRA, IP-Adapter,
 quantized loads, offload on random budgets, streaming, host budget and spill folder, several devices, save
-and reload, remove and add, update_components, dropped pipelines) keep every output equal to a shadow run
-without offload, and every read of the weights real (tests/interactions/machine.py).
+and reload, remove and add, update_components, dropped pipelines, jobs through a scheduler on the same
+manager, one cancelled) keep every output equal to a shadow run without offload, and every read of the
+weights real (tests/interactions/machine.py).
 
 CI runs a bounded number of examples, derandomized so that a failure reproduces. By hand:
 ``INTERACTIONS_EXAMPLES=2000 INTERACTIONS_SEED=7 pytest tests/interactions -k stateful`` (a seed draws other
@@ -83,3 +84,18 @@ def test_a_weight_changed_on_both_sides_fails_the_claim_of_source_weights(files)
     InteractionMachine.files = files
     with pytest.raises(AssertionError, match="claims the weights of"):
         run_once(_PerturbedBothMachine)
+
+
+def test_a_served_result_unlike_the_shadows_call_fails_the_serving_check(files):
+    """The check can fail: the side under test's Flux transformer changed (under the scheduler's served
+    pipeline, which shares it) makes a served job's PNG differ from the shadow's direct call."""
+    InteractionMachine.files = files
+    machine = InteractionMachine()
+    try:
+        transformer = machine.scheduler().served.pipeline("flux").transformer
+        with torch.no_grad():
+            next(transformer.parameters()).add_(0.5)
+        with pytest.raises(AssertionError, match="flux's result differs from the shadow's call"):
+            machine.serve_a_job("flux", 0)
+    finally:
+        machine.teardown()
