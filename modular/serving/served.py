@@ -95,12 +95,22 @@ class ServedWorkflows(Mapping[str, ServedWorkflow]):
         self.base = Path(base).resolve()
         self._served = {served.name: served for served in workflows}
         self._runner = JobRunner(manager, progress=False)
-        self._pipes = {served.name: self._runner.bind([self._bind_job(served)])[0] for served in workflows}
+        self._pipes = {served.name: self._bind(served) for served in workflows}
         self._loaded: set[str] = set()
         self._lock = threading.Lock()
 
+    def _bind(self, served: ServedWorkflow) -> ModularPipeline:
+        # Only the index is read. Not ``JobRunner.bind``: it checks the (here absent) inputs, which refuses a
+        # workflow that needs one (image2image's image); each request's inputs are checked on their own.
+        return ModularPipeline.from_pretrained(
+            self.repo_path(served),
+            components_manager=self.manager,
+            collection=served.name,
+            workflow=served.workflow,
+            revision=served.revision,
+        )
+
     def _bind_job(self, served: ServedWorkflow) -> Job:
-        # Bound with no inputs: only the index is read; each request's inputs are checked on their own.
         return Job(served.name, self.repo_path(served), served.workflow, revision=served.revision)
 
     def repo_path(self, served: ServedWorkflow) -> str:
