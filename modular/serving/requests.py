@@ -84,6 +84,10 @@ def limits_of(limits: Limits | None) -> Limits:
     return limits if limits is not None else Limits()
 
 
+def _too_many(limits: Limits, count: int) -> str:
+    return f"a request makes at most {limits.max_images} images on this server (got {count})"
+
+
 def _unknown(key: str) -> str:
     close = difflib.get_close_matches(key, REQUEST_KEYS, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(sorted(REQUEST_KEYS))})"
@@ -165,6 +169,10 @@ def check_request(
             ["give 'seed' (image i is made with seed + i) or 'seeds' (one per image), not both"]
         )
     shared = {key: normal[key] for key in PASSED_ON if key in normal and key != "inputs"}
+    count = shared.get("images_per_prompt")
+    if isinstance(count, int) and not isinstance(count, bool) and count > limits_of(limits).max_images:
+        # Refused before the batch job is made: it would make every entry first (a huge count never ends).
+        raise RequestError([_too_many(limits_of(limits), count)])
     if "seed" in normal:  # the seeds of the job's entries, as the batch format lists explicit ones
         count = shared.pop("images_per_prompt", 1)
         if (
@@ -204,11 +212,7 @@ def check_request(
         ]
         raise RequestError(problems) from None
     if len(job.entries) > limits_of(limits).max_images:
-        raise RequestError(
-            [
-                f"a request makes at most {limits_of(limits).max_images} images on this server (got {len(job.entries)})"
-            ]
-        )
+        raise RequestError([_too_many(limits_of(limits), len(job.entries))])
     limits = limits or Limits()
     opened = open_images(images, limits.max_pixels)
     problems = limits.problems(job)
