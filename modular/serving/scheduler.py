@@ -35,7 +35,7 @@ from modular.serving.policy import Fairness, order, passed_over
 from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
 from modular.serving.served import ServedWorkflows
 from modular.serving.store import JobRecord, JobStore, write_result
-from modular.watch.events import Preview, ProgressEvent
+from modular.watch.events import CancelToken, Preview, ProgressEvent
 
 __all__ = ["Scheduler"]
 
@@ -366,7 +366,12 @@ class Scheduler:
                 self.store.update(job.id, results=job.results)
         except CallCancelled as error:
             if error.reason == _STOPPING:  # not the client's cancel: the next start runs it again
-                job.state = "queued"
+                with self._cond:  # back in the queue, with a fresh token (the stop's is spent)
+                    job.state = "queued"
+                    job.started = None
+                    job.progress = {}
+                    job.token = CancelToken()
+                    self._waiting.append(job)
                 self.store.update(job.id, state="queued", started=None)
                 self.events.publish("requeued", job.id, reason=_STOPPING)
             elif error.reason is not None and error.reason.startswith("timed out"):
