@@ -4,11 +4,12 @@
 (``modular/serving/store.py``) and queues it; one worker (``start``, or ``run_next`` called by hand) takes the
 next job in the order of ``modular/serving/policy.py`` (fairness, priority, then the fewest bytes to bring to
 the device, ``modular/serving/cost.py``) and runs it through its workflow's pipeline, loaded lazily through the
-manager. While a job runs, the next job's pipeline is loaded to the host and, where the device has free
-room, its models are placed there (prefetch; it never evicts). Cancel reaches a waiting job at once and a
-running one before its next block or step (``pipe(..., cancel=)``); a timeout is a cancel with a reason. A
-job that fails (bad input found late, out of memory, an exception in a block) fails alone. Every change of
-state is written to the store and published on the event hub (``modular/serving/events.py``).
+manager. While a job runs, the next job's pipeline (the next when the job's call starts, or when a job is
+submitted during it) is loaded to the host and, where the device has free room, its models are placed there
+(prefetch; it never evicts). Cancel reaches a waiting job at once and a running one before its next block or
+step (``pipe(..., cancel=)``); a timeout is a cancel with a reason. A job that fails (bad input found late,
+out of memory, an exception in a block) fails alone. Every change of state is written to the store and
+published on the event hub (``modular/serving/events.py``).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ class Scheduler:
         self._jobs: dict[str, ServedJob] = {}
         self._waiting: list[ServedJob] = []
         self._running: ServedJob | None = None
+        self._running_call = False  # the running job's pipeline is loaded: a prefetch may start
         self._paused = False
         self._stopping = False
         self._worker: threading.Thread | None = None
@@ -192,6 +194,8 @@ class Scheduler:
             self._cond.notify_all()
         self.events.publish("queued", job.id, workflow=job.workflow, priority=job.priority, seeds=job.seeds)
         self._publish_positions()
+        if self._running_call:  # a job that comes while another runs is brought up too (once that one's
+            self._start_prefetch()  # pipeline is loaded: its own loading goes first)
         return job
 
     def retry_after(self) -> int:
@@ -339,6 +343,7 @@ class Scheduler:
         finally:
             with self._cond:
                 self._running = None
+                self._running_call = False
                 self._cond.notify_all()
             self._publish_positions()
         return job
@@ -356,6 +361,7 @@ class Scheduler:
             pipe = self.served.load(job.workflow, on_cuda)
             if self.device is not None and not self.manager.offload_engines:
                 pipe.to(self.device)
+            self._running_call = True
             self._start_prefetch()
             images = open_images(job.uploads)
             for entry in job.request.entries[len(job.results) :]:
@@ -457,15 +463,17 @@ class Scheduler:
     def _start_prefetch(self) -> None:
         if not self.prefetch:
             return
-        with self._cond:
+        with self._cond:  # checked and started under the lock: the worker and a submitter may both ask
             upcoming = self._order()
             if not upcoming or (self._prefetcher is not None and self._prefetcher.is_alive()):
                 return
-            workflow = upcoming[0].workflow
-        self._prefetcher = threading.Thread(
-            target=self._prefetch, args=(workflow,), name="modular-serve-prefetch", daemon=True
-        )
-        self._prefetcher.start()
+            self._prefetcher = threading.Thread(
+                target=self._prefetch,
+                args=(upcoming[0].workflow,),
+                name="modular-serve-prefetch",
+                daemon=True,
+            )
+            self._prefetcher.start()
 
     def _prefetch(self, workflow: str) -> None:
         """Load ``workflow``'s pipeline to the host, and place its models where the device has free room
