@@ -227,9 +227,14 @@ class Scheduler:
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         """Every job this process knows, in arrival order, as ``describe`` gives them."""
-        with self._cond:
+        with self._cond:  # one order for every job: positions asked one by one could change between them
             jobs = sorted(self._jobs.values(), key=lambda job: job.seq)
-        return [job.describe(self.position(job.id)) for job in jobs if states is None or job.state in states]
+            positions = {job.id: number for number, job in enumerate(self._order(), 1)}
+            if self._running is not None:
+                positions[self._running.id] = 0
+            return [
+                job.describe(positions.get(job.id)) for job in jobs if states is None or job.state in states
+            ]
 
     def waiting(self) -> list[ServedJob]:
         """The waiting jobs in the order they would run now."""
