@@ -276,14 +276,16 @@ class Scheduler:
         return bytes_to_bring(self.manager, self.served.pipeline(workflow))
 
     def _publish_positions(self) -> None:
+        # Published under the lock (a publish never blocks): a position computed before the worker took a
+        # job can then never arrive after that job's "started" or final event.
         with self._cond:
             now = {job.id: number for number, job in enumerate(self._order(), 1)}
             changed = {
                 job_id: number for job_id, number in now.items() if self._positions.get(job_id) != number
             }
             self._positions = now
-        for job_id, number in changed.items():
-            self.events.publish("position", job_id, position=number)
+            for job_id, number in changed.items():
+                self.events.publish("position", job_id, position=number)
 
     # -- acting -----------------------------------------------------------------------------------
     def cancel(self, job_id: str, reason: str = "cancelled by a client") -> ServedJob:
