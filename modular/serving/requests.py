@@ -26,7 +26,15 @@ from modular.batch.jobs import MAX_SEED, check_job_inputs, seed_problem
 from modular.batch.schema import SHARED, WORKFLOW, got
 from modular.serving.served import ServedWorkflows
 
-__all__ = ["REQUEST_KEYS", "CheckedRequest", "Limits", "RequestError", "check_request", "open_images"]
+__all__ = [
+    "REQUEST_KEYS",
+    "CheckedRequest",
+    "Limits",
+    "RequestError",
+    "check_request",
+    "open_images",
+    "seeds_of",
+]
 
 SOURCE = "request"
 # Keys of a request beyond the batch keys it passes on: which workflow, the prompt, one size, and how it queues.
@@ -180,7 +188,7 @@ def check_request(
             and not isinstance(count, bool)
             and 1 <= count <= limits_of(limits).max_images
         ):
-            shared["seeds"] = [(normal["seed"] + number) % (MAX_SEED + 1) for number in range(count)]
+            shared["seeds"] = seeds_of({"seed": normal["seed"], "images_per_prompt": count})
         else:
             shared["images_per_prompt"] = (
                 count  # refused below, with the batch format's message or the limit's
@@ -222,6 +230,16 @@ def check_request(
     pipe = served.pipeline(workflow)
     check_job_inputs(pipe, entry.job(opened, on_cuda=False), {})
     return CheckedRequest(normal, workflow, job, priority, timeout)
+
+
+def seeds_of(request: Mapping[str, Any]) -> list[int]:
+    """The seed of each image of a request in normal form: its ``seeds``, else ``seed``, ``seed + 1``, ...
+    (``images_per_prompt`` of them, wrapping past the largest seed)."""
+    if "seeds" in request:
+        return list(request["seeds"])
+    return [
+        (request["seed"] + number) % (MAX_SEED + 1) for number in range(request.get("images_per_prompt", 1))
+    ]
 
 
 def open_images(images: Mapping[str, Path], max_pixels: int | None = None) -> dict[str, PIL.Image.Image]:

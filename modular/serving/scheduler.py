@@ -33,7 +33,7 @@ from modular.serving.cost import bytes_to_bring
 from modular.serving.events import EventHub
 from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError
 from modular.serving.policy import Fairness, order, passed_over
-from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
+from modular.serving.requests import CheckedRequest, Limits, check_request, open_images, seeds_of
 from modular.serving.served import ServedWorkflows
 from modular.serving.store import JobRecord, JobStore, write_result
 from modular.watch.events import CancelToken, Preview, ProgressEvent
@@ -557,17 +557,31 @@ class Scheduler:
 
 
 def _describe_record(record: JobRecord) -> dict[str, Any]:
+    """A job only the store holds (finished before this process started, or dropped from memory), with the
+    keys of ``ServedJob.describe``; how often it was passed over is not stored (``None``)."""
+    request = record.request.get("request", {})
+    try:
+        seeds = seeds_of(request)
+    except (KeyError, TypeError):  # a request this version did not write
+        seeds = []
+    started, finished = record.started, record.finished
     return {
         "id": record.id,
         "state": record.state,
         "workflow": record.workflow,
         "priority": record.priority,
         "position": None,
-        "request": record.request.get("request", {}),
+        "request": request,
+        "seeds": seeds,
+        "images": len(seeds),
         "created": record.created,
-        "started": record.started,
-        "finished": record.finished,
+        "started": started,
+        "finished": finished,
+        "waited": None if started is None else round(started - record.created, 6),
+        "ran": None if started is None or finished is None else round(finished - started, 6),
         "error": record.error,
         "results": list(record.results),
         "attempts": record.attempts,
+        "bypassed": None,
+        "progress": {},
     }

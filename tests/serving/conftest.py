@@ -69,9 +69,9 @@ def sizes(workflows) -> dict[str, int]:
 
 @pytest.fixture
 def make_scheduler(workflows, tmp_path) -> Iterator[Callable[..., Scheduler]]:
-    """``make_scheduler(*names, budget=None, **options)``: a Scheduler serving the named workflows on a new
-    manager (with auto offload onto ``SimulatedDevice(budget)`` when a budget is given), its state in the
-    test's folder; every one made is closed at teardown."""
+    """``make_scheduler(*names, budget=None, state=None, **options)``: a Scheduler serving the named workflows
+    on a new manager (with auto offload onto ``SimulatedDevice(budget)`` when a budget is given), its state in
+    a new folder of the test's (or ``state``); every one made is closed at teardown."""
     made: list[Scheduler] = []
 
     def make(*names: str, budget: int | None = None, **options: Any) -> Scheduler:
@@ -80,7 +80,8 @@ def make_scheduler(workflows, tmp_path) -> Iterator[Callable[..., Scheduler]]:
             manager.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
         served = ServedWorkflows([workflows[name] for name in names or ("sd",)], manager)
         options.setdefault("preview_every", None)
-        scheduler = Scheduler(served, tmp_path / f"state{len(made)}", **options)
+        state = options.pop("state", tmp_path / f"state{len(made)}")
+        scheduler = Scheduler(served, state, **options)
         made.append(scheduler)
         return scheduler
 

@@ -339,3 +339,34 @@ def test_a_job_stopped_mid_call_runs_again_on_the_next_start(make_scheduler, dir
     described = scheduler.describe(job.id)
     assert (described["state"], described["attempts"]) == ("done", 2)
     assert results(scheduler, job.id) == direct(request)
+
+
+# -- a job the process no longer holds -------------------------------------------------------------------
+def test_a_finished_job_read_back_from_the_store_is_described_as_before(make_scheduler, tmp_path):
+    """After a restart (or once the job left memory) describe gives the same keys and values."""
+    state = tmp_path / "kept"
+    first = make_scheduler("sd", state=state)
+    job = first.submit({**SMALL, "workflow": "sd", "seed": 7, "images_per_prompt": 2})
+    cancelled = first.submit({**SMALL, "workflow": "sd", "seeds": [3, 9]})
+    first.cancel(cancelled.id)
+    drain(first)
+    before = {job_id: first.describe(job_id) for job_id in (job.id, cancelled.id)}
+    first.close()
+    again = make_scheduler("sd", state=state)
+    for job_id, described in before.items():
+        after = again.describe(job_id)
+        assert sorted(after) == sorted(described)
+        same = (
+            "state",
+            "workflow",
+            "seeds",
+            "images",
+            "results",
+            "error",
+            "attempts",
+            "request",
+            "waited",
+            "ran",
+        )
+        assert {key: after[key] for key in same} == {key: described[key] for key in same}
+        assert after["position"] is None
