@@ -50,14 +50,24 @@ class RequestError(JobFileError):
         super().__init__(SOURCE, problems)
 
 
+def _at_least_one(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"{attribute.name} must be a whole number of at least 1 (got {value!r})"
+        raise ValueError(msg)
+
+
 @attrs.frozen
 class Limits:
     """What one request may ask for: ``max_steps`` per image, ``max_images`` per request, ``max_pixels``
-    per image (width times height, asked for or given as an input image)."""
+    per image (width times height, asked for or given as an input image).
 
-    max_steps: int = 200
-    max_images: int = 8
-    max_pixels: int = 2048 * 2048
+    Raises:
+        ValueError: a limit that is not a whole number of at least 1 (found at start, not at a request).
+    """
+
+    max_steps: int = attrs.field(default=200, validator=_at_least_one)
+    max_images: int = attrs.field(default=8, validator=_at_least_one)
+    max_pixels: int = attrs.field(default=2048 * 2048, validator=_at_least_one)
 
     def problems(self, job: BatchJob) -> list[str]:
         found = []

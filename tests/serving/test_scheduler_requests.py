@@ -179,6 +179,15 @@ def test_limits_of_steps_images_and_pixels(make_scheduler):
     assert scheduler.submit(_request(steps=4, images_per_prompt=2)).seeds == [3, 4]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_steps", 0), ("max_images", "8"), ("max_pixels", -1), ("max_images", 2.0)]
+)
+def test_limits_refuse_values_that_are_not_limits(field, value):
+    with pytest.raises(ValueError) as refused:
+        Limits(**{field: value})
+    assert str(refused.value) == f"{field} must be a whole number of at least 1 (got {value!r})"
+
+
 def test_a_huge_image_count_is_refused_before_any_entry_is_made(scheduler, monkeypatch):
     """Making 10**12 entries first would never end."""
 
