@@ -106,6 +106,23 @@ def _too_many(limits: Limits, count: int) -> str:
     return f"a request makes at most {limits.max_images} images on this server (got {count})"
 
 
+# The batch keys a message names, as a request names them (a request has one size, one prompt, PNG results).
+_REQUEST_WORDING = (
+    ("workflows[0]: ", ""),
+    ("'sizes' must be a list of sizes", "'size' must be a size"),
+    ("through its key 'sizes'", "through its key 'size'"),
+    ("through its key 'prompts'", "through its key 'prompt'"),
+    ("which the job sets through its key 'format'; use that key", "which the server sets (results are PNG)"),
+)
+
+
+def _said_of_request(problem: str) -> str:
+    """A problem of the batch check said of the request rather than of its job table."""
+    for batch, request in _REQUEST_WORDING:
+        problem = problem.replace(batch, request)
+    return problem
+
+
 def _unknown(key: str) -> str:
     close = difflib.get_close_matches(key, REQUEST_KEYS, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(sorted(REQUEST_KEYS))})"
@@ -222,13 +239,7 @@ def check_request(
     try:
         job = BatchJob.from_spec(parse_job(table, SOURCE, served.base))
     except JobFileError as error:  # the batch check's messages, said of the request rather than of its table
-        problems = [
-            problem.replace("workflows[0]: ", "").replace(
-                "'sizes' must be a list of sizes", "'size' must be a size"
-            )
-            for problem in error.problems
-        ]
-        raise RequestError(problems) from None
+        raise RequestError([_said_of_request(problem) for problem in error.problems]) from None
     if len(job.entries) > limits_of(limits).max_images:
         raise RequestError([_too_many(limits_of(limits), len(job.entries))])
     limits = limits or Limits()

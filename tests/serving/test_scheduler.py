@@ -370,3 +370,33 @@ def test_a_finished_job_read_back_from_the_store_is_described_as_before(make_sch
         )
         assert {key: after[key] for key in same} == {key: described[key] for key in same}
         assert after["position"] is None
+
+
+def test_cancel_while_the_job_s_pipeline_loads_ends_it_cancelled_before_any_step(make_scheduler, monkeypatch):
+    scheduler = make_scheduler("sd")
+    loading, release = threading.Event(), threading.Event()
+    load = scheduler.served.load
+
+    def slow_load(name, on_cuda=False):
+        loading.set()
+        assert release.wait(WAIT)
+        return load(name, on_cuda)
+
+    monkeypatch.setattr(scheduler.served, "load", slow_load)
+    job = scheduler.submit({**SMALL, "workflow": "sd", "seed": 1})
+    with scheduler.events.subscribe(job.id) as listener:
+        scheduler.start()
+        assert loading.wait(WAIT)
+        scheduler.cancel(job.id, "no longer wanted")
+        release.set()
+        assert scheduler.wait_idle(WAIT)
+        kinds = []
+        while (event := listener.get(timeout=0)) is not None:
+            kinds.append(event["kind"])
+    described = scheduler.describe(job.id)
+    assert (described["state"], described["error"], described["results"]) == (
+        "cancelled",
+        "no longer wanted",
+        [],
+    )
+    assert "step" not in kinds and kinds[-1] == "cancelled"

@@ -74,6 +74,32 @@ def test_a_bad_size_has_the_batch_rule_said_of_one_size(scheduler, serving_repos
     assert problem == "'size' must be a size " + batch.removeprefix("'sizes' must be a list of sizes ")
 
 
+@pytest.mark.parametrize(
+    ("inputs", "problem"),
+    [
+        ({"width": 64}, "'inputs' sets 'width', which the job sets through its key 'size'; use that key"),
+        (
+            {"prompt": "b"},
+            "'inputs' sets 'prompt', which the job sets through its key 'prompt'; use that key",
+        ),
+        (
+            {"num_inference_steps": 10**6},
+            "'inputs' sets 'num_inference_steps', which the job sets through its key 'steps'; use that key",
+        ),
+        (
+            {"num_images_per_prompt": 99},
+            "'inputs' sets 'num_images_per_prompt', which the job sets through its key 'images_per_prompt'; use that key",
+        ),
+        ({"output_type": "pil"}, "'inputs' sets 'output_type', which the server sets (results are PNG)"),
+    ],
+)
+def test_inputs_cannot_set_what_a_request_key_sets_and_the_message_names_the_request_s_key(
+    scheduler, inputs, problem
+):
+    """So no input passes around a limit (steps, size, images); the key named is one a request has."""
+    assert _refused(scheduler, _request(inputs=inputs)).problems == [problem]
+
+
 def test_a_workflow_not_served_is_refused_with_what_is(scheduler):
     (problem,) = _refused(scheduler, _request(workflow="tiny-sd")).problems
     assert problem == "'workflow' 'tiny-sd' is not served here; this server serves flux, sd, sd-i2i"
