@@ -1,9 +1,10 @@
 """Fixtures the scheduler tests share: tiny repos of three families (made once per session), a factory of
-schedulers over one manager with their state in the test's folder (closed at teardown), and the direct call
-a job's results must equal."""
+schedulers over one manager with their state in the test's folder (closed at teardown), the direct call a
+job's results must equal, and an event hub that holds a job mid-step while the test acts."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,13 @@ import pytest
 from components import ComponentsManager
 from modular.batch.jobs import call_job
 from modular.batch.store import encode
-from modular.serving import Scheduler, ServedWorkflow, ServedWorkflows, check_request
+from modular.serving import EventHub, Scheduler, ServedWorkflow, ServedWorkflows, check_request
 from modular.serving.requests import open_images
 from offload import SimulatedDevice, module_nbytes
 
 #: Requests of these tests: tiny images, two steps.
 SMALL = {"prompt": "a red fox", "steps": 2, "size": "32x32"}
+WAIT = 60.0  # seconds any wait of these tests gives up after (a bound, never a measure)
 
 
 @pytest.fixture(scope="session")
@@ -125,3 +127,29 @@ def drain(scheduler: Scheduler, limit: int = 50) -> list[str]:
 def requests_of(workflows: Sequence[str], **fields: Any) -> list[dict[str, Any]]:
     """Small requests for the named workflows (seeds 0, 1, ...)."""
     return [{**SMALL, "workflow": name, "seed": seed, **fields} for seed, name in enumerate(workflows)]
+
+
+class BlockingHub(EventHub):
+    """An event hub whose publisher (the worker, inside a step's progress callback) stops at the first
+    ``step`` event of ``job`` until the test releases it, so a test acts while that job is mid-call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job: str | None = None
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def publish(self, kind, job_id=None, **fields):
+        event = super().publish(kind, job_id, **fields)
+        if kind == "step" and job_id is not None and job_id == self.job and not self.reached.is_set():
+            self.reached.set()
+            assert self.release.wait(WAIT), "the test never released the step"
+        return event
+
+
+@pytest.fixture
+def hub() -> Iterator[BlockingHub]:
+    """A ``BlockingHub`` released at teardown."""
+    hub = BlockingHub()
+    yield hub
+    hub.release.set()  # a failed test leaves no worker blocked

@@ -10,8 +10,7 @@ from components import ComponentsManager
 from offload import OffloadEngine, SimulatedDevice
 from tests.offload.helpers import call, sized
 
-from .conftest import SMALL, drain, results
-from .test_scheduler import WAIT, BlockingHub
+from .conftest import SMALL, WAIT, drain, results
 
 S = 4000  # bytes of each model of the engine tests
 
@@ -69,13 +68,6 @@ def _models(scheduler, workflow):
 def _engine_of(scheduler):
     (engine,) = scheduler.manager.offload_engines
     return engine
-
-
-@pytest.fixture
-def hub():
-    hub = BlockingHub()
-    yield hub
-    hub.release.set()
 
 
 @pytest.mark.parametrize("submitted", ["before", "while-running"])

@@ -9,8 +9,7 @@ import pytest
 
 from modular.serving import EventHub
 
-from .conftest import SMALL, results
-from .test_scheduler import WAIT
+from .conftest import SMALL, WAIT, results
 
 THREADS, EACH = 8, 2
 
