@@ -303,11 +303,18 @@ class Scheduler:
                 self._waiting.remove(job)
                 self._finish(job, "cancelled", reason)
             elif job.state == "running":
-                job.token.cancel(reason)
+                self._cancel_running(job, reason)
             else:
                 raise JobStateError(f"job {job_id!r} is {job.state}; there is nothing to cancel")
         self._publish_positions()
         return job
+
+    def _cancel_running(self, job: ServedJob, reason: str) -> None:
+        """Cancel ``job``'s call unless it is cancelled already: the first cancel says how the job ends (a
+        stop or a timeout after a client's cancel would requeue it, or fail it)."""
+        with self._cond:
+            if not job.token.is_set():
+                job.token.cancel(reason)
 
     def pause(self) -> None:
         """Start no new job until ``resume`` (the running one goes on)."""
@@ -359,7 +366,9 @@ class Scheduler:
         timeout = job.request.timeout
         timer = None
         if timeout is not None:
-            timer = threading.Timer(timeout, job.token.cancel, args=(f"timed out after {timeout:g} s",))
+            timer = threading.Timer(
+                timeout, self._cancel_running, args=(job, f"timed out after {timeout:g} s")
+            )
             timer.daemon = True
             timer.start()
         started = time.perf_counter()
@@ -531,7 +540,7 @@ class Scheduler:
             running = self._running
             self._cond.notify_all()
         if cancel_running and running is not None:
-            running.token.cancel(_STOPPING)
+            self._cancel_running(running, _STOPPING)
         worker = self._worker
         if worker is not None:
             worker.join(timeout)

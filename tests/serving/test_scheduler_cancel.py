@@ -206,3 +206,52 @@ def test_cancel_while_the_job_s_pipeline_loads_ends_it_cancelled_before_any_step
         [],
     )
     assert "step" not in kinds and kinds[-1] == "cancelled"
+
+
+class FakeTimer:
+    """A ``threading.Timer`` that fires when the test says (the last one made is ``FakeTimer.made``)."""
+
+    made: FakeTimer | None = None
+
+    def __init__(self, interval, function, args=()):
+        self.function, self.args = function, args
+        self.daemon = False
+        FakeTimer.made = self
+
+    def start(self):
+        pass
+
+    def cancel(self):
+        pass
+
+    def fire(self):
+        self.function(*self.args)
+
+
+@pytest.mark.parametrize("then", ["stop", "timeout"])
+def test_a_client_s_cancel_stands_when_a_stop_or_a_timeout_comes_after_it(
+    make_scheduler, hub, monkeypatch, then
+):
+    """The first cancel of a running job decides how it ends: a stop after a client's cancel does not put
+    the job back in the queue (it would run again after a restart), nor does a timeout make it failed."""
+    monkeypatch.setattr(threading, "Timer", FakeTimer)
+    scheduler = make_scheduler("sd", events=hub)
+    job = scheduler.submit({**SMALL, "workflow": "sd", "seed": 1, "steps": 3, "timeout": 5})
+    hub.job = job.id
+    scheduler.start()
+    assert hub.reached.wait(WAIT)
+    scheduler.cancel(job.id, "the client left")
+    stopper = threading.Thread(target=scheduler.stop)
+    if then == "stop":
+        stopper.start()
+    else:
+        FakeTimer.made.fire()
+    hub.release.set()
+    if then == "stop":
+        stopper.join(WAIT)
+    else:
+        assert scheduler.wait_idle(WAIT)
+    described = scheduler.describe(job.id)
+    assert (described["state"], described["error"]) == ("cancelled", "the client left")
+    assert scheduler.store.get(job.id).state == "cancelled"
+    assert scheduler.waiting() == []
