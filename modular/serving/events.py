@@ -67,9 +67,16 @@ class EventHub:
     Args:
         listener_size: Events each listener may hold before its oldest is dropped.
         keep_jobs: Jobs whose history is kept for listeners that come later.
+
+    Raises:
+        ValueError: ``listener_size`` or ``keep_jobs`` is not a whole number of at least 1.
     """
 
     def __init__(self, listener_size: int = 256, keep_jobs: int = 1000) -> None:
+        for name, value in (("listener_size", listener_size), ("keep_jobs", keep_jobs)):
+            # queue.Queue(0) would hold events without bound: a listener that never reads would grow forever
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1 (got {value!r})")
         self._lock = threading.Lock()
         self._listeners: dict[str | None, list[Listener]] = collections.defaultdict(list)
         self._history: collections.OrderedDict[str, list[dict[str, Any]]] = collections.OrderedDict()
@@ -92,8 +99,10 @@ class EventHub:
             listeners = [*self._listeners.get(job_id, ()), *(self._listeners.get(None, ()) if job_id else ())]
             if job_id is None:
                 listeners = list(self._listeners.get(None, ()))
-        for listener in listeners:
-            listener.put(event)
+            # Put under the lock (a put never blocks): each listener then gets events in ``seq`` order, even
+            # when several threads publish at once (the worker, submitters, a cancel).
+            for listener in listeners:
+                listener.put(event)
         return event
 
     def subscribe(self, job_id: str | None = None) -> Listener:

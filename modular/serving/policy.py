@@ -24,12 +24,18 @@ def _positive(instance: object, attribute: attrs.Attribute, value: float) -> Non
         raise ValueError(msg)
 
 
+def _whole_positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"{attribute.name} must be a whole number of at least 1 (got {value!r})"
+        raise ValueError(msg)
+
+
 @attrs.frozen
 class Fairness:
     """How long a job may wait (seconds) and how many times it may be passed over before it runs next."""
 
     max_wait: float = attrs.field(default=60.0, validator=_positive)
-    max_bypass: int = attrs.field(default=8, validator=_positive)
+    max_bypass: int = attrs.field(default=8, validator=_whole_positive)
 
 
 class Waiting(Protocol):

@@ -34,7 +34,7 @@ __all__ = [
     "RequestError",
     "check_request",
     "open_images",
-    "stored_seeds",
+    "seeds_of",
 ]
 
 SOURCE = "request"
@@ -52,14 +52,24 @@ class RequestError(JobFileError):
         super().__init__(SOURCE, problems)
 
 
+def _at_least_one(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"{attribute.name} must be a whole number of at least 1 (got {value!r})"
+        raise ValueError(msg)
+
+
 @attrs.frozen
 class Limits:
     """What one request may ask for: ``max_steps`` per image, ``max_images`` per request, ``max_pixels``
-    per image (width times height, asked for or given as an input image)."""
+    per image (width times height, asked for or given as an input image).
 
-    max_steps: int = 200
-    max_images: int = 8
-    max_pixels: int = 2048 * 2048
+    Raises:
+        ValueError: a limit that is not a whole number of at least 1 (found at start, not at a request).
+    """
+
+    max_steps: int = attrs.field(default=200, validator=_at_least_one)
+    max_images: int = attrs.field(default=8, validator=_at_least_one)
+    max_pixels: int = attrs.field(default=2048 * 2048, validator=_at_least_one)
 
     def problems(self, job: BatchJob) -> list[str]:
         found = []
@@ -92,6 +102,27 @@ class CheckedRequest:
 
 def limits_of(limits: Limits | None) -> Limits:
     return limits if limits is not None else Limits()
+
+
+def _too_many(limits: Limits, count: int) -> str:
+    return f"a request makes at most {limits.max_images} images on this server (got {count})"
+
+
+# The batch keys a message names, as a request names them (a request has one size, one prompt, PNG results).
+_REQUEST_WORDING = (
+    ("workflows[0]: ", ""),
+    ("'sizes' must be a list of sizes", "'size' must be a size"),
+    ("through its key 'sizes'", "through its key 'size'"),
+    ("through its key 'prompts'", "through its key 'prompt'"),
+    ("which the job sets through its key 'format'; use that key", "which the server sets (results are PNG)"),
+)
+
+
+def _said_of_request(problem: str) -> str:
+    """A problem of the batch check said of the request rather than of its job table."""
+    for batch, request in _REQUEST_WORDING:
+        problem = problem.replace(batch, request)
+    return problem
 
 
 def _unknown(key: str) -> str:
@@ -185,6 +216,10 @@ def check_request(
             ["give 'seed' (image i is made with seed + i) or 'seeds' (one per image), not both"]
         )
     shared = {key: normal[key] for key in PASSED_ON if key in normal and key != "inputs"}
+    count = shared.get("images_per_prompt")
+    if isinstance(count, int) and not isinstance(count, bool) and count > limits_of(limits).max_images:
+        # Refused before the batch job is made: it would make every entry first (a huge count never ends).
+        raise RequestError([_too_many(limits_of(limits), count)])
     if "seed" in normal:  # the seeds of the job's entries, as the batch format lists explicit ones
         count = shared.pop("images_per_prompt", 1)
         if (
@@ -192,7 +227,7 @@ def check_request(
             and not isinstance(count, bool)
             and 1 <= count <= limits_of(limits).max_images
         ):
-            shared["seeds"] = [(normal["seed"] + number) % (MAX_SEED + 1) for number in range(count)]
+            shared["seeds"] = seeds_of({"seed": normal["seed"], "images_per_prompt": count})
         else:
             shared["images_per_prompt"] = (
                 count  # refused below, with the batch format's message or the limit's
@@ -216,20 +251,9 @@ def check_request(
     try:
         job = BatchJob.from_spec(parse_job(table, SOURCE, served.base))
     except JobFileError as error:  # the batch check's messages, said of the request rather than of its table
-        problems = [
-            problem.replace("workflows[0]: ", "")
-            .replace("'sizes' must be a list of sizes", "'size' must be a size")
-            .replace("its key 'prompts'", "its key 'prompt'")
-            .replace("its key 'sizes'", "its key 'size'")
-            for problem in error.problems
-        ]
-        raise RequestError(problems) from None
+        raise RequestError([_said_of_request(problem) for problem in error.problems]) from None
     if len(job.entries) > limits_of(limits).max_images:
-        raise RequestError(
-            [
-                f"a request makes at most {limits_of(limits).max_images} images on this server (got {len(job.entries)})"
-            ]
-        )
+        raise RequestError([_too_many(limits_of(limits), len(job.entries))])
     limits = limits or Limits()
     opened = open_images(images, limits.max_pixels)
     problems = limits.problems(job)
@@ -241,15 +265,14 @@ def check_request(
     return CheckedRequest(normal, workflow, job, priority, timeout)
 
 
-def stored_seeds(data: Mapping[str, Any]) -> list[int]:
-    """The seed of each image of a request in normal form (as ``check_request`` lists them for its entries):
-    its ``seeds``, or ``seed + i`` for each of its ``images_per_prompt``."""
-    if isinstance(data.get("seeds"), list):
-        return list(data["seeds"])
-    seed, count = data.get("seed"), data.get("images_per_prompt", 1)
-    if not isinstance(seed, int) or not isinstance(count, int):
-        return []
-    return [(seed + number) % (MAX_SEED + 1) for number in range(count)]
+def seeds_of(request: Mapping[str, Any]) -> list[int]:
+    """The seed of each image of a request in normal form: its ``seeds``, else ``seed``, ``seed + 1``, ...
+    (``images_per_prompt`` of them, wrapping past the largest seed)."""
+    if "seeds" in request:
+        return list(request["seeds"])
+    return [
+        (request["seed"] + number) % (MAX_SEED + 1) for number in range(request.get("images_per_prompt", 1))
+    ]
 
 
 def open_images(images: Mapping[str, Path], max_pixels: int | None = None) -> dict[str, PIL.Image.Image]:

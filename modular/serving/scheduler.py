@@ -4,11 +4,12 @@
 (``modular/serving/store.py``) and queues it; one worker (``start``, or ``run_next`` called by hand) takes the
 next job in the order of ``modular/serving/policy.py`` (fairness, priority, then the fewest bytes to bring to
 the device, ``modular/serving/cost.py``) and runs it through its workflow's pipeline, loaded lazily through the
-manager. While a job runs, the next job's pipeline is loaded to the host and, where the device has free
-room, its models are placed there (prefetch; it never evicts). Cancel reaches a waiting job at once and a
-running one before its next block or step (``pipe(..., cancel=)``); a timeout is a cancel with a reason. A
-job that fails (bad input found late, out of memory, an exception in a block) fails alone. Every change of
-state is written to the store and published on the event hub (``modular/serving/events.py``).
+manager. While a job runs, the next job's pipeline (the next when the job's call starts, or when a job is
+submitted during it) is loaded to the host and, where the device has free room, its models are placed there
+(prefetch; it never evicts). Cancel reaches a waiting job at once and a running one before its next block or
+step (``pipe(..., cancel=)``); a timeout is a cancel with a reason. A job that fails (bad input found late,
+out of memory, an exception in a block) fails alone. Every change of state is written to the store and
+published on the event hub (``modular/serving/events.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from modular.serving.cost import bytes_to_bring
 from modular.serving.events import EventHub
 from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError
 from modular.serving.policy import Fairness, order, passed_over
-from modular.serving.requests import CheckedRequest, Limits, check_request, open_images, stored_seeds
+from modular.serving.requests import CheckedRequest, Limits, check_request, open_images, seeds_of
 from modular.serving.served import ServedWorkflows
 from modular.serving.store import JobRecord, JobStore, hold_state_folder, remove_partials, write_result
 from modular.watch.events import CancelToken, Preview, ProgressEvent
@@ -132,6 +133,7 @@ class Scheduler:
         self._jobs: dict[str, ServedJob] = {}
         self._waiting: list[ServedJob] = []
         self._running: ServedJob | None = None
+        self._running_call = False  # the running job's pipeline is loaded: a prefetch may start
         self._paused = False
         self._stopping = False
         self._worker: threading.Thread | None = None
@@ -201,6 +203,8 @@ class Scheduler:
             self._cond.notify_all()
         self.events.publish("queued", job.id, workflow=job.workflow, priority=job.priority, seeds=job.seeds)
         self._publish_positions()
+        if self._running_call:  # a job that comes while another runs is brought up too (once that one's
+            self._start_prefetch()  # pipeline is loaded: its own loading goes first)
         return job
 
     def retry_after(self) -> int:
@@ -295,14 +299,16 @@ class Scheduler:
         return bytes_to_bring(self.manager, self.served.pipeline(workflow))
 
     def _publish_positions(self) -> None:
+        # Published under the lock (a publish never blocks): a position computed before the worker took a
+        # job can then never arrive after that job's "started" or final event.
         with self._cond:
             now = {job.id: number for number, job in enumerate(self._order(), 1)}
             changed = {
                 job_id: number for job_id, number in now.items() if self._positions.get(job_id) != number
             }
             self._positions = now
-        for job_id, number in changed.items():
-            self.events.publish("position", job_id, position=number)
+            for job_id, number in changed.items():
+                self.events.publish("position", job_id, position=number)
 
     # -- acting -----------------------------------------------------------------------------------
     def cancel(self, job_id: str, reason: str = "cancelled by a client") -> ServedJob:
@@ -320,11 +326,18 @@ class Scheduler:
                 self._waiting.remove(job)
                 self._finish(job, "cancelled", reason)
             elif job.state == "running":
-                job.token.cancel(reason)
+                self._cancel_running(job, reason)
             else:
                 raise JobStateError(f"job {job_id!r} is {job.state}; there is nothing to cancel")
         self._publish_positions()
         return job
+
+    def _cancel_running(self, job: ServedJob, reason: str) -> None:
+        """Cancel ``job``'s call unless it is cancelled already: the first cancel says how the job ends (a
+        stop or a timeout after a client's cancel would requeue it, or fail it)."""
+        with self._cond:
+            if not job.token.is_set():
+                job.token.cancel(reason)
 
     def pause(self) -> None:
         """Start no new job until ``resume`` (the running one goes on)."""
@@ -369,6 +382,7 @@ class Scheduler:
         finally:
             with self._cond:
                 self._running = None
+                self._running_call = False
                 self._cond.notify_all()
             self._publish_positions()
         return job
@@ -377,7 +391,9 @@ class Scheduler:
         timeout = job.request.timeout
         timer = None
         if timeout is not None:
-            timer = threading.Timer(timeout, job.token.cancel, args=(f"timed out after {timeout:g} s",))
+            timer = threading.Timer(
+                timeout, self._cancel_running, args=(job, f"timed out after {timeout:g} s")
+            )
             timer.daemon = True
             timer.start()
         started = time.perf_counter()
@@ -386,6 +402,7 @@ class Scheduler:
             pipe = self.served.load(job.workflow, on_cuda)
             if self.device is not None and not self.manager.offload_engines:
                 pipe.to(self.device)
+            self._running_call = True
             self._start_prefetch()
             images = open_images(job.uploads)
             for entry in job.request.entries[len(job.results) :]:
@@ -418,6 +435,7 @@ class Scheduler:
         with self._cond:
             job.state = "queued"
             job.started = None
+            job.progress = {}
             job.token = CancelToken()
             self._waiting.append(job)
         self.store.update(job.id, state="queued", started=None)
@@ -491,15 +509,17 @@ class Scheduler:
     def _start_prefetch(self) -> None:
         if not self.prefetch:
             return
-        with self._cond:
+        with self._cond:  # checked and started under the lock: the worker and a submitter may both ask
             upcoming = self._order()
             if not upcoming or (self._prefetcher is not None and self._prefetcher.is_alive()):
                 return
-            workflow = upcoming[0].workflow
-        self._prefetcher = threading.Thread(
-            target=self._prefetch, args=(workflow,), name="modular-serve-prefetch", daemon=True
-        )
-        self._prefetcher.start()
+            self._prefetcher = threading.Thread(
+                target=self._prefetch,
+                args=(upcoming[0].workflow,),
+                name="modular-serve-prefetch",
+                daemon=True,
+            )
+            self._prefetcher.start()
 
     def _prefetch(self, workflow: str) -> None:
         """Load ``workflow``'s pipeline to the host, and place its models where the device has free room
@@ -550,7 +570,7 @@ class Scheduler:
             running = self._running
             self._cond.notify_all()
         if cancel_running and running is not None:
-            running.token.cancel(_STOPPING)
+            self._cancel_running(running, _STOPPING)
         worker = self._worker
         if worker is not None:
             worker.join(timeout)
@@ -577,25 +597,28 @@ class Scheduler:
 
 
 def _describe_record(record: JobRecord) -> dict[str, Any]:
-    """A job of the store that this process does not hold (finished before a restart, or long ago), with the
-    keys of ``ServedJob.describe``; what the store does not keep (``bypassed``) is ``None``."""
-    data = record.request.get("request", {})
+    """A job only the store holds (finished before this process started, or dropped from memory), with the
+    keys of ``ServedJob.describe``; how often it was passed over is not stored (``None``)."""
+    request = record.request.get("request", {})
+    try:
+        seeds = seeds_of(request)
+    except (KeyError, TypeError):  # a request this version did not write
+        seeds = []
+    started, finished = record.started, record.finished
     return {
         "id": record.id,
         "state": record.state,
         "workflow": record.workflow,
         "priority": record.priority,
         "position": None,
-        "request": data,
-        "seeds": stored_seeds(data),
-        "images": len(stored_seeds(data)),
+        "request": request,
+        "seeds": seeds,
+        "images": len(seeds),
         "created": record.created,
-        "started": record.started,
-        "finished": record.finished,
-        "waited": None if record.started is None else round(record.started - record.created, 6),
-        "ran": None
-        if record.started is None or record.finished is None
-        else round(record.finished - record.started, 6),
+        "started": started,
+        "finished": finished,
+        "waited": None if started is None else round(started - record.created, 6),
+        "ran": None if started is None or finished is None else round(finished - started, 6),
         "error": record.error,
         "results": list(record.results),
         "attempts": record.attempts,
