@@ -31,6 +31,7 @@ __all__ = ["make_app"]
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/healthz"})
+INTERNAL = "the server met an error; its log has the details"
 BAD_REQUEST = (RequestError, MissingInputError, UnknownInputError, InputTypeError, UploadError)
 
 
@@ -99,7 +100,12 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
                     "Unauthorized",
                     **{"WWW-Authenticate": "Bearer"},
                 )
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception:  # answered here: past this middleware Starlette re-raises, and uvicorn then drops
+            # the client's kept-alive connection, so its next request would fail
+            log.exception("%s %s failed", request.method, request.url.path)
+            return error_response(500, INTERNAL, "InternalError")
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -113,7 +119,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, "the server met an error; its log has the details", "InternalError")
+        return error_response(500, INTERNAL, "InternalError")
 
     @app.get("/healthz")
     def health() -> dict[str, Any]:
