@@ -27,10 +27,7 @@ from modular.batch.runner import enable_offload
 from modular.batch.store import encode
 from modular.http import RunningServer, ServerSettings, make_app, start_server
 from modular.serving import Limits, Scheduler, ServedWorkflows, parse_served
-
-SD = "tiny-sd"
-FLUX = "tiny-flux"
-TOKEN = "a-test-token-of-32-characters-xx"
+from tests.http.helpers import FLUX, SD
 
 
 @attrs.frozen

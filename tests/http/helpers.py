@@ -14,7 +14,11 @@ import httpx
 
 from modular.serving.events import FINAL_KINDS, EventHub
 
-__all__ = ["FINAL_KINDS", "HoldingHub", "read_events", "streaming", "wait_for_state"]
+__all__ = ["FINAL_KINDS", "FLUX", "SD", "TOKEN", "HoldingHub", "read_events", "streaming", "wait_for_state"]
+
+SD = "tiny-sd"  # the served names of the tiny repos (tests/http/conftest.py)
+FLUX = "tiny-flux"
+TOKEN = "a-test-token-of-32-characters-xx"
 
 
 def read_events(

@@ -14,8 +14,7 @@ import PIL.Image
 import pytest
 
 from modular.serving import Limits
-from tests.http.conftest import FLUX, SD
-from tests.http.helpers import HoldingHub, read_events, streaming, wait_for_state
+from tests.http.helpers import FLUX, SD, HoldingHub, read_events, streaming, wait_for_state
 
 PROMPT = "a red fox"
 
