@@ -173,5 +173,6 @@ def serve_command(
         scheduler.stop()  # the running job is requeued
         waiting = len(scheduler.jobs(("queued",)))
         scheduler.close()
-    out(f"modular serve: stopped; {waiting} jobs wait in {scheduler.state} for the next start")
+    jobs = "1 job waits" if waiting == 1 else f"{waiting} jobs wait"
+    out(f"modular serve: stopped; {jobs} in {scheduler.state} for the next start")
     return 0
