@@ -4,6 +4,7 @@ exit status 2."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -18,11 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
+from components import ComponentsManager
 from modular.cli.args import SERVE_STATE
 from modular.cli.main import build_parser, main
-from modular.cli.serve_command import SERVE_EXTRA
+from modular.cli.serve_command import SERVE_EXTRA, serve_command
 from modular.http.settings import TOKEN_VARIABLE
-from tests.http.helpers import SD, wait_for_state
+from tests.http.helpers import SD, read_events, wait_for_state
 
 ROOT = Path(__file__).resolve().parents[2]
 URL = re.compile(r"listening on (http://127\.0\.0\.1:\d+) ")
@@ -261,3 +263,78 @@ def test_the_defaults_said_in_the_help_are_the_servers():
         f"(default {Scheduler.__init__.__kwdefaults__['preview_every']}; 0: no previews)",
     ):
         assert said in help_text, said
+
+
+@contextlib.contextmanager
+def serving_in_a_thread(argv: list[str]) -> Iterator[tuple[str, str]]:
+    """``serve_command`` of ``modular serve *argv`` in a thread (no signals there; a stop event instead);
+    inside: its start line and URL. Stopped and joined on leaving; an error in it fails the test."""
+    args = build_parser().parse_args(["serve", *argv])
+    said: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve_command(args, said.put, stop)
+        except BaseException as error:  # reported by the test's thread
+            failed.append(error)
+            said.put("")
+
+    thread = threading.Thread(target=run, name="serve-command")
+    thread.start()
+    try:
+        line = said.get(timeout=START_TIMEOUT)
+        assert not failed, failed
+        found = URL.search(line)
+        assert found, line
+        yield line, found.group(1)
+    finally:
+        stop.set()
+        thread.join(STOP_TIMEOUT)
+        assert not thread.is_alive() and not failed, failed
+    assert said.get_nowait().startswith("modular serve: stopped; 0 jobs wait")
+
+
+def test_the_options_reach_the_server(tiny_repos, tmp_path, monkeypatch):
+    """Simulated offload with a budget and a host budget, the queue's length, the steps limit and no
+    previews: each is what the running server does."""
+    offloads: list[dict[str, Any]] = []
+    enable = ComponentsManager.enable_auto_cpu_offload
+
+    def spy(manager: ComponentsManager, *args: Any, **options: Any) -> None:
+        offloads.append(options)
+        enable(manager, *args, **options)
+
+    monkeypatch.setattr(ComponentsManager, "enable_auto_cpu_offload", spy)
+    argv = [f"{SD}={tiny_repos.sd}", "--port", "0", "--state", str(tmp_path / "state"), "--offload", "sim"]
+    argv += ["--budget", "64MB", "--host-budget", "1GB", "--max-queue", "3", "--max-steps", "5"]
+    argv += ["--preview-every", "0", "--threads", "1"]
+    with serving_in_a_thread(argv) as (line, url), httpx.Client(base_url=url, timeout=60) as client:
+        assert "models on a simulated device under auto offload" in line
+        (device,) = client.get("/v1/memory").json()["devices"]
+        assert device["total"] == 64 * 10**6
+        assert [options["host_budget"] for options in offloads] == [10**9]
+        assert offloads[0]["memory_reserve_margin"] == 0
+        assert client.get("/v1/queue").json()["max_queue"] == 3
+        refused = client.post("/v1/jobs", json=request(steps=6))
+        assert (
+            refused.json()["error"]["message"] == "request: 'steps' must be at most 5 on this server (got 6)"
+        )
+        job_id = client.post("/v1/jobs", json=request()).json()["id"]
+        assert wait_for_state(client, job_id)["state"] == "done"
+        kinds = [event["kind"] for event in read_events(client, f"/v1/jobs/{job_id}/events")]
+        assert "step" in kinds and "preview" not in kinds
+        assert client.get("/v1/memory").json()["devices"][0]["samples"]  # the offload log, from the job
+
+
+def test_with_a_token_the_line_says_where_the_page_is_but_not_the_token(tiny_repos, tmp_path):
+    token = "a-token-of-more-than-16-characters"
+    argv = [str(tiny_repos.sd), "--port", "0", "--state", str(tmp_path / "state"), "--token", token]
+    with serving_in_a_thread(argv) as (line, url), httpx.Client(base_url=url, timeout=60) as client:
+        assert line.endswith(f"the page: {url}/?token=<your token>") and token not in line
+        assert client.get("/v1/queue").status_code == 401
+        assert client.get("/v1/queue", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        assert [
+            workflow["name"] for workflow in client.get("/v1/workflows", params={"token": token}).json()
+        ] == ["tiny-sd"]
