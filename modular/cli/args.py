@@ -137,15 +137,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("where it listens")
     where.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
     where.add_argument(
-        "--port", type=port_number, default=8188, help="the port (default 8188; 0: a free one)"
+        "--port",
+        metavar="PORT",
+        type=port_number,
+        default=8188,
+        help="the port (default 8188; 0: a free one)",
     )
     where.add_argument(
         "--token",
+        metavar="TOKEN",
         help="the bearer token every request but /healthz must carry (or MODULAR_SERVE_TOKEN); needed to "
         "bind any address but loopback",
     )
     where.add_argument(
         "--state",
+        metavar="DIR",
         default=SERVE_STATE,
         help=f"folder of the job database, results and uploads (default ./{SERVE_STATE})",
     )
@@ -156,12 +162,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="none: models stay on the device they run on; auto: auto offload onto CUDA; sim: auto offload onto "
         "a simulated device of --budget (default: auto with CUDA, else none)",
     )
-    models.add_argument("--budget", type=byte_size, help="device bytes the weights may use, e.g. 8GB")
     models.add_argument(
-        "--margin", type=byte_size, help="bytes kept free on the device (default 3GB; 0 when simulated)"
+        "--budget", metavar="SIZE", type=byte_size, help="device bytes the weights may use, e.g. 8GB"
+    )
+    models.add_argument(
+        "--margin",
+        metavar="SIZE",
+        type=byte_size,
+        help="bytes kept free on the device (default 3GB; 0 when simulated)",
     )
     models.add_argument(
         "--host-budget",
+        metavar="SIZE",
         type=byte_size,
         help="host bytes the models' host copies may use (default: what is available)",
     )
@@ -171,10 +183,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="weights dtype (auto: bfloat16 on CUDA, else float32)",
     )
-    models.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    models.add_argument("--threads", metavar="N", type=positive_int, help="torch CPU threads")
     queue = parser.add_argument_group("the queue")
     queue.add_argument(
-        "--max-queue", type=positive_int, help="waiting jobs at most; one more is refused 429 (default 100)"
+        "--max-queue",
+        metavar="N",
+        type=positive_int,
+        help="waiting jobs at most; one more is refused 429 (default 100)",
     )
     queue.add_argument(
         "--max-wait",
@@ -184,19 +199,33 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     queue.add_argument(
         "--max-bypass",
+        metavar="N",
         type=positive_int,
         help="times a job may be passed over before it runs next (default 8)",
     )
     queue.add_argument(
-        "--preview-every", type=non_negative_int, help="a preview every N steps (default 1; 0: no previews)"
+        "--preview-every",
+        metavar="N",
+        type=non_negative_int,
+        help="a preview every N steps (default 1; 0: no previews)",
     )
     limits = parser.add_argument_group("what one request may ask for")
-    limits.add_argument("--max-steps", type=positive_int, help="denoising steps per image (default 200)")
-    limits.add_argument("--max-images", type=positive_int, help="images per request (default 8)")
     limits.add_argument(
-        "--max-pixels", type=positive_int, help="pixels per image, made or given (default 4194304: 2048x2048)"
+        "--max-steps", metavar="N", type=positive_int, help="denoising steps per image (default 200)"
+    )
+    limits.add_argument("--max-images", metavar="N", type=positive_int, help="images per request (default 8)")
+    limits.add_argument(
+        "--max-pixels",
+        metavar="N",
+        type=positive_int,
+        help="pixels per image, made or given (default 4194304: 2048x2048)",
     )
     limits.add_argument(
-        "--max-body", type=byte_size, help="bytes of a request body, uploads included (default 32MiB)"
+        "--max-body",
+        metavar="SIZE",
+        type=byte_size,
+        help="bytes of a request body, uploads included (default 32MiB)",
     )
-    limits.add_argument("--max-upload", type=byte_size, help="bytes of one input image (default 16MiB)")
+    limits.add_argument(
+        "--max-upload", metavar="SIZE", type=byte_size, help="bytes of one input image (default 16MiB)"
+    )

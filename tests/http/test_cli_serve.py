@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from components import ComponentsManager
 from modular.cli.args import SERVE_STATE
@@ -113,6 +114,7 @@ def request(**more: Any) -> dict[str, Any]:
     return {"workflow": SD, "prompt": "a red fox", "steps": 2, "size": "32x32", "seed": 11, **more}
 
 
+@pytest.mark.slow  # a server process started (imports, binding): seconds
 def test_serve_runs_a_job_and_stops_on_sigterm(start_serve, tiny_repos, tmp_path, direct):
     serving = start_serve(f"{SD}={tiny_repos.sd}", "--port", "0", "--state", "state", "--threads", "1")
     url = serving.url()
@@ -131,6 +133,7 @@ def test_serve_runs_a_job_and_stops_on_sigterm(start_serve, tiny_repos, tmp_path
     assert (tmp_path / "state" / "results" / f"{job['id']}-0.png").read_bytes() == result
 
 
+@pytest.mark.slow  # a server process started (imports, binding): seconds
 def test_a_job_running_at_sigterm_runs_again_at_the_next_start(start_serve, tiny_repos, tmp_path):
     """SIGTERM cancels the running job as the server's own stop (not a client's): it is queued again in the
     state folder, and the next server over that folder starts it again (its second attempt)."""
@@ -338,3 +341,14 @@ def test_with_a_token_the_line_says_where_the_page_is_but_not_the_token(tiny_rep
         assert [
             workflow["name"] for workflow in client.get("/v1/workflows", params={"token": token}).json()
         ] == ["tiny-sd"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: --offload auto runs")
+def test_offload_auto_without_cuda_is_one_line(tiny_repos, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", str(tiny_repos.sd), "--offload", "auto", "--port", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "modular: error: ValueError: offload 'auto' moves models onto CUDA, but this process's device is cpu; "
+        "use 'sim' with a budget\n"
+    )
+    assert not (tmp_path / SERVE_STATE).exists()
