@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import importlib.resources
 import logging
+import threading
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
@@ -83,6 +84,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     )
     app.state.scheduler = scheduler
     app.state.settings = settings
+    app.state.closing = closing = threading.Event()  # set on stop: the event streams end (server.py)
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:
@@ -211,11 +213,11 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             scheduler.describe(job_id)
         except UnknownJobError as error:
             return error_response(404, error)
-        return event_stream(scheduler, request, job_id)
+        return event_stream(scheduler, request, job_id, closing)
 
     @app.get("/v1/events", response_class=Response, responses={200: {"content": {"text/event-stream": {}}}})
     def all_events(request: Request) -> Response:
-        return event_stream(scheduler, request, None)
+        return event_stream(scheduler, request, None, closing)
 
     @app.get("/v1/queue")
     def queue() -> dict[str, Any]:

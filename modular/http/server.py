@@ -22,8 +22,13 @@ class RunningServer:
     port: int
     server: uvicorn.Server
     thread: threading.Thread
+    app: Any = None
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop listening, end the open event streams (``make_app``'s ``closing``), and wait for the thread."""
+        closing = getattr(getattr(self.app, "state", None), "closing", None)
+        if isinstance(closing, threading.Event):
+            closing.set()
         self.server.should_exit = True
         self.thread.join(timeout)
 
@@ -66,4 +71,4 @@ def start_server(app: Any, settings: ServerSettings, timeout: float = 20.0) -> R
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    return RunningServer(f"http://{host}:{port}", port, server, thread)
+    return RunningServer(f"http://{host}:{port}", port, server, thread, app)

@@ -401,3 +401,16 @@ def test_limits_given_to_the_scheduler_are_the_servers(serve):
     _, _, client = serve(limits=Limits(max_steps=3), start=False)
     assert client.post("/v1/jobs", json=request(steps=3)).status_code == 202
     assert client.post("/v1/jobs", json=request(steps=4)).status_code == 400
+
+
+def test_stopping_the_server_ends_open_event_streams_cleanly(serve):
+    """A page left open does not hold the shutdown: its streams end (a complete response, no dropped
+    connection) and the server's thread stops."""
+    scheduler, server, client = serve(start=False)
+    job_id = client.post("/v1/jobs", json=request()).json()["id"]
+    with streaming(server.url, "/v1/events", scheduler.events, limit=10**6) as queue_stream:
+        with streaming(server.url, f"/v1/jobs/{job_id}/events", scheduler.events) as job_stream:
+            server.stop()
+    assert not server.thread.is_alive()
+    assert queue_stream.result() == []  # ended by the server, without an error
+    assert [event["kind"] for event in job_stream.result()] == ["queued", "position"]
