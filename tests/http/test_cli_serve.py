@@ -127,10 +127,33 @@ def test_serve_runs_a_job_and_stops_on_sigterm(start_serve, tiny_repos, tmp_path
         assert job["state"] == "done", job["error"]
         result = client.get(f"/v1/jobs/{job['id']}/result").content
     assert result == direct(SD, 11, prompt="a red fox", num_inference_steps=2, width=32, height=32)
-    status, rest, err = serving.stop(signal.SIGTERM)
+    with watching_the_queue(url) as watcher:  # a page left open does not keep the server up
+        status, rest, err = serving.stop(signal.SIGTERM)
     assert status == 0 and "Traceback" not in err, err
     assert rest == [f"modular serve: stopped; 0 jobs wait in {tmp_path / 'state'} for the next start"]
     assert (tmp_path / "state" / "results" / f"{job['id']}-0.png").read_bytes() == result
+    assert not watcher.is_alive()
+
+
+@contextlib.contextmanager
+def watching_the_queue(url: str) -> Iterator[threading.Thread]:
+    """A client reading ``/v1/events`` in a thread until the server ends the stream (or drops it)."""
+    opened = threading.Event()
+
+    def watch() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=url, timeout=STOP_TIMEOUT) as client:
+            with client.stream("GET", "/v1/events") as response:
+                opened.set()
+                for _ in response.iter_lines():
+                    pass
+
+    thread = threading.Thread(target=watch, name="queue-watcher")
+    thread.start()
+    assert opened.wait(START_TIMEOUT)
+    try:
+        yield thread
+    finally:
+        thread.join(STOP_TIMEOUT)
 
 
 @pytest.mark.slow  # a server process started (imports, binding): seconds
