@@ -44,9 +44,9 @@ def event_stream(
             yield ": stream open\n\n"
             while True:
                 event = listener.get(timeout=0)
-                if closing is not None and closing.is_set():
-                    return  # the server is stopping
                 if event is None:
+                    if closing is not None and closing.is_set():
+                        return  # the server is stopping: what was said is sent, then the stream ends
                     if finished and job_id is not None:
                         return  # a finished job's history is all there is
                     if await request.is_disconnected():
