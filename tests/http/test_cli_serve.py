@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -375,3 +376,16 @@ def test_offload_auto_without_cuda_is_one_line(tiny_repos, tmp_path, capsys, mon
         "use 'sim' with a budget\n"
     )
     assert not (tmp_path / SERVE_STATE).exists()
+
+
+def test_a_port_in_use_is_one_line(tiny_repos, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(tiny_repos.sd), "--port", str(port)]) == 2
+    assert capsys.readouterr().err == (
+        f"modular: error: OSError: cannot listen on 127.0.0.1:{port} (Address already in use); choose another "
+        "--port, or 0 for a free one\n"
+    )
