@@ -322,9 +322,7 @@ class Scheduler:
             self._waiting.remove(chosen)
             chosen.started = time.time()
             chosen.attempts += 1
-            chosen.state = (
-                "running"  # last: a reader (GET /v1/jobs/{id} takes no lock) sees its start time with it
-            )
+            chosen.state = "running"  # last: a reader (no lock) sees the start time with it
             self._running = chosen
         self.store.update(chosen.id, state="running", started=chosen.started, attempts=chosen.attempts)
         return chosen
