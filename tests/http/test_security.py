@@ -6,6 +6,7 @@ command line's messages and never a traceback."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import io
 import json
@@ -131,7 +132,8 @@ def guarded(serve):
     running = serve(token=TOKEN, authorize=False)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     job_id = running.client.post("/v1/jobs", json=request(), headers=headers).json()["id"]
-    wait_for_state(httpx.Client(base_url=running.server.url, headers=headers), job_id)
+    with httpx.Client(base_url=running.server.url, headers=headers) as client:
+        wait_for_state(client, job_id)
     return running, job_id
 
 
@@ -382,8 +384,6 @@ def test_results_and_uploads_have_names_the_server_made(served_server):
     assert accepted.status_code == 202, accepted.json()
     job_id = accepted.json()["id"]
     assert wait_for_state(client, job_id)["state"] == "done"
-    import hashlib
-
     assert [path.name for path in scheduler.uploads.iterdir()] == [f"{hashlib.sha256(image).hexdigest()}.png"]
     assert [path.name for path in scheduler.results.iterdir()] == [f"{job_id}-0.png"]
     assert not list(Path(scheduler.state).parent.rglob("evil.png"))
