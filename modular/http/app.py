@@ -27,6 +27,7 @@ from modular.http.uploads import UploadError, read_job_body
 from modular.serving.jobs import JobStateError, QueueFullError, UnknownJobError
 from modular.serving.requests import REQUEST_KEYS, RequestError
 from modular.serving.scheduler import Scheduler
+from modular.serving.store import STATES
 
 __all__ = ["make_app"]
 
@@ -161,9 +162,13 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             headers={"Location": f"/v1/jobs/{job.id}"},
         )
 
-    @app.get("/v1/jobs")
-    def list_jobs(state: str | None = None) -> list[dict[str, Any]]:
+    @app.get("/v1/jobs", response_model=list[dict[str, Any]])
+    def list_jobs(state: str | None = None) -> Any:
         states = tuple(state.split(",")) if state else None
+        unknown = [name for name in states or () if name not in STATES]
+        if unknown:
+            message = f"state {', '.join(map(repr, unknown))} is not one of {', '.join(STATES)}"
+            return error_response(400, message, "RequestError")
         return scheduler.jobs(states)
 
     @app.get("/v1/jobs/{job_id}")

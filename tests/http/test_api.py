@@ -150,6 +150,12 @@ def test_jobs_are_listed_in_arrival_order_and_by_state(serve):
     both = client.get("/v1/jobs", params={"state": "cancelled,queued"}).json()
     assert [job["id"] for job in both] == ids
     assert client.get("/v1/jobs", params={"state": "done"}).json() == []
+    refused = client.get("/v1/jobs", params={"state": "queued,finished"})
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {
+        "type": "RequestError",
+        "message": "state 'finished' is not one of queued, running, done, failed, cancelled",
+    }
     assert [job["position"] for job in listed] == [1, None, 2]
 
 
