@@ -120,7 +120,7 @@ def serve_command(
     Raises:
         ValueError, ImportError: the refusals of ``check_serve_arguments``; an offload the machine lacks.
         FileNotFoundError, JobFileError and the input errors of ``JobRunner.bind``: a repo that cannot be read.
-        RuntimeError: the server did not start (the port is taken, say).
+        OSError: the address cannot be bound (a port in use, say). RuntimeError: the server did not start.
     """
     check_serve_arguments(args)
     out = out or functools.partial(print, flush=True)
