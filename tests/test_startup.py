@@ -55,14 +55,21 @@ print(json.dumps({{"status": status, "out": out.getvalue(), "err": err.getvalue(
     return cold(code)
 
 
-@pytest.mark.parametrize("argv", [["--help"], [], ["--version"]], ids=["help", "bare", "version"])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], [], ["--version"], ["serve", "--help"]],
+    ids=["help", "bare", "version", "serve-help"],
+)
 def test_help_imports_neither_torch_nor_diffusers(argv):
-    """`modular --help`, bare `modular` (the same usage) and `modular --version` answer without torch."""
+    """`modular --help`, bare `modular` (the same usage), `modular --version` and `modular serve --help`
+    answer without torch."""
     done = command_line(argv)
     assert done["status"] == 0 and done["out"].startswith(
         "usage: modular" if argv != ["--version"] else "modular "
     )
     assert done["heavy"] == []
+    if argv == ["--help"]:
+        assert "modular serve REPO_OR_WORKFLOW..." in done["out"]
 
 
 def test_families_lists_them_without_importing_torch_or_their_modules():
@@ -99,6 +106,10 @@ print(json.dumps({"status": status, "out": out.getvalue(),
         ["batch"],  # no JOB
         ["batch", "job.json", "--offload", "gpu"],
         ["inspect", "--workflow"],
+        ["serve"],  # no REPO_OR_WORKFLOW
+        ["serve", "repo", "--port", "http"],
+        ["serve", "repo", "--host", "0.0.0.0"],  # another address without a token: refused before torch
+        ["serve", "repo", "--offload", "sim"],  # sim without --budget
     ],
 )
 def test_every_argument_error_imports_neither_torch_nor_diffusers(argv):

@@ -48,9 +48,19 @@ from offload.devices.budget import BudgetedDevice
 from offload.devices.simulated import SimulatedDevice
 from offload.devices.units import parse_bytes
 
-__all__ = ["BatchOptions", "BatchPlan", "BatchResult", "check_batch", "plan_batch", "redo_lines", "run_batch"]
+__all__ = [
+    "BatchOptions",
+    "BatchPlan",
+    "BatchResult",
+    "check_batch",
+    "enable_offload",
+    "plan_batch",
+    "redo_lines",
+    "run_batch",
+]
 
 _CUDA_MARGIN = "3GB"  # the engine's default: room for activations on a real device
+_SIM_NEEDS_BUDGET = "offload 'sim' needs a budget: the simulated device's size in bytes, e.g. --budget 8GB"
 
 
 def _offload(instance: BatchOptions, attribute: Any, value: str) -> None:
@@ -58,8 +68,7 @@ def _offload(instance: BatchOptions, attribute: Any, value: str) -> None:
         msg = f"offload must be one of {list(OFFLOADS)} (got {value!r})"
         raise ValueError(msg)
     if value == "sim" and instance.budget is None:
-        msg = "offload 'sim' needs a budget: the simulated device's size in bytes, e.g. --budget 8GB"
-        raise ValueError(msg)
+        raise ValueError(_SIM_NEEDS_BUDGET)
 
 
 @attrs.frozen
@@ -190,23 +199,52 @@ def plan_batch(job: BatchJob, world_size: int = 1) -> BatchPlan:
     return BatchPlan(job, finished, pending, shares, components, redo)
 
 
-def _enable_offload(manager: ComponentsManager, options: BatchOptions, info: RankInfo) -> str:
-    """Turn on auto offload as asked; returns where models run, in words."""
-    if options.offload == "none":
-        return str(info.device)
-    if options.offload == "sim":
-        assert options.budget is not None  # BatchOptions refuses 'sim' without one
-        device: Any = SimulatedDevice(options.budget)
-        margin = 0
+def enable_offload(
+    manager: ComponentsManager,
+    offload: str,
+    device: torch.device,
+    budget: int | None = None,
+    margin: int | None = None,
+    host_budget: int | None = None,
+) -> str:
+    """Turn on auto offload as ``modular batch`` and ``modular serve`` ask for it; returns where models run,
+    in words.
+
+    Args:
+        manager: The manager whose models auto offload places.
+        offload: ``none`` (models stay where the caller puts them, on ``device``; the budgets are unused),
+            ``auto`` (auto offload onto ``device``, a CUDA device, limited to ``budget`` bytes when given) or
+            ``sim`` (onto a simulated device of ``budget`` bytes).
+        device: The process's device (``cuda:LOCAL_RANK``, or the CPU without CUDA).
+        budget, margin: Device bytes the weights may use and bytes kept free (default 3GB on CUDA, 0 on a
+            simulated device).
+        host_budget: Host bytes the host copies may use (``None``: what the host has available).
+
+    Raises:
+        ValueError: an unknown ``offload``, ``sim`` without a budget, or ``auto`` without CUDA.
+    """
+    if offload not in OFFLOADS:
+        msg = f"offload must be one of {list(OFFLOADS)} (got {offload!r})"
+        raise ValueError(msg)
+    if offload == "none":
+        return str(device)
+    if offload == "sim":
+        if budget is None:
+            raise ValueError(_SIM_NEEDS_BUDGET)
+        target: Any = SimulatedDevice(budget)
+        default_margin = 0
     else:
-        if info.device.type != "cuda":
-            msg = "offload 'auto' moves models onto cuda:LOCAL_RANK, but CUDA is not available; use 'sim' with a budget"
+        if device.type != "cuda":
+            msg = f"offload 'auto' moves models onto CUDA, but this process's device is {device}; use 'sim' with a budget"
             raise ValueError(msg)
-        device = str(info.device) if options.budget is None else BudgetedDevice(info.device, options.budget)
-        margin = parse_bytes(_CUDA_MARGIN)
-    margin = margin if options.margin is None else options.margin
-    manager.enable_auto_cpu_offload(device=device, memory_reserve_margin=margin)
-    return f"{info.device if options.offload == 'auto' else 'a simulated device'} under auto offload"
+        target = str(device) if budget is None else BudgetedDevice(device, budget)
+        default_margin = parse_bytes(_CUDA_MARGIN)
+    manager.enable_auto_cpu_offload(
+        device=target,
+        memory_reserve_margin=default_margin if margin is None else margin,
+        host_budget=host_budget,
+    )
+    return f"{device if offload == 'auto' else 'a simulated device'} under auto offload"
 
 
 @contextlib.contextmanager
@@ -303,7 +341,7 @@ def run_batch(
     _check_output(job)
     manager = ComponentsManager()
     pipes, images = check_batch(job, manager)
-    where = _enable_offload(manager, options, info)
+    where = enable_offload(manager, options.offload, info.device, options.budget, options.margin)
     store = OutputStore(job.output, job.spec.format, tag=f"{info.rank}-{os.getpid()}")
     versions = library_versions()
     worker = _Worker(job, pipes, images, manager, info)

@@ -7,7 +7,15 @@ import argparse
 from modular.batch.job_values import seed_problem
 from offload.devices.units import parse_bytes
 
-__all__ = ["byte_size", "names", "positive_int", "seed_number"]
+__all__ = [
+    "byte_size",
+    "names",
+    "non_negative_int",
+    "port_number",
+    "positive_int",
+    "positive_number",
+    "seed_number",
+]
 
 
 def positive_int(text: str) -> int:
@@ -19,6 +27,44 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(msg) from None
     if value < 1:
         msg = f"must be at least 1 (got {value})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"must be a whole number (got {text!r})"
+        raise argparse.ArgumentTypeError(msg) from None
+    if value < 0:
+        msg = f"must be at least 0 (got {value})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535 (0: a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        msg = f"must be a port from 0 to 65535 (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a number more than 0 (seconds, say)."""
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"must be a number (got {text!r})"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not value > 0 or value == float("inf"):
+        msg = f"must be a finite number more than 0 (got {text})"
         raise argparse.ArgumentTypeError(msg)
     return value
 

@@ -9,15 +9,26 @@ from __future__ import annotations
 import argparse
 
 from modular.batch.job_values import DTYPE_NAMES, OFFLOADS
-from modular.cli.arg_types import byte_size, names, positive_int, seed_number
+from modular.cli.arg_types import (
+    byte_size,
+    names,
+    non_negative_int,
+    port_number,
+    positive_int,
+    positive_number,
+    seed_number,
+)
 
 __all__ = [
     "BATCH_DESCRIPTION",
     "DEFAULT_FAMILY",
     "DEFAULT_PROMPT",
     "RUN_DESCRIPTION",
+    "SERVE_DESCRIPTION",
+    "SERVE_STATE",
     "add_batch_arguments",
     "add_job_arguments",
+    "add_serve_arguments",
 ]
 
 RUN_DESCRIPTION = """\
@@ -42,6 +53,16 @@ writes manifest.json. See docs/batch.md.
   modular batch job.json
   torchrun --nproc-per-node 4 -m modular batch job.json
   modular batch job.json --dry-run --ranks 4"""
+
+SERVE_STATE = "modular-serve-state"
+SERVE_DESCRIPTION = """\
+Serve the given repos and workflows over HTTP from one components manager: a queue that runs next the job
+whose models cost least to bring to the device, an HTTP API (OpenAPI schema at /openapi.json) and a page
+at /. Each REPO_OR_WORKFLOW is REPO, REPO:WORKFLOW or NAME=REPO[:WORKFLOW]; requests name only these.
+Accepted jobs are kept in --state and run again after a restart. See docs/serving.md.
+
+  modular serve ./tiny-sd ./tiny-flux:text2image --offload sim --budget 64MB
+  MODULAR_SERVE_TOKEN=... modular serve sd=./my-sd --host 0.0.0.0"""
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,3 +123,109 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--margin", type=byte_size, help="bytes kept free on each rank's device")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads per process")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``modular serve`` (defaults left ``None`` are those of ``ServerSettings``, ``Limits``,
+    ``Fairness`` and ``Scheduler``, said in the help)."""
+    parser.add_argument(
+        "served",
+        nargs="+",
+        metavar="REPO_OR_WORKFLOW",
+        help="what to serve: REPO, REPO:WORKFLOW or NAME=REPO[:WORKFLOW] (a local folder or hub repo id)",
+    )
+    where = parser.add_argument_group("where it listens")
+    where.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
+    where.add_argument(
+        "--port",
+        metavar="PORT",
+        type=port_number,
+        default=8188,
+        help="the port (default 8188; 0: a free one)",
+    )
+    where.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="the bearer token every request but /healthz must carry (or MODULAR_SERVE_TOKEN); needed to "
+        "bind any address but loopback",
+    )
+    where.add_argument(
+        "--state",
+        metavar="DIR",
+        default=SERVE_STATE,
+        help=f"folder of the job database, results and uploads (default ./{SERVE_STATE})",
+    )
+    models = parser.add_argument_group("models")
+    models.add_argument(
+        "--offload",
+        choices=OFFLOADS,
+        help="none: models stay on the device they run on; auto: auto offload onto CUDA; sim: auto offload onto "
+        "a simulated device of --budget (default: auto with CUDA, else none)",
+    )
+    models.add_argument(
+        "--budget", metavar="SIZE", type=byte_size, help="device bytes the weights may use, e.g. 8GB"
+    )
+    models.add_argument(
+        "--margin",
+        metavar="SIZE",
+        type=byte_size,
+        help="bytes kept free on the device (default 3GB; 0 when simulated)",
+    )
+    models.add_argument(
+        "--host-budget",
+        metavar="SIZE",
+        type=byte_size,
+        help="host bytes the models' host copies may use (default: what is available)",
+    )
+    models.add_argument(
+        "--dtype",
+        choices=["auto", *DTYPE_NAMES],
+        default="auto",
+        help="weights dtype (auto: bfloat16 on CUDA, else float32)",
+    )
+    models.add_argument("--threads", metavar="N", type=positive_int, help="torch CPU threads")
+    queue = parser.add_argument_group("the queue")
+    queue.add_argument(
+        "--max-queue",
+        metavar="N",
+        type=positive_int,
+        help="waiting jobs at most; one more is refused 429 (default 100)",
+    )
+    queue.add_argument(
+        "--max-wait",
+        type=positive_number,
+        metavar="S",
+        help="seconds a job waits at most before it runs next (default 60)",
+    )
+    queue.add_argument(
+        "--max-bypass",
+        metavar="N",
+        type=positive_int,
+        help="times a job may be passed over before it runs next (default 8)",
+    )
+    queue.add_argument(
+        "--preview-every",
+        metavar="N",
+        type=non_negative_int,
+        help="a preview every N steps (default 1; 0: no previews)",
+    )
+    limits = parser.add_argument_group("what one request may ask for")
+    limits.add_argument(
+        "--max-steps", metavar="N", type=positive_int, help="denoising steps per image (default 200)"
+    )
+    limits.add_argument("--max-images", metavar="N", type=positive_int, help="images per request (default 8)")
+    limits.add_argument(
+        "--max-pixels",
+        metavar="N",
+        type=positive_int,
+        help="pixels per image, made or given (default 4194304: 2048x2048)",
+    )
+    limits.add_argument(
+        "--max-body",
+        metavar="SIZE",
+        type=byte_size,
+        help="bytes of a request body, uploads included (default 32MiB)",
+    )
+    limits.add_argument(
+        "--max-upload", metavar="SIZE", type=byte_size, help="bytes of one input image (default 16MiB)"
+    )

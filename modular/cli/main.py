@@ -1,10 +1,11 @@
-"""The command line: ``modular run`` (the main job), ``modular batch``, ``inspect`` and ``families``.
+"""The command line: ``modular run`` (the main job), ``modular batch``, ``serve``, ``inspect`` and ``families``.
 
 ``modular run`` with no repo runs the built-in scenario: the seed's three FLUX.1 workflows (text-to-image,
 Canny and Depth control) on tiny repos built on the fly, on one ComponentsManager under auto offload,
 printing the manager's table after each workflow and the offload summary at the end.
 ``modular run REPO [options] [--then REPO_B [options]] ...`` runs any supported repos on one manager;
 ``modular batch JOB`` runs a job file's images, resumable and data-parallel (``modular/cli/batch_command.py``);
+``modular serve REPO...`` serves repos over HTTP (``modular/cli/serve_command.py``);
 ``modular inspect REPO`` shows a pipeline without loading weights; ``modular families`` lists the
 installed block families and their workflows.
 
@@ -29,8 +30,10 @@ from modular.cli.args import (
     BATCH_DESCRIPTION,
     DEFAULT_FAMILY,
     RUN_DESCRIPTION,
+    SERVE_DESCRIPTION,
     add_batch_arguments,
     add_job_arguments,
+    add_serve_arguments,
 )
 
 __all__ = ["main", "positive_int"]
@@ -42,6 +45,7 @@ DESCRIPTION = """\
 modular run                            the built-in scenario: three FLUX.1 workflows, one manager, auto offload
 modular run REPO [--then REPO_B ...]   any supported repos on one manager (see modular run --help)
 modular batch JOB                      a job file's images: resumable, data-parallel under torchrun
+modular serve REPO_OR_WORKFLOW...      a queue over one manager, served over HTTP with a page to watch it
 modular inspect REPO                   a pipeline's blocks, docs and components, without loading weights
 modular families                       the installed block families and their workflows"""
 
@@ -69,6 +73,14 @@ def batch(args: argparse.Namespace) -> int:
     from modular.cli import batch_command as cli_batch
 
     return cli_batch.batch_command(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from modular.cli import serve_command as cli_serve
+
+    cli_serve.check_serve_arguments(args)  # refusals first: before torch and the models are imported
+    _quiet_libraries()
+    return cli_serve.serve_command(args)
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -168,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_batch_arguments(batch_parser)
     _add_common(batch_parser)
+    serve_parser = commands.add_parser(
+        "serve",
+        help="serve repos over HTTP: a queue over one manager, an API and a page (see docs/serving.md)",
+        description=SERVE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_serve_arguments(serve_parser)
+    _add_common(serve_parser)
     inspect_parser = commands.add_parser(
         "inspect", help="show a pipeline's blocks and components (no weights)"
     )
@@ -235,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args.thens = [then_parser().parse_args(segment) for segment in segments]
     debug = args.debug or os.environ.get("MODULAR_DEBUG", "") not in ("", "0")
     try:
-        commands = {"run": run, "batch": batch, "inspect": inspect, "families": families}
+        commands = {"run": run, "batch": batch, "serve": serve, "inspect": inspect, "families": families}
         return commands[args.command](args)
     except KeyboardInterrupt:
         if debug:

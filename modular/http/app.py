@@ -29,6 +29,7 @@ from modular.http.uploads import UploadError, read_job_body
 from modular.serving.jobs import JobStateError, QueueFullError, UnknownJobError
 from modular.serving.requests import PRIORITY_BOUND, REQUEST_KEYS, RequestError
 from modular.serving.scheduler import Scheduler
+from modular.serving.store import STATES
 
 __all__ = ["make_app"]
 
@@ -44,6 +45,7 @@ OPEN_PATHS = frozenset({"/healthz", *PAGE_ASSETS})
 PAGE_POLICY = (
     "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
+INTERNAL = "the server met an error; its log has the details"
 BAD_REQUEST = (RequestError, MissingInputError, UnknownInputError, InputTypeError, UploadError)
 
 
@@ -106,6 +108,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     )
     app.state.scheduler = scheduler
     app.state.settings = settings
+    app.state.closing = closing = threading.Event()  # set on stop: the event streams end (server.py)
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:
@@ -123,7 +126,12 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
                     "Unauthorized",
                     **{"WWW-Authenticate": "Bearer"},
                 )
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception:  # answered here: past this middleware Starlette re-raises, and uvicorn then drops
+            # the client's kept-alive connection, so its next request would fail
+            log.exception("%s %s failed", request.method, request.url.path)
+            return error_response(500, INTERNAL, "InternalError")
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -137,7 +145,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, "the server met an error; its log has the details", "InternalError")
+        return error_response(500, INTERNAL, "InternalError")
 
     @app.get("/healthz")
     def health() -> dict[str, Any]:
@@ -178,9 +186,13 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             headers={"Location": f"/v1/jobs/{job.id}"},
         )
 
-    @app.get("/v1/jobs")
-    def list_jobs(state: str | None = None) -> list[dict[str, Any]]:
+    @app.get("/v1/jobs", response_model=list[dict[str, Any]])
+    def list_jobs(state: str | None = None) -> Any:
         states = tuple(state.split(",")) if state else None
+        unknown = [name for name in states or () if name not in STATES]
+        if unknown:
+            message = f"state {', '.join(map(repr, unknown))} is not one of {', '.join(STATES)}"
+            return error_response(400, message, "RequestError")
         return scheduler.jobs(states)
 
     @app.get("/v1/jobs/{job_id}")
@@ -230,11 +242,11 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             scheduler.describe(job_id)
         except UnknownJobError as error:
             return error_response(404, error)
-        return event_stream(scheduler, request, job_id)
+        return event_stream(scheduler, request, job_id, closing)
 
     @app.get("/v1/events", response_class=Response, responses={200: {"content": {"text/event-stream": {}}}})
     def all_events(request: Request) -> Response:
-        return event_stream(scheduler, request, None)
+        return event_stream(scheduler, request, None, closing)
 
     @app.get("/v1/queue")
     def queue() -> dict[str, Any]:

@@ -3,13 +3,15 @@
 A job's stream starts with what the job said so far and ends after its final event (``done``, ``failed``,
 ``cancelled``); the queue's runs until the client leaves. A comment line every ``KEEPALIVE`` seconds keeps
 proxies from closing an idle stream and finds clients that left; a listener is dropped when its client
-goes, so streams that drop cost nothing after.
+goes, so streams that drop cost nothing after. Every stream ends when the server stops (``closing`` is set
+by ``RunningServer.stop``): a page left open must not hold the shutdown until uvicorn cancels it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,7 +32,9 @@ def sse(event: dict[str, Any]) -> str:
     return f"id: {event['seq']}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n"
 
 
-def event_stream(scheduler: Scheduler, request: Request, job_id: str | None) -> StreamingResponse:
+def event_stream(
+    scheduler: Scheduler, request: Request, job_id: str | None, closing: threading.Event | None = None
+) -> StreamingResponse:
     listener = scheduler.events.subscribe(job_id)
     finished = job_id is not None and scheduler.describe(job_id)["state"] in FINAL_KINDS
 
@@ -41,6 +45,8 @@ def event_stream(scheduler: Scheduler, request: Request, job_id: str | None) -> 
             while True:
                 event = listener.get(timeout=0)
                 if event is None:
+                    if closing is not None and closing.is_set():
+                        return  # the server is stopping: what was said is sent, then the stream ends
                     if finished and job_id is not None:
                         return  # a finished job's history is all there is
                     if await request.is_disconnected():

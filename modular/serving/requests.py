@@ -43,6 +43,23 @@ PRIORITY_BOUND = 2**63  # a priority is stored with its job, as SQLite's 64-bit 
 OWN_KEYS = ("workflow", "prompt", "negative_prompt", "size", "priority", "timeout", "seed")
 PASSED_ON = ("steps", "guidance_scale", "images_per_prompt", "seeds", "inputs")
 REQUEST_KEYS = (*OWN_KEYS, *PASSED_ON, "images")
+# Keys that would choose what loads (a repo, its files, remote code): a request names a served workflow instead.
+SOURCE_KEYS = frozenset(
+    {
+        "repo",
+        "revision",
+        "variant",
+        "dtype",
+        "subfolder",
+        "trust_remote_code",
+        "custom_pipeline",
+        "pretrained_model_name_or_path",
+        "model",
+        "path",
+        "workflows",
+        "load_options",
+    }
+)
 
 
 class RequestError(JobFileError):
@@ -125,7 +142,12 @@ def _said_of_request(problem: str) -> str:
     return problem
 
 
-def _unknown(key: str) -> str:
+def _unknown(key: str, served: ServedWorkflows) -> str:
+    if key in SOURCE_KEYS:
+        return (
+            f"a request cannot set {key!r}: it names one of the workflows this server was started with as "
+            f"'workflow' ({', '.join(sorted(served))})"
+        )
     close = difflib.get_close_matches(key, REQUEST_KEYS, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(sorted(REQUEST_KEYS))})"
     return f"unknown key {key!r}{hint}"
@@ -178,7 +200,7 @@ def check_request(
     if not isinstance(data, dict):
         raise RequestError([f"a request is one table of keys {got(data)}"])
     images = dict(images or {})
-    problems.extend(_unknown(key) for key in data if key not in REQUEST_KEYS)
+    problems.extend(_unknown(key, served) for key in data if key not in REQUEST_KEYS)
     if "images" in data:
         problems.append("'images' come as uploads or base64 inputs, which the server stores itself")
     workflow = _workflow(data, served, problems)

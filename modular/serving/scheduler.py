@@ -363,9 +363,9 @@ class Scheduler:
             for job in passed_over(self._waiting, chosen):
                 job.bypassed += 1
             self._waiting.remove(chosen)
-            chosen.state = "running"
             chosen.started = time.time()
             chosen.attempts += 1
+            chosen.state = "running"  # last: a reader (no lock) sees the start time with it
             self._running = chosen
         self.store.update(chosen.id, state="running", started=chosen.started, attempts=chosen.attempts)
         return chosen
@@ -486,9 +486,9 @@ class Scheduler:
         return watch
 
     def _finish(self, job: ServedJob, state: str, error: str | None) -> None:
-        job.state = state
         job.error = error
         job.finished = time.time()
+        job.state = state  # last: a reader that sees the final state sees its time and error with it
         self.store.update(job.id, state=state, finished=job.finished, error=error)
         fields: dict[str, Any] = {"results": list(job.results)} if state == "done" else {"error": error}
         self.events.publish(state, job.id, **fields)
