@@ -95,13 +95,24 @@ class ServedWorkflows(Mapping[str, ServedWorkflow]):
         self.base = Path(base).resolve()
         self._served = {served.name: served for served in workflows}
         self._runner = JobRunner(manager, progress=False)
-        self._pipes = {served.name: self._runner.bind([self._bind_job(served)])[0] for served in workflows}
+        self._pipes = {served.name: self._bind(served) for served in workflows}
         self._loaded: set[str] = set()
         self._lock = threading.Lock()
 
     def _bind_job(self, served: ServedWorkflow) -> Job:
-        # Bound with no inputs: only the index is read; each request's inputs are checked on their own.
         return Job(served.name, self.repo_path(served), served.workflow, revision=served.revision)
+
+    def _bind(self, served: ServedWorkflow) -> ModularPipeline:
+        # Only the index is read, and no inputs are checked: a workflow that requires an input (an image to
+        # image workflow's image) is served, and each request's inputs are checked on their own.
+        job = self._bind_job(served)
+        return ModularPipeline.from_pretrained(
+            job.repo,
+            components_manager=self.manager,
+            collection=job.name,
+            workflow=job.workflow,
+            revision=job.revision,
+        )
 
     def repo_path(self, served: ServedWorkflow) -> str:
         """Where the repo is found: a local folder (relative to ``base``) when there is one, else the hub id."""
