@@ -296,7 +296,7 @@ def test_the_serving_quick_run_prints_a_table_and_the_targets_at_each_load(servi
     lines = out.getvalue().splitlines()
     headers = [number for number, line in enumerate(lines) if line.startswith("order ")]
     assert len(headers) == 2 == len(runs) // len(serving.ORDERS)
-    for header, load in zip(headers, ("1x", "0.6x"), strict=True):
+    for header, load in zip(headers, ("1x", "0.5x"), strict=True):
         assert lines[header - 1].startswith(f"[load: mean inter-arrival {load} the mean service")
         columns = "order MiB to dev x FIFO switches makespan p50 s p95 s x FIFO max s max wait due"
         assert lines[header].split() == columns.split()
