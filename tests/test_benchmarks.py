@@ -309,12 +309,14 @@ def test_the_serving_quick_run_prints_a_table_and_the_targets_at_each_load(servi
             ["affinity", "p95"],
             ["affinity", "max"],
         ]
+        # Printed, not asserted met: 8 jobs are too short a stream for a queue to form; no time is asserted.
         assert all(t.endswith((": met", ": NOT met")) for t in targets)
     for stream, result in runs:
         assert sorted(job.arrived for job in result.jobs) == [arrival.at for arrival in stream]
         assert result.bytes_to_device == sum(job.bytes_to_device for job in result.jobs) > 0
 
 
+@pytest.mark.slow
 def test_serving_affinity_moves_at_least_35_percent_fewer_bytes_when_a_queue_holds_both_families(
     serving, tmp_path
 ):
