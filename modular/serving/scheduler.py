@@ -42,6 +42,7 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 _STOPPING = "the server is stopping"
+EXPECTED_CALLS = 8  # waiting jobs told to the engines as the calls that come next
 KEEP_FINISHED = 1000  # finished jobs kept in memory; older ones are read from the store
 FINISHED = ("done", "failed", "cancelled")
 
@@ -403,6 +404,7 @@ class Scheduler:
             if self.device is not None and not self.manager.offload_engines:
                 pipe.to(self.device)
             self._running_call = True
+            self._expect_next(job)
             self._start_prefetch()
             images = open_images(job.uploads)
             for entry in job.request.entries[len(job.results) :]:
@@ -424,10 +426,37 @@ class Scheduler:
         else:
             self._finish(job, "done", None)
         finally:
+            for engine in self.manager.offload_engines:
+                engine.expect_calls(())
             if timer is not None:
                 timer.cancel()
             self._durations.append(time.perf_counter() - started)
             del self._durations[:-100]
+
+    def _model_ids(self, workflow: str) -> tuple[str, ...]:
+        """The manager ids of ``workflow``'s loaded models (none before its pipeline loads)."""
+        if not self.served.is_loaded(workflow):
+            return ()
+        pipe = self.served.pipeline(workflow)
+        modules = (getattr(pipe, name, None) for name in pipe.component_names)
+        ids = (self.manager.get_id(module) for module in modules if isinstance(module, torch.nn.Module))
+        return tuple(component_id for component_id in ids if component_id is not None)
+
+    def _expect_next(self, job: ServedJob) -> None:
+        """Tell each engine which calls come after this one: this job's other images (or, for one image, its
+        workflow once more), then the next waiting jobs in the order they would run (``EXPECTED_CALLS`` of
+        them), so that its strategy keeps what the
+        queue needs next rather than what the history used most (``OffloadEngine.expect_calls``)."""
+        engines = self.manager.offload_engines
+        if not engines:
+            return
+        with self._cond:
+            upcoming = [other.workflow for other in self._order()[:EXPECTED_CALLS]]
+        # Its own plan at least once: with nothing waiting, the cheapest next job is one of its workflow.
+        plans = [self._model_ids(job.workflow)] * max(1, len(job.request.entries) - 1)
+        plans += [self._model_ids(workflow) for workflow in upcoming]
+        for engine in engines:
+            engine.expect_calls([[m for m in plan if engine.has_hook(m)] for plan in plans if plan])
 
     def _requeue(self, job: ServedJob) -> None:
         """Put a job the stop interrupted back in the queue, in the store and in memory, with a fresh token

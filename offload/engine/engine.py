@@ -227,6 +227,23 @@ class OffloadEngine:
             for watcher in self.watchers:
                 watcher("plan", model_ids)
 
+    def expect_calls(self, plans: Sequence[Sequence[str]]) -> None:
+        """Say which pipeline calls come after the running one, in order (each as its models' ids; a server
+        knows its queue). While set, the strategy learns from these and the running call's plan instead of
+        the recent calls' history (``OffloadRequest.recent_plans``), so right after a switch of pipelines it
+        keeps the models the queue needs next rather than those the history used most. ``()`` clears it.
+
+        Raises:
+            TypeError: an id is not a string.
+        """
+        expected = tuple(tuple(plan) for plan in plans)
+        bad = [m for plan in expected for m in plan if not isinstance(m, str)]
+        if bad:
+            msg = f"expect_calls takes plans of model ids (strings); got {bad!r}. Map objects to ids first."
+            raise TypeError(msg)
+        with self._lock:
+            self._placer.expected = expected
+
     # -- attach / detach -----------------------------------------------------------------------
     def attach(
         self, model_id: str, module: torch.nn.Module, weight_files: Sequence[str] = (), pinned: bool = False

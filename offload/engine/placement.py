@@ -79,6 +79,8 @@ class Placer:
         self.wait_timeout = wait_timeout
         self.plan = ExecutionPlan()
         self._recent_plans: deque[tuple[str, ...]] = deque(maxlen=32)
+        # The calls a caller says come next (a server's queue); while set they stand for the history.
+        self.expected: tuple[tuple[str, ...], ...] = ()
         self._clock = itertools.count(1)
         self._last_used: dict[str, int] = {}
         # Streaming models partly resident, prefetch and the simulated clock (offload.partial.beyond).
@@ -281,9 +283,16 @@ class Placer:
             free=free,
             residents=candidates,
             upcoming=self.plan.upcoming(model_id) if self.plan else (),
-            recent_plans=tuple(self._recent_plans),
+            recent_plans=self._plans_seen(),
             last_used={m: self._last_used.get(m, 0) for m in candidates},
         )
+
+    def _plans_seen(self) -> tuple[tuple[str, ...], ...]:
+        """The plans a strategy learns from: the recent calls', or, while a caller said which calls come next,
+        those and the running call's (the queue knows better than the history after a switch of pipelines)."""
+        if self.expected:
+            return (*self.expected, *list(self._recent_plans)[-1:])
+        return tuple(self._recent_plans)
 
     def _evict_for(
         self, model_id: str, nbytes: int, free: int, free_before: int, evictable: dict[str, int]
