@@ -397,8 +397,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every order at each load and print a table and the targets per load; returns 0."""
     args = parse_args(argv)
+    threads, disabled = torch.get_num_threads(), logging.root.manager.disable
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)  # diffusers' one-off notices are not part of the measurement
+    try:
+        return _run(args)
+    finally:  # imported and run by the tests: leave the process's settings as they were
+        torch.set_num_threads(threads)
+        logging.disable(disabled)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The run itself, with the settings `main` makes."""
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as scratch:
         bench = Bench(make_repos(Path(scratch)), args)
         service = service_seconds(bench)

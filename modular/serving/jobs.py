@@ -7,10 +7,11 @@ from typing import Any
 
 import attrs
 
-from modular.serving.requests import CheckedRequest
+from modular.serving.requests import CheckedRequest, seeds_of
+from modular.serving.store import JobRecord
 from modular.watch.events import CancelToken
 
-__all__ = ["JobStateError", "QueueFullError", "ServedJob", "UnknownJobError"]
+__all__ = ["JobStateError", "QueueFullError", "ServedJob", "UnknownJobError", "describe_record"]
 
 
 class QueueFullError(RuntimeError):
@@ -95,3 +96,34 @@ class ServedJob:
             "bypassed": self.bypassed,
             "progress": dict(self.progress),
         }
+
+
+def describe_record(record: JobRecord) -> dict[str, Any]:
+    """A job only the store holds (finished before this process started, or dropped from memory), with the
+    keys of ``ServedJob.describe``; how often it was passed over is not stored (``None``)."""
+    request = record.request.get("request", {})
+    try:
+        seeds = seeds_of(request)
+    except (KeyError, TypeError):  # a request this version did not write
+        seeds = []
+    started, finished = record.started, record.finished
+    return {
+        "id": record.id,
+        "state": record.state,
+        "workflow": record.workflow,
+        "priority": record.priority,
+        "position": None,
+        "request": request,
+        "seeds": seeds,
+        "images": len(seeds),
+        "created": record.created,
+        "started": started,
+        "finished": finished,
+        "waited": None if started is None else round(started - record.created, 6),
+        "ran": None if started is None or finished is None else round(finished - started, 6),
+        "error": record.error,
+        "results": list(record.results),
+        "attempts": record.attempts,
+        "bypassed": None,
+        "progress": {},
+    }

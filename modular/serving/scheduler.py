@@ -14,8 +14,6 @@ published on the event hub (``modular/serving/events.py``).
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import threading
 import time
@@ -29,14 +27,16 @@ import torch
 from modular.batch.jobs import call_job
 from modular.batch.store import encode
 from modular.errors import CallCancelled
+from modular.serving.call_events import watch_keywords
 from modular.serving.cost import bytes_to_bring
+from modular.serving.engine_hints import EngineHints
 from modular.serving.events import EventHub
-from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError
+from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError, describe_record
 from modular.serving.policy import Fairness, order, passed_over
-from modular.serving.requests import CheckedRequest, Limits, check_request, open_images, seeds_of
+from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
 from modular.serving.served import ServedWorkflows
 from modular.serving.store import JobRecord, JobStore, hold_state_folder, remove_partials, write_result
-from modular.watch.events import CancelToken, Preview, ProgressEvent
+from modular.watch.events import CancelToken
 
 __all__ = ["Scheduler"]
 
@@ -47,15 +47,9 @@ KEEP_FINISHED = 1000  # finished jobs kept in memory; older ones are read from t
 FINISHED = ("done", "failed", "cancelled")
 
 
-def _error_text(error: BaseException) -> str:
+def error_text(error: BaseException) -> str:
     """An error as the command line shows it (``modular: error: <type>: <message>`` without the prefix)."""
     return f"{type(error).__name__}: {error}"
-
-
-def _png_base64(image: Any) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class Scheduler:
@@ -142,6 +136,7 @@ class Scheduler:
         self._durations: list[float] = []
         self._positions: dict[str, int] = {}
         self._no_previews: set[str] = set()
+        self._hints = EngineHints(served)
         remove_partials(self.results)  # what a server killed mid-write left
         self._recover()
 
@@ -155,7 +150,7 @@ class Scheduler:
                     record.request["request"], self.served, uploads, self.limits, self.results
                 )
             except Exception as error:  # the server was started with other workflows or limits
-                self.store.update(record.id, state="failed", finished=time.time(), error=_error_text(error))
+                self.store.update(record.id, state="failed", finished=time.time(), error=error_text(error))
                 continue
             job = self._job(record, checked, uploads)
             self._jobs[job.id] = job
@@ -232,7 +227,7 @@ class Scheduler:
     def describe(self, job_id: str) -> dict[str, Any]:
         job = self.job(job_id)
         if isinstance(job, JobRecord):
-            return _describe_record(job)
+            return describe_record(job)
         return job.describe(self.position(job_id))
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
@@ -250,7 +245,7 @@ class Scheduler:
         finished = [state for state in states or FINISHED if state in FINISHED]
         stored = self.store.all(finished, latest=KEEP_FINISHED) if finished else []
         older = [record for record in stored if record.id not in held]
-        described += [(record.seq, _describe_record(record)) for record in older]
+        described += [(record.seq, describe_record(record)) for record in older]
         return [description for _, description in sorted(described, key=lambda pair: pair[0])]
 
     def _positions_now(self) -> dict[str, int]:
@@ -404,7 +399,9 @@ class Scheduler:
             if self.device is not None and not self.manager.offload_engines:
                 pipe.to(self.device)
             self._running_call = True
-            self._expect_next(job)
+            with self._cond:
+                upcoming = [other.workflow for other in self._order()[:EXPECTED_CALLS]]
+            self._hints.expect(job.workflow, len(job.request.entries), upcoming)
             self._start_prefetch()
             images = open_images(job.uploads)
             for entry in job.request.entries[len(job.results) :]:
@@ -421,42 +418,16 @@ class Scheduler:
             else:
                 self._finish(job, "cancelled", error.reason or str(error))
         except Exception as error:  # the job fails alone; the queue and the manager go on
-            log.info("job %s failed: %s", job.id, _error_text(error))
-            self._finish(job, "failed", _error_text(error))
+            log.info("job %s failed: %s", job.id, error_text(error))
+            self._finish(job, "failed", error_text(error))
         else:
             self._finish(job, "done", None)
         finally:
-            for engine in self.manager.offload_engines:
-                engine.expect_calls(())
+            self._hints.clear()
             if timer is not None:
                 timer.cancel()
             self._durations.append(time.perf_counter() - started)
             del self._durations[:-100]
-
-    def _model_ids(self, workflow: str) -> tuple[str, ...]:
-        """The manager ids of ``workflow``'s loaded models (none before its pipeline loads)."""
-        if not self.served.is_loaded(workflow):
-            return ()
-        pipe = self.served.pipeline(workflow)
-        modules = (getattr(pipe, name, None) for name in pipe.component_names)
-        ids = (self.manager.get_id(module) for module in modules if isinstance(module, torch.nn.Module))
-        return tuple(component_id for component_id in ids if component_id is not None)
-
-    def _expect_next(self, job: ServedJob) -> None:
-        """Tell each engine which calls come after this one: this job's other images (or, for one image, its
-        workflow once more), then the next waiting jobs in the order they would run (``EXPECTED_CALLS`` of
-        them), so that its strategy keeps what the
-        queue needs next rather than what the history used most (``OffloadEngine.expect_calls``)."""
-        engines = self.manager.offload_engines
-        if not engines:
-            return
-        with self._cond:
-            upcoming = [other.workflow for other in self._order()[:EXPECTED_CALLS]]
-        # Its own plan at least once: with nothing waiting, the cheapest next job is one of its workflow.
-        plans = [self._model_ids(job.workflow)] * max(1, len(job.request.entries) - 1)
-        plans += [self._model_ids(workflow) for workflow in upcoming]
-        for engine in engines:
-            engine.expect_calls([[m for m in plan if engine.has_hook(m)] for plan in plans if plan])
 
     def _requeue(self, job: ServedJob) -> None:
         """Put a job the stop interrupted back in the queue, in the store and in memory, with a fresh token
@@ -475,44 +446,18 @@ class Scheduler:
         latents) is called without them, which the call's own check says before anything runs."""
         previews = self.preview_every is not None and job.workflow not in self._no_previews
         try:
-            return call_job(pipe, call, cancel=job.token, **self._watch(job, index, previews))
+            return call_job(
+                pipe,
+                call,
+                cancel=job.token,
+                **watch_keywords(self.events, job, index, self.preview_every if previews else None),
+            )
         except ValueError as error:
             if not previews or not str(error).startswith(("previews:", "on_preview:")):
                 raise
             self._no_previews.add(job.workflow)
             log.info("%s makes no previews: %s", job.workflow, error)
-            return call_job(pipe, call, cancel=job.token, **self._watch(job, index, False))
-
-    def _watch(self, job: ServedJob, index: int, previews: bool) -> dict[str, Any]:
-        def on_progress(event: ProgressEvent) -> None:
-            if event.kind == "step":
-                job.progress = {
-                    "image": index,
-                    "step": event.step,
-                    "total": event.total,
-                    "stage": event.stage,
-                }
-                self.events.publish(
-                    "step", job.id, image=index, step=event.step, total=event.total, stage=event.stage
-                )
-            elif event.kind == "block_started":
-                self.events.publish("block", job.id, image=index, block=event.stage)
-
-        watch: dict[str, Any] = {"on_progress": on_progress}
-        if previews:
-
-            def on_preview(preview: Preview) -> None:
-                self.events.publish(
-                    "preview",
-                    job.id,
-                    image=index,
-                    step=preview.step,
-                    total=preview.total,
-                    png=_png_base64(preview.images[0]),
-                )
-
-            watch.update(preview_every=self.preview_every, on_preview=on_preview)
-        return watch
+            return call_job(pipe, call, cancel=job.token, **watch_keywords(self.events, job, index, None))
 
     def _finish(self, job: ServedJob, state: str, error: str | None) -> None:
         job.error = error
@@ -543,28 +488,12 @@ class Scheduler:
             if not upcoming or (self._prefetcher is not None and self._prefetcher.is_alive()):
                 return
             self._prefetcher = threading.Thread(
-                target=self._prefetch,
-                args=(upcoming[0].workflow,),
+                target=self._hints.prefetch,
+                args=(upcoming[0].workflow, self._on_cuda()),
                 name="modular-serve-prefetch",
                 daemon=True,
             )
             self._prefetcher.start()
-
-    def _prefetch(self, workflow: str) -> None:
-        """Load ``workflow``'s pipeline to the host, and place its models where the device has free room
-        now (never evicting: a placement that needs room is left to the job itself)."""
-        try:
-            pipe = self.served.load(workflow, self._on_cuda())
-            for name in pipe.component_names:
-                module = getattr(pipe, name, None)
-                component_id = self.manager.get_id(module) if isinstance(module, torch.nn.Module) else None
-                if component_id is None:
-                    continue
-                for engine in self.manager.offload_engines:
-                    if engine.has_hook(component_id):
-                        engine.place_if_room(component_id)
-        except Exception as error:  # a prefetch is a hint: the job itself meets (and reports) any problem
-            log.info("prefetch of %s stopped: %s", workflow, _error_text(error))
 
     def wait_prefetch(self, timeout: float | None = None) -> None:
         """Wait for a prefetch in progress (tests and benchmarks, which compare bytes)."""
@@ -623,34 +552,3 @@ class Scheduler:
                     return False
                 self._cond.wait(min(left, 0.1))
         return True
-
-
-def _describe_record(record: JobRecord) -> dict[str, Any]:
-    """A job only the store holds (finished before this process started, or dropped from memory), with the
-    keys of ``ServedJob.describe``; how often it was passed over is not stored (``None``)."""
-    request = record.request.get("request", {})
-    try:
-        seeds = seeds_of(request)
-    except (KeyError, TypeError):  # a request this version did not write
-        seeds = []
-    started, finished = record.started, record.finished
-    return {
-        "id": record.id,
-        "state": record.state,
-        "workflow": record.workflow,
-        "priority": record.priority,
-        "position": None,
-        "request": request,
-        "seeds": seeds,
-        "images": len(seeds),
-        "created": record.created,
-        "started": started,
-        "finished": finished,
-        "waited": None if started is None else round(started - record.created, 6),
-        "ran": None if started is None or finished is None else round(finished - started, 6),
-        "error": record.error,
-        "results": list(record.results),
-        "attempts": record.attempts,
-        "bypassed": None,
-        "progress": {},
-    }
