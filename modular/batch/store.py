@@ -121,8 +121,9 @@ def check_name_lengths(entries: Iterable[BatchEntry], folder: Path, fmt: str, so
         raise JobFileError(source, [msg])
 
 
-def _write_atomically(path: Path, data: bytes, tag: str) -> None:
-    """``path`` holds ``data`` or what it held before, never a part: a temporary file renamed over it."""
+def write_atomically(path: Path, data: bytes, tag: str) -> None:
+    """``path`` holds ``data`` or what it held before, never a part: a temporary file ``.NAME.<tag>.partial``
+    beside it, flushed and synced, renamed over it, then the folder synced (so the rename survives a crash)."""
     temporary = path.with_name(f".{path.name}.{tag}{PARTIAL}")
     try:
         with open(temporary, "wb") as file:
@@ -133,6 +134,18 @@ def _write_atomically(path: Path, data: bytes, tag: str) -> None:
     except BaseException:  # interrupted too (Ctrl-C): leave no partial file behind
         temporary.unlink(missing_ok=True)
         raise
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX: the folder's entry is synced; elsewhere nothing to do)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _json_value(value: Any) -> Any:
@@ -238,8 +251,8 @@ class OutputStore:
             "sha256": hashlib.sha256(data).hexdigest(),
             **record,
         }
-        _write_atomically(path, data, self.tag)
-        _write_atomically(self.sidecar_path(entry), json.dumps(sidecar, indent=1).encode(), self.tag)
+        write_atomically(path, data, self.tag)
+        write_atomically(self.sidecar_path(entry), json.dumps(sidecar, indent=1).encode(), self.tag)
         return sidecar
 
     def _row(self, entry: BatchEntry, status: str, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -289,5 +302,5 @@ class OutputStore:
     def write_manifest(self, manifest: Mapping[str, Any]) -> Path:
         """Write ``manifest.json`` (atomically, like every output)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        _write_atomically(self.manifest_path, json.dumps(manifest, indent=1).encode(), self.tag)
+        write_atomically(self.manifest_path, json.dumps(manifest, indent=1).encode(), self.tag)
         return self.manifest_path

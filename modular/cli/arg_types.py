@@ -18,30 +18,25 @@ __all__ = [
 ]
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
+def _whole_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        msg = f"must be a positive whole number (got {text!r})"
-        raise argparse.ArgumentTypeError(msg) from None
-    if value < 1:
-        msg = f"must be at least 1 (got {value})"
-        raise argparse.ArgumentTypeError(msg)
+        kind = "positive whole number" if least == 1 else "whole number"
+        raise argparse.ArgumentTypeError(f"must be a {kind} (got {text!r})") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least} (got {value})")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    return _whole_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        msg = f"must be a whole number (got {text!r})"
-        raise argparse.ArgumentTypeError(msg) from None
-    if value < 0:
-        msg = f"must be at least 0 (got {value})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+    return _whole_at_least(text, 0)
 
 
 def port_number(text: str) -> int:

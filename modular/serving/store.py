@@ -17,7 +17,6 @@ import json
 import os
 import re
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
+from modular.batch.store import write_atomically
+from offload.host.spill_files import process_is_gone
 
 __all__ = [
     "STATES",
@@ -203,29 +205,8 @@ def write_result(folder: Path, name: str, data: bytes) -> Path:
     """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / name
-    partial = folder / f".{name}.{os.getpid()}-{threading.get_ident()}.partial"
-    try:
-        with open(partial, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, final)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    _sync_folder(folder)
+    write_atomically(final, data, f"{os.getpid()}-{threading.get_ident()}")
     return final
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (POSIX: the folder's entry is synced; elsewhere nothing to do)."""
-    if not hasattr(os, "O_DIRECTORY"):
-        return
-    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 # The temporary file of a ``write_result`` in progress: ``.<name>.<pid>-<thread>.partial``.
@@ -243,7 +224,7 @@ def remove_partials(folder: Path) -> list[Path]:
     removed = []
     for entry in entries:
         match = _PARTIAL.match(entry)
-        if match is None or not _gone(int(match["pid"])):
+        if match is None or not process_is_gone(int(match["pid"])):
             continue
         try:
             (folder / entry).unlink()
@@ -251,19 +232,6 @@ def remove_partials(folder: Path) -> list[Path]:
             continue
         removed.append(folder / entry)
     return removed
-
-
-def _gone(pid: int) -> bool:
-    """Whether no process of this host has id ``pid`` now."""
-    if pid == os.getpid() or sys.platform == "win32":  # os.kill(pid, 0) would end the process there
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # another user's process: alive
-        return False
-    return False
 
 
 class StateFolderInUseError(RuntimeError):

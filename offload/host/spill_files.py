@@ -23,7 +23,7 @@ import weakref
 
 import attrs
 
-__all__ = ["SpillFiles", "file_name_part", "sweep_stale"]
+__all__ = ["SpillFiles", "file_name_part", "process_is_gone", "sweep_stale"]
 
 logger = logging.getLogger("offload.engine.engine")
 
@@ -49,12 +49,10 @@ _FILE = re.compile(r"-[0-9a-f]+\.(?P<pid>\d+)-(?P<host>[A-Za-z0-9_]+)\.safetenso
 _FOLDER = re.compile(rf"^{_TEMPORARY_PREFIX}(?P<pid>\d+)-(?P<host>[A-Za-z0-9_]+)-")
 
 
-def _gone(match: re.Match[str] | None) -> bool:
-    """Whether the owner named in ``match`` is a process of this host that no longer runs."""
-    if match is None or match["host"] != _host() or sys.platform == "win32":  # os.kill(pid, 0) ends it there
-        return False
-    pid = int(match["pid"])
-    if pid == os.getpid():
+def process_is_gone(pid: int) -> bool:
+    """Whether no process of this host has id ``pid`` now (never this process; on Windows, where
+    ``os.kill(pid, 0)`` would end the process, always False)."""
+    if pid == os.getpid() or sys.platform == "win32":
         return False
     try:
         os.kill(pid, 0)
@@ -63,6 +61,13 @@ def _gone(match: re.Match[str] | None) -> bool:
     except OSError:  # another user's process: alive
         return False
     return False
+
+
+def _gone(match: re.Match[str] | None) -> bool:
+    """Whether the owner named in ``match`` is a process of this host that no longer runs."""
+    if match is None or match["host"] != _host():
+        return False
+    return process_is_gone(int(match["pid"]))
 
 
 def sweep_stale(folder: str | None) -> list[str]:
