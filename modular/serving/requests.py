@@ -283,7 +283,10 @@ def check_request(
         raise RequestError(problems)
     entry = job.entries[0]
     pipe = served.pipeline(workflow)
-    check_job_inputs(pipe, entry.job(opened, on_cuda=False), {})
+    # Named as the server was started with it (as `modular run REPO` names it): a client never learns the
+    # server's folders from a message.
+    named = attrs.evolve(entry.job(opened, on_cuda=False), repo=served[workflow].repo)
+    check_job_inputs(pipe, named, {})
     return CheckedRequest(normal, workflow, job, priority, timeout)
 
 

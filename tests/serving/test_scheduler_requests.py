@@ -8,10 +8,11 @@ import threading
 import PIL.Image
 import pytest
 
+from components import ComponentsManager
 from modular.batch.entries import BatchJob
 from modular.batch.jobfile import JobFileError, parse_job
 from modular.errors import InputTypeError, MissingInputError, UnknownInputError
-from modular.serving import Limits, QueueFullError, RequestError
+from modular.serving import Limits, QueueFullError, RequestError, Scheduler, ServedWorkflow, ServedWorkflows
 
 from .conftest import SMALL
 
@@ -301,3 +302,17 @@ def test_a_full_queue_refuses_with_a_retry_time_and_keeps_its_jobs(make_schedule
     assert str(error).startswith("the queue is full (2 jobs wait); try again in about ")
     assert _state(scheduler) == before
     assert [job.id for job in scheduler.waiting()] == accepted
+
+
+def test_an_input_error_names_the_repo_as_served_not_the_server_s_folder(serving_repos):
+    folder = serving_repos["sd"]
+    served = ServedWorkflows([ServedWorkflow("sd", folder.name)], ComponentsManager(), base=folder.parent)
+    scheduler = Scheduler(served)
+    try:
+        with pytest.raises(UnknownInputError) as caught:
+            scheduler.submit({"prompt": "a fox", "inputs": {"strenght": 0.5}})
+        message = str(caught.value)
+        assert message.startswith(f"{folder.name}() got an unknown input 'strenght'")
+        assert str(folder.parent) not in message
+    finally:
+        scheduler.close()
