@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError
     from modular.serving.policy import Fairness
     from modular.serving.requests import CheckedRequest, Limits, RequestError, check_request
+    from modular.serving.residency import ResidencyReport, rank_replicas, replica_report, workflow_needs
     from modular.serving.scheduler import Scheduler
     from modular.serving.served import ServedWorkflow, ServedWorkflows, parse_served
     from modular.serving.store import JobRecord, JobStore, StateFolderInUseError
@@ -33,6 +34,7 @@ __all__ = [
     "Listener",
     "QueueFullError",
     "RequestError",
+    "ResidencyReport",
     "Scheduler",
     "ServedJob",
     "ServedWorkflow",
@@ -40,5 +42,8 @@ __all__ = [
     "StateFolderInUseError",
     "UnknownJobError",
     "check_request",
+    "rank_replicas",
+    "replica_report",
     "parse_served",
+    "workflow_needs",
 ]

@@ -20,7 +20,7 @@ from components import ComponentsManager
 from components.errors import ComponentNotFoundError
 from modular.pipeline.pipeline import ModularPipeline
 
-__all__ = ["bytes_to_bring", "file_bytes"]
+__all__ = ["bytes_to_bring", "device_bytes", "file_bytes", "registered"]
 
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -44,7 +44,8 @@ def file_bytes(repo: str, subfolder: str | None) -> int:
     )
 
 
-def _registered(manager: ComponentsManager, load_id: str) -> tuple[str, Any] | None:
+def registered(manager: ComponentsManager, load_id: str) -> tuple[str, Any] | None:
+    """``(component id, component)`` of one the manager holds with this load ID, or ``None``."""
     try:
         found = manager.search_components(load_id=load_id, return_dict_with_names=False)
     except ComponentNotFoundError:
@@ -52,7 +53,7 @@ def _registered(manager: ComponentsManager, load_id: str) -> tuple[str, Any] | N
     return next(iter(found.items()), None)
 
 
-def _device_bytes(manager: ComponentsManager, component_id: str, module: torch.nn.Module) -> int:
+def device_bytes(manager: ComponentsManager, component_id: str, module: torch.nn.Module) -> int:
     """Bytes of ``module`` the engine that places it would move to the device now (0 when none places it)."""
     for engine in manager.offload_engines:
         if engine.has_hook(component_id):
@@ -71,9 +72,9 @@ def bytes_to_bring(manager: ComponentsManager, pipe: ModularPipeline) -> int:
         spec = pipe.get_component_spec(name)
         if not spec.pretrained_model_name_or_path:
             continue
-        found = _registered(manager, str(spec.load_id))
+        found = registered(manager, str(spec.load_id))
         if found is None:
             total += file_bytes(str(spec.pretrained_model_name_or_path), spec.subfolder)
         elif isinstance(found[1], torch.nn.Module):
-            total += _device_bytes(manager, *found)
+            total += device_bytes(manager, *found)
     return total

@@ -34,9 +34,11 @@ from modular.serving.events import EventHub
 from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError, describe_record
 from modular.serving.policy import Fairness, order, passed_over
 from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
+from modular.serving.residency import ResidencyReport, replica_report
 from modular.serving.served import ServedWorkflows
 from modular.serving.store import JobRecord, JobStore, hold_state_folder, remove_partials, write_result
 from modular.watch.events import CancelToken
+from offload.errors import ModelTooLargeError
 
 __all__ = ["Scheduler"]
 
@@ -137,6 +139,7 @@ class Scheduler:
         self._positions: dict[str, int] = {}
         self._no_previews: set[str] = set()
         self._hints = EngineHints(served)
+        self._unloadable: set[str] = set()
         remove_partials(self.results)  # what a server killed mid-write left
         self._recover()
 
@@ -290,6 +293,15 @@ class Scheduler:
 
         return order(self._waiting, self.clock(), cost, self.fairness)
 
+    def residency_report(self) -> ResidencyReport:
+        """What this scheduler's manager holds, for a router choosing between replicas
+        (``modular/serving/residency.py``): the models of the served workflows and the bytes each would still
+        move to the device, the jobs waiting or running here, and the workflows that could not load here."""
+        with self._cond:
+            queued = len(self._waiting) + (self._running is not None)
+        pipes = [self.served.pipeline(name) for name in self.served]
+        return replica_report(self.manager, pipes, queued, sorted(self._unloadable))
+
     def cost(self, workflow: str) -> int:
         """Bytes ``workflow``'s models would bring to the device if it ran now."""
         return bytes_to_bring(self.manager, self.served.pipeline(workflow))
@@ -395,7 +407,11 @@ class Scheduler:
         started = time.perf_counter()
         try:
             on_cuda = self._on_cuda()
-            pipe = self.served.load(job.workflow, on_cuda)
+            try:
+                pipe = self.served.load(job.workflow, on_cuda)
+            except (MemoryError, torch.OutOfMemoryError, ModelTooLargeError):
+                self._unloadable.add(job.workflow)  # reported to a router: not sent here again
+                raise
             if self.device is not None and not self.manager.offload_engines:
                 pipe.to(self.device)
             self._running_call = True
