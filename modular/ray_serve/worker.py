@@ -23,7 +23,7 @@ from modular.serving.residency import workflow_needs
 from modular.serving.scheduler import Scheduler
 from modular.serving.served import ServedWorkflow, ServedWorkflows, parse_served
 
-__all__ = ["RAY_EXTRA", "SEPARATOR", "ReplicaWorker", "job_replica", "needs_table"]
+__all__ = ["RAY_EXTRA", "SEPARATOR", "ReplicaWorker", "job_replica", "needs_table", "served_workflows"]
 
 RAY_EXTRA = 'pip install "modular-pipelines[ray]"'
 SEPARATOR = ":"  # between the replica's id and the scheduler's job id in the ids a replica gives out
@@ -37,14 +37,21 @@ def job_replica(job_id: Any) -> str | None:
     return replica or None if job else None
 
 
-def _workflows(workflows: Sequence[ServedWorkflow | str]) -> list[ServedWorkflow]:
+def served_workflows(workflows: Sequence[ServedWorkflow | str]) -> list[ServedWorkflow]:
+    """``workflows`` as ``ServedWorkflow`` (a text is read as the command line reads it, ``parse_served``)."""
     return [parse_served(item) if isinstance(item, str) else item for item in workflows]
 
 
 def needs_table(served: ServedWorkflows) -> dict[str, dict[str, int]]:
     """For each served workflow, its models by load ID with their sizes (``workflow_needs``): the table a
-    ``ResidencyRouter`` is started with. Built from the bound pipelines (index and weight files), nothing loaded."""
-    return {name: workflow_needs(served.manager, served.pipeline(name)) for name in served}
+    ``ResidencyRouter`` is started with. Built from the bound pipelines (index and weight files) when nothing
+    is loaded; components of no bytes (a tokenizer, a scheduler: no weight files) are left out, as a
+    replica's report leaves them out (they move nothing)."""
+    table = {}
+    for name in served:
+        needs = workflow_needs(served.manager, served.pipeline(name))
+        table[name] = {load_id: size for load_id, size in needs.items() if size}
+    return table
 
 
 def _ray_replica_id() -> str | None:
@@ -93,7 +100,7 @@ class ReplicaWorker:
         device = torch.device("cuda") if cuda else torch.device("cpu")
         offload = "sim" if budget is not None else ("auto" if cuda else "none")
         self.where = enable_offload(self.manager, offload, device, budget)
-        self.served = ServedWorkflows(_workflows(workflows), self.manager, base)
+        self.served = ServedWorkflows(served_workflows(workflows), self.manager, base)
         self.scheduler = Scheduler(self.served, state, **scheduler_options)
         self._closed = False
         self.scheduler.start()
@@ -109,7 +116,11 @@ class ReplicaWorker:
         return job_id.rpartition(SEPARATOR)[2]
 
     def _outward(self, described: dict[str, Any]) -> dict[str, Any]:
-        return {**described, "id": f"{self.replica_id}{SEPARATOR}{described['id']}", "replica": self.replica_id}
+        return {
+            **described,
+            "id": f"{self.replica_id}{SEPARATOR}{described['id']}",
+            "replica": self.replica_id,
+        }
 
     def submit(self, data: Any) -> dict[str, Any]:
         """Check and queue a request (``modular/serving/requests.py``); the job as ``describe`` gives it.
@@ -178,4 +189,3 @@ class ReplicaWorker:
     def __del__(self) -> None:  # Ray Serve deletes the replica's object when the replica stops
         if getattr(self, "_closed", True) is False:
             self.close()
-
