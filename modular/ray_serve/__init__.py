@@ -16,8 +16,8 @@ from offload.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from modular.ray_serve.app import build_app
     from modular.ray_serve.router import ResidencyRouter
-    from modular.ray_serve.worker import RAY_EXTRA, ReplicaWorker, job_replica, needs_table
+    from modular.ray_serve.worker import ReplicaWorker, job_replica, needs_table
 
 __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
-__all__ = ["RAY_EXTRA", "ReplicaWorker", "ResidencyRouter", "build_app", "job_replica", "needs_table"]
+__all__ = ["ReplicaWorker", "ResidencyRouter", "build_app", "job_replica", "needs_table"]

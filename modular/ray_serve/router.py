@@ -109,14 +109,12 @@ class ResidencyRouter(PowerOfTwoChoicesRequestRouter):
         if method != "submit" or not hasattr(self, "needs"):
             return None
         workflow = request_workflow(request.args, request.kwargs, self.needs)
-        reported = {replica.replica_id: replica for replica in candidates if replica.routing_stats}
-        if workflow is None or not reported:
+        if workflow is None or not any(replica.routing_stats for replica in candidates):
             return None
         # A replica that has not reported yet is new: an empty replica with nothing queued.
+        by_id = {replica.replica_id.unique_id: replica for replica in candidates}
         reports = {
-            replica.replica_id: ResidencyReport.from_dict(replica.routing_stats or {})
-            for replica in candidates
+            key: ResidencyReport.from_dict(replica.routing_stats or {}) for key, replica in by_id.items()
         }
-        by_id = {replica.replica_id: replica for replica in candidates}
         ranks = rank_replicas(reports, self.needs[workflow], workflow, self.imbalance)
         return [[by_id[key] for key in rank] for rank in ranks]

@@ -23,9 +23,8 @@ from modular.serving.residency import workflow_needs
 from modular.serving.scheduler import Scheduler
 from modular.serving.served import ServedWorkflow, ServedWorkflows, parse_served
 
-__all__ = ["RAY_EXTRA", "SEPARATOR", "ReplicaWorker", "job_replica", "needs_table", "served_workflows"]
+__all__ = ["SEPARATOR", "ReplicaWorker", "job_replica", "needs_table", "served_workflows"]
 
-RAY_EXTRA = 'pip install "modular-pipelines[ray]"'
 SEPARATOR = ":"  # between the replica's id and the scheduler's job id in the ids a replica gives out
 
 
