@@ -68,7 +68,7 @@ def test_results_through_ray_equal_the_direct_call(handle, direct):
 def test_repeat_jobs_of_a_repo_go_to_the_replica_holding_it(handle):
     first, _ = run(handle, {**SMALL, "workflow": "flux", "seed": 1})
     settle()
-    for seed in (2, 3, 4):
+    for seed in (2, 3, 4, 5, 6):  # by chance (two replicas, equal queues): 1 in 32
         job, done = run(handle, {**SMALL, "workflow": "flux", "seed": seed})
         assert job["replica"] == done["replica"] == first["replica"], (seed, job["replica"], first["replica"])
         settle()

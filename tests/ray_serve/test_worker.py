@@ -11,7 +11,7 @@ from .conftest import SMALL, finished
 
 
 @pytest.fixture
-def worker(workflows, sizes, tmp_path):
+def worker(workflows, sizes):
     made = ReplicaWorker(
         [workflows["sd"], workflows["flux"]], budget=max(sizes.values()), replica_id="r1", preview_every=None
     )
