@@ -48,6 +48,7 @@ PARTS = {
         "batch",
         "serving",
         "http",
+        "ray_serve",
         "cli",
     ],
 }
@@ -68,6 +69,9 @@ DEFERRED_UPWARD = {
         "modular.remote",
     ): "ModularPipelineBlocks.from_pretrained / save_pretrained",
 }
+
+# Optional libraries the test extra does not install: a public name that needs one may fail to import.
+OPTIONAL_LIBRARIES = {"ray"}
 
 # "About a dozen" modules per part, as the architecture page promises.
 MAX_MODULES_PER_PART = 13
@@ -333,7 +337,7 @@ def test_allowed_imports_pass(file, source):
 
 def test_every_name_a_package_exports_resolves():
     """Each name in a package's `__all__` imports (the lazy faces map names to modules by text: a typo there
-    shows only here)."""
+    shows only here), but for those needing an optional library the test extra leaves out (Ray)."""
     import importlib
 
     faces = sorted(_module_name(path) for path in project_files() if path.name == "__init__.py")
@@ -343,6 +347,9 @@ def test_every_name_a_package_exports_resolves():
         for name in getattr(package, "__all__", ()):
             try:
                 getattr(package, name)
-            except (AttributeError, ImportError) as error:
+            except ImportError as error:
+                if (error.name or "").split(".")[0] not in OPTIONAL_LIBRARIES:
+                    broken.append(f"{face}.{name}: {error}")
+            except AttributeError as error:
                 broken.append(f"{face}.{name}: {error}")
     assert len(faces) > 10 and broken == []

@@ -155,6 +155,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=SERVE_STATE,
         help=f"folder of the job database, results and uploads (default ./{SERVE_STATE})",
     )
+    where.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve on Ray Serve, replicas routed by what each holds (the extra ray; not built yet as a "
+        "command: see docs/serving.md for serve.run)",
+    )
     models = parser.add_argument_group("models")
     models.add_argument(
         "--offload",

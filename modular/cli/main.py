@@ -78,6 +78,9 @@ def batch(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     from modular.cli import serve_command as cli_serve
 
+    if args.ray:  # before the other checks: none of them applies to it
+        print(cli_serve.ray_refusal(), file=sys.stderr)
+        return ERROR_STATUS
     cli_serve.check_serve_arguments(args)  # refusals first: before torch and the models are imported
     _quiet_libraries()
     return cli_serve.serve_command(args)

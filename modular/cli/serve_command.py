@@ -21,9 +21,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["SERVE_EXTRA", "check_serve_arguments", "serve_command", "server_settings"]
+__all__ = [
+    "RAY_EXTRA",
+    "SERVE_EXTRA",
+    "check_serve_arguments",
+    "ray_refusal",
+    "serve_command",
+    "server_settings",
+]
 
 SERVE_EXTRA = 'pip install "modular-pipelines[serve]"'
+RAY_EXTRA = 'pip install "modular-pipelines[ray]"'
 # What the extra installs, by import name; python-multipart is imported as python_multipart (older: multipart).
 _EXTRA_MODULES = (("fastapi",), ("uvicorn",), ("python_multipart", "multipart"))
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -46,6 +54,19 @@ def _require_extra() -> None:
             shown = "python-multipart" if missing in ("python_multipart", "multipart") else missing
             msg = f"modular serve needs {shown}, which is not installed: {SERVE_EXTRA}"
             raise ImportError(msg, name=missing)
+
+
+def ray_refusal() -> str:
+    """The one line ``modular serve --ray`` answers with: how to install Ray Serve where it is missing; else
+    that the command is not built yet (the HTTP ingress on Ray Serve is not), and what to use meanwhile."""
+    try:
+        importlib.import_module("ray.serve")
+    except ImportError:
+        return f"modular serve: error: --ray needs Ray Serve: {RAY_EXTRA}"
+    return (
+        "modular serve: error: --ray is not built yet (no HTTP ingress on Ray Serve); from Python, "
+        "serve.run(modular.ray_serve.build_app(...)) serves the workflows to a deployment handle: see docs/serving.md"
+    )
 
 
 def server_settings(args: argparse.Namespace) -> Any:

@@ -1,0 +1,120 @@
+"""A Ray Serve request router that sends each job to the replica that would move the fewest bytes for it.
+
+Each replica reports what it holds (``ReplicaWorker.record_routing_stats``: a ``ResidencyReport`` as JSON
+values and the replica's id); Ray hands the latest report to the router as each replica's
+``routing_stats``. The router is started with the table of each workflow's models and sizes (``needs``,
+from ``needs_table``) and ranks the replicas for a ``submit`` with ``rank_replicas``: fewest bytes first,
+by queue length when the queues are out of balance by more than ``imbalance`` jobs, replicas that could not
+load the workflow last. Ray then takes the least loaded replica of the first rank that accepts the request.
+A call about one job (``describe``, ``cancel``, ``result``) goes to the replica its id names. Without
+reports yet, or for a request it cannot read, the router does what Ray's default router does (power of two
+choices). This module imports Ray: it is imported only when named (``modular.ray_serve.ResidencyRouter``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Ray's default router, the fallback; Ray exports no public name for it in 2.60.
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
+from ray.serve.request_router import PendingRequest, RunningReplica
+
+from modular.ray_serve.worker import job_replica
+from modular.serving.residency import ResidencyReport, rank_replicas
+
+__all__ = ["JOB_METHODS", "ResidencyRouter", "request_workflow", "router_kwargs"]
+
+#: The worker's methods whose first argument is a job id: sent to the replica that holds the job.
+JOB_METHODS = frozenset({"describe", "cancel", "result"})
+
+
+def router_kwargs(needs: Any, imbalance: Any = 8) -> dict[str, Any]:
+    """``RequestRouterConfig.request_router_kwargs`` of a ``ResidencyRouter``, checked.
+
+    Args:
+        needs: Workflow to load ID to bytes (``needs_table``).
+        imbalance: Jobs by which queues may differ before the router sends by queue length.
+
+    Raises:
+        TypeError: ``needs`` is not a table of workflow to load ID to bytes.
+        ValueError: ``imbalance`` is not a whole number of at least 0.
+    """
+    rank_replicas({}, {}, imbalance=imbalance)  # raises ValueError for a bad threshold
+    if not isinstance(needs, Mapping) or not all(
+        isinstance(workflow, str)
+        and isinstance(models, Mapping)
+        and all(isinstance(key, str) and isinstance(size, int) for key, size in models.items())
+        for workflow, models in needs.items()
+    ):
+        raise TypeError(f"needs must map each workflow to its load IDs and their bytes (got {needs!r})")
+    return {"needs": {workflow: dict(models) for workflow, models in needs.items()}, "imbalance": imbalance}
+
+
+def request_workflow(args: Any, kwargs: Any, workflows: Mapping[str, Any]) -> str | None:
+    """The workflow a ``submit(data)`` request names (the only one served when it names none), or ``None``."""
+    data = args[0] if args else (kwargs or {}).get("data")
+    if not isinstance(data, Mapping):
+        return None
+    name = data.get("workflow")
+    if name is None and len(workflows) == 1:
+        return next(iter(workflows))
+    return name if isinstance(name, str) and name in workflows else None
+
+
+class ResidencyRouter(PowerOfTwoChoicesRequestRouter):
+    """Ranks a deployment's replicas by their residency reports (see the module docstring).
+
+    Started by Ray with ``RequestRouterConfig.request_router_kwargs``: ``needs`` (workflow to load ID to
+    bytes, ``needs_table``) and ``imbalance`` (jobs; default 8).
+    """
+
+    needs: dict[str, dict[str, int]]
+    imbalance: int
+
+    def initialize_state(self, needs: Any = None, imbalance: int = 8, **unknown: Any) -> None:
+        """Keep the table of needs and the threshold of imbalance.
+
+        Raises:
+            TypeError: ``needs`` is not a table of workflow to load ID to bytes, or an unknown setting is given.
+            ValueError: ``imbalance`` is not a whole number of at least 0.
+        """
+        if unknown:
+            raise TypeError(f"ResidencyRouter takes needs and imbalance (got {sorted(unknown)})")
+        checked = router_kwargs({} if needs is None else needs, imbalance)
+        self.needs = checked["needs"]
+        self.imbalance = checked["imbalance"]
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        """The candidates in ranks, most preferred first (see the module docstring)."""
+        if pending_request is not None:
+            ranked = self.rank(candidate_replicas, pending_request)
+            if ranked is not None:
+                return ranked
+        return await super().choose_replicas(candidate_replicas, pending_request)
+
+    def rank(
+        self, candidates: list[RunningReplica], request: PendingRequest
+    ) -> list[list[RunningReplica]] | None:
+        """The ranks for ``request``, or ``None`` where Ray's default choice applies."""
+        method = request.metadata.call_method
+        if method in JOB_METHODS:
+            owner = job_replica(request.args[0] if request.args else request.kwargs.get("job_id"))
+            owned = [replica for replica in candidates if replica.replica_id.unique_id == owner]
+            return [owned] if owned else None  # gone (or not a job id): any replica says it does not know it
+        if method != "submit" or not hasattr(self, "needs"):
+            return None
+        workflow = request_workflow(request.args, request.kwargs, self.needs)
+        if workflow is None or not any(replica.routing_stats for replica in candidates):
+            return None
+        # A replica that has not reported yet is new: an empty replica with nothing queued.
+        by_id = {replica.replica_id.unique_id: replica for replica in candidates}
+        reports = {
+            key: ResidencyReport.from_dict(replica.routing_stats or {}) for key, replica in by_id.items()
+        }
+        ranks = rank_replicas(reports, self.needs[workflow], workflow, self.imbalance)
+        return [[by_id[key] for key in rank] for rank in ranks]

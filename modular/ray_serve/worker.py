@@ -1,0 +1,190 @@
+"""One replica of a Ray Serve deployment: a manager, the served workflows and a started scheduler.
+
+``ReplicaWorker`` is a plain class: Ray Serve wraps it (``serve.deployment(ReplicaWorker)``, see
+``modular/ray_serve/app.py``) and calls its methods in the replica's process; tests and programs without
+Ray call them directly. Job ids it gives out name the replica (``REPLICA:JOB``) so that a router can send
+``describe``, ``cancel`` and ``result`` of a job to the replica that holds it (``job_replica``). This module
+imports no Ray: the replica's id comes from Ray's replica context when there is one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from components import ComponentsManager
+from modular.batch.runner import enable_offload
+from modular.serving.jobs import UnknownJobError
+from modular.serving.residency import workflow_needs
+from modular.serving.scheduler import Scheduler
+from modular.serving.served import ServedWorkflow, ServedWorkflows, parse_served
+
+__all__ = ["SEPARATOR", "ReplicaWorker", "job_replica", "needs_table", "served_workflows"]
+
+SEPARATOR = ":"  # between the replica's id and the scheduler's job id in the ids a replica gives out
+
+
+def job_replica(job_id: Any) -> str | None:
+    """The replica a job id of ``ReplicaWorker`` names, or ``None`` for anything else."""
+    if not isinstance(job_id, str) or SEPARATOR not in job_id:
+        return None
+    replica, _, job = job_id.rpartition(SEPARATOR)
+    return replica or None if job else None
+
+
+def served_workflows(workflows: Sequence[ServedWorkflow | str]) -> list[ServedWorkflow]:
+    """``workflows`` as ``ServedWorkflow`` (a text is read as the command line reads it, ``parse_served``)."""
+    return [parse_served(item) if isinstance(item, str) else item for item in workflows]
+
+
+def needs_table(served: ServedWorkflows) -> dict[str, dict[str, int]]:
+    """For each served workflow, its models by load ID with their sizes (``workflow_needs``): the table a
+    ``ResidencyRouter`` is started with. Built from the bound pipelines (index and weight files) when nothing
+    is loaded; components of no bytes (a tokenizer, a scheduler: no weight files) are left out, as a
+    replica's report leaves them out (they move nothing)."""
+    table = {}
+    for name in served:
+        needs = workflow_needs(served.manager, served.pipeline(name))
+        table[name] = {load_id: size for load_id, size in needs.items() if size}
+    return table
+
+
+def _ray_replica_id() -> str | None:
+    """This replica's id when Ray Serve runs it (the id its router sees), else ``None``."""
+    try:
+        from ray import serve  # only present (and only asked) inside a Ray Serve replica
+
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # no Ray, or not inside a replica
+        return None
+
+
+class ReplicaWorker:
+    """One replica: a ``ComponentsManager`` (auto offload as below), ``ServedWorkflows`` and a started
+    ``Scheduler``; the methods are what Ray Serve's handle calls.
+
+    Args:
+        workflows: What to serve (``ServedWorkflow``, or ``REPO``, ``REPO:WORKFLOW``, ``NAME=REPO[:WORKFLOW]``).
+        budget: Device bytes: auto offload onto a ``SimulatedDevice(budget)``. ``None``: auto offload onto the
+            replica's CUDA device when it has one (Ray gives it with ``num_gpus=1``), else models stay on the CPU.
+        base: The folder relative repos are read from.
+        replica_id: This replica's id (default: Ray's, or a new one outside Ray).
+        state: The scheduler's state folder (``None``: in memory; one per replica).
+        scheduler_options: Passed to ``Scheduler`` (``limits``, ``fairness``, ``preview_every``, ...).
+
+    Raises:
+        ValueError: no workflow, two with one name, a bad budget.
+        FileNotFoundError, JobFileError: a repo that cannot be read.
+    """
+
+    def __init__(
+        self,
+        workflows: Sequence[ServedWorkflow | str],
+        budget: int | None = None,
+        *,
+        base: str | Path = ".",
+        replica_id: str | None = None,
+        state: str | Path | None = None,
+        **scheduler_options: Any,
+    ) -> None:
+        self.replica_id = replica_id or _ray_replica_id() or uuid.uuid4().hex[:8]
+        if SEPARATOR in self.replica_id:
+            raise ValueError(f"a replica id may not hold {SEPARATOR!r} (got {self.replica_id!r})")
+        self.manager = ComponentsManager()
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda") if cuda else torch.device("cpu")
+        offload = "sim" if budget is not None else ("auto" if cuda else "none")
+        self.where = enable_offload(self.manager, offload, device, budget)
+        self.served = ServedWorkflows(served_workflows(workflows), self.manager, base)
+        self.scheduler = Scheduler(self.served, state, **scheduler_options)
+        self._closed = False
+        self.scheduler.start()
+
+    def _job_id(self, job_id: str) -> str:
+        """The scheduler's id of one of this replica's job ids.
+
+        Raises:
+            UnknownJobError: the id names another replica, or none.
+        """
+        if job_replica(job_id) != self.replica_id:
+            raise UnknownJobError(job_id)
+        return job_id.rpartition(SEPARATOR)[2]
+
+    def _outward(self, described: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **described,
+            "id": f"{self.replica_id}{SEPARATOR}{described['id']}",
+            "replica": self.replica_id,
+        }
+
+    def submit(self, data: Any) -> dict[str, Any]:
+        """Check and queue a request (``modular/serving/requests.py``); the job as ``describe`` gives it.
+
+        Raises:
+            QueueFullError, RequestError and the input errors of ``Scheduler.submit``.
+        """
+        job = self.scheduler.submit(data)
+        return self.describe(f"{self.replica_id}{SEPARATOR}{job.id}")
+
+    def describe(self, job_id: str) -> dict[str, Any]:
+        """The job as the HTTP API describes it, its id naming this replica, with ``replica`` (this replica's id).
+
+        Raises:
+            UnknownJobError: no job of this replica has this id.
+        """
+        return self._outward(self.scheduler.describe(self._job_id(job_id)))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a waiting job (at once) or the running one (before its next step); the job as described.
+
+        Raises:
+            UnknownJobError: no job of this replica has this id. JobStateError: it has finished already.
+        """
+        own = self._job_id(job_id)
+        self.scheduler.cancel(own)
+        return self._outward(self.scheduler.describe(own))
+
+    def result(self, job_id: str, index: int) -> bytes:
+        """The PNG bytes of image ``index`` of a job.
+
+        Raises:
+            UnknownJobError: no job of this replica has this id.
+            LookupError: the job has no such image (yet, or at all).
+        """
+        names = self.scheduler.describe(self._job_id(job_id))["results"]
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(names):
+            raise LookupError(f"job {job_id!r} has {len(names)} image(s) so far; there is no image {index!r}")
+        return (self.scheduler.results / names[index]).read_bytes()
+
+    def needs(self) -> dict[str, dict[str, int]]:
+        """``needs_table`` of this replica's workflows."""
+        return needs_table(self.served)
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """What Ray Serve hands this replica's router as ``routing_stats``: the scheduler's residency report
+        (``ResidencyReport.as_dict``) and ``replica``, this replica's id."""
+        return {**self.scheduler.residency_report().as_dict(), "replica": self.replica_id}
+
+    def check_health(self) -> None:
+        """Ray Serve's health check: the scheduler's worker thread must be alive.
+
+        Raises:
+            RuntimeError: it is not (the replica is restarted).
+        """
+        worker = self.scheduler._worker
+        if worker is None or not worker.is_alive():
+            raise RuntimeError(f"replica {self.replica_id}: the scheduler's worker has stopped")
+
+    def close(self) -> None:
+        """Stop the scheduler (the running job is requeued in its store) and close it; again: nothing."""
+        if not self._closed:
+            self._closed = True
+            self.scheduler.close()
+
+    def __del__(self) -> None:  # Ray Serve deletes the replica's object when the replica stops
+        if getattr(self, "_closed", True) is False:
+            self.close()

@@ -1,0 +1,74 @@
+"""The Ray Serve replica's class called directly, without Ray (these run everywhere)."""
+
+from __future__ import annotations
+
+import pytest
+
+from modular.ray_serve.worker import ReplicaWorker, job_replica, needs_table
+from modular.serving import ResidencyReport, UnknownJobError
+
+from .conftest import SMALL, finished
+
+
+@pytest.fixture
+def worker(workflows, sizes):
+    made = ReplicaWorker(
+        [workflows["sd"], workflows["flux"]], budget=max(sizes.values()), replica_id="r1", preview_every=None
+    )
+    yield made
+    made.close()
+
+
+def test_a_job_through_the_replica_equals_the_direct_call(worker, direct):
+    request = {**SMALL, "workflow": "sd", "seed": 3}
+    job = worker.submit(request)
+    assert job["replica"] == "r1" and job_replica(job["id"]) == "r1"
+    done = finished(worker.describe, job["id"])
+    assert done["state"] == "done", done["error"]
+    assert done["id"] == job["id"] and done["replica"] == "r1"
+    assert worker.result(job["id"], 0) == direct(request)[0]
+    with pytest.raises(LookupError, match="has 1 image"):
+        worker.result(job["id"], 1)
+
+
+def test_the_routing_stats_name_what_the_job_loaded(worker):
+    before = worker.record_routing_stats()
+    assert before == {"missing": {}, "queued": 0, "unloadable": [], "replica": "r1"}
+    job = worker.submit({**SMALL, "workflow": "sd", "seed": 1})
+    assert finished(worker.describe, job["id"])["state"] == "done"
+    stats = worker.record_routing_stats()
+    report = ResidencyReport.from_dict(stats)
+    needs = needs_table(worker.served)
+    assert set(report.missing) == set(needs["sd"])  # the sd models, each by its load ID
+    assert report.bytes_for(needs["sd"]) == 0  # all on the (simulated) device: nothing to move
+    assert report.bytes_for(needs["flux"]) == sum(needs["flux"].values())
+    assert stats["replica"] == "r1" and report.queued == 0
+
+
+def test_another_replicas_job_is_unknown_here(worker):
+    for job_id in ("r2:abc", "abc", "r1:missing"):
+        with pytest.raises(UnknownJobError):
+            worker.describe(job_id)
+    with pytest.raises(UnknownJobError):
+        worker.cancel("r2:abc")
+
+
+def test_a_cancelled_job_is_described_cancelled(workflows):
+    worker = ReplicaWorker([workflows["sd"]], replica_id="r3", preview_every=None)
+    try:
+        worker.scheduler.pause()  # nothing starts: the job waits
+        job = worker.submit({**SMALL, "workflow": "sd", "seed": 0})
+        assert worker.cancel(job["id"])["state"] == "cancelled"
+    finally:
+        worker.close()
+    worker.close()  # a second close does nothing
+
+
+def test_job_replica_reads_the_replica_of_an_id():
+    assert job_replica("abc:0123") == "abc"
+    assert [job_replica(value) for value in ("0123", ":0123", "abc:", None, 5)] == [None] * 5
+
+
+def test_a_replica_id_with_the_separator_is_refused(workflows):
+    with pytest.raises(ValueError, match="may not hold"):
+        ReplicaWorker([workflows["sd"]], replica_id="a:b")
