@@ -224,13 +224,19 @@ class StopAtStep(EventHub):
         return event
 
 
-def test_a_graceful_stop_puts_the_running_job_back_in_the_queue(repo, direct, tmp_path):
-    state = tmp_path / "state"
+def stopping_scheduler(repo, state):
+    """A scheduler of the SD repo whose hub holds its worker at a job's first step until the test stops it."""
     hub = StopAtStep()
     scheduler = Scheduler(
         served(ComponentsManager(), {"sd": (repo, None)}), state, prefetch=False, events=hub
     )
     hub.scheduler = scheduler
+    return scheduler, hub
+
+
+def test_a_graceful_stop_puts_the_running_job_back_in_the_queue(repo, direct, tmp_path):
+    state = tmp_path / "state"
+    scheduler, hub = stopping_scheduler(repo, state)
     try:
         first = scheduler.submit(request("sd", 21))
         second = scheduler.submit(request("sd", 22))
@@ -255,11 +261,7 @@ def test_a_graceful_stop_puts_the_running_job_back_in_the_queue(repo, direct, tm
 
 
 def test_a_job_a_stop_put_back_can_be_cancelled_while_it_waits(repo, tmp_path):
-    hub = StopAtStep()
-    scheduler = Scheduler(
-        served(ComponentsManager(), {"sd": (repo, None)}), tmp_path / "state", prefetch=False, events=hub
-    )
-    hub.scheduler = scheduler
+    scheduler, hub = stopping_scheduler(repo, tmp_path / "state")
     try:
         job = scheduler.submit(request("sd", 24))
         scheduler.start()
@@ -275,11 +277,7 @@ def test_a_job_a_stop_put_back_can_be_cancelled_while_it_waits(repo, tmp_path):
 
 def test_a_job_stopped_gracefully_runs_on_the_next_server(repo, direct, tmp_path):
     state = tmp_path / "state"
-    hub = StopAtStep()
-    scheduler = Scheduler(
-        served(ComponentsManager(), {"sd": (repo, None)}), state, prefetch=False, events=hub
-    )
-    hub.scheduler = scheduler
+    scheduler, hub = stopping_scheduler(repo, state)
     try:
         job = scheduler.submit(request("sd", 23))
         scheduler.start()
