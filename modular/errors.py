@@ -16,6 +16,7 @@ __all__ = [
     "BlockRepoError",
     "BlockCodeError",
     "CallCancelled",
+    "PreviewUnavailableError",
 ]
 
 
@@ -84,6 +85,11 @@ class BlockRepoError(ValueError):
 
 class BlockCodeError(BlockRepoError, ImportError):
     """A block repo's code does not parse or fails while it is imported; the original error is chained."""
+
+
+class PreviewUnavailableError(ValueError):
+    """A call asked for previews its denoising loop cannot make: no latent-to-RGB map for its family, or a
+    map or ``preview_decoder`` of another latent space. Said before anything runs."""
 
 
 class CallCancelled(RuntimeError):

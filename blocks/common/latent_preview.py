@@ -21,6 +21,8 @@ import numpy as np
 import PIL.Image
 import torch
 
+from modular.errors import PreviewUnavailableError
+
 __all__ = [
     "FLUX_LATENT_RGB",
     "SDXL_LATENT_RGB",
@@ -97,7 +99,7 @@ def check_latent_channels(latents: torch.Tensor | int, channels: int | None, rea
         f"previews: {reader} takes latents [batch, {channels}, height, width], but {have}; pass "
         "preview_decoder= a decoder of this latent space (e.g. an AutoencoderTiny)"
     )
-    raise ValueError(msg)
+    raise PreviewUnavailableError(msg)
 
 
 def rgb_images(rgb: torch.Tensor) -> list[PIL.Image.Image]:

@@ -10,17 +10,18 @@ the waiting job whose pipeline costs least, so jobs that share models run togeth
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import huggingface_hub
 import torch
 
-from components import ComponentsManager
+from components import ComponentsManager, ComponentSpec
 from components.errors import ComponentNotFoundError
 from modular.pipeline.pipeline import ModularPipeline
 
-__all__ = ["bytes_to_bring", "device_bytes", "file_bytes", "registered"]
+__all__ = ["bytes_to_bring", "device_bytes", "file_bytes", "pipeline_models", "registered"]
 
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -65,14 +66,22 @@ def device_bytes(manager: ComponentsManager, component_id: str, module: torch.nn
     return 0
 
 
+def pipeline_models(
+    manager: ComponentsManager, pipe: ModularPipeline
+) -> Iterator[tuple[str, ComponentSpec, Any]]:
+    """``(load ID, spec, what the manager holds for it)`` for each component of ``pipe`` loaded from a repo; the
+    last is ``(component id, component)``, or ``None`` when the manager holds none with that load ID."""
+    for name in pipe.pretrained_component_names:
+        spec = pipe.get_component_spec(name)
+        if spec.pretrained_model_name_or_path:
+            load_id = str(spec.load_id)
+            yield load_id, spec, registered(manager, load_id)
+
+
 def bytes_to_bring(manager: ComponentsManager, pipe: ModularPipeline) -> int:
     """The bytes ``pipe``'s models would move to the device if it ran now (see the module docstring)."""
     total = 0
-    for name in pipe.pretrained_component_names:
-        spec = pipe.get_component_spec(name)
-        if not spec.pretrained_model_name_or_path:
-            continue
-        found = registered(manager, str(spec.load_id))
+    for _, spec, found in pipeline_models(manager, pipe):
         if found is None:
             total += file_bytes(str(spec.pretrained_model_name_or_path), spec.subfolder)
         elif isinstance(found[1], torch.nn.Module):

@@ -74,28 +74,63 @@ class ServedJob:
 
     def describe(self, position: int | None = None) -> dict[str, Any]:
         """The job as JSON values, as ``GET /v1/jobs/{id}`` answers."""
-        return {
-            "id": self.id,
-            "state": self.state,
-            "workflow": self.workflow,
-            "priority": self.priority,
-            "position": position,
-            "request": dict(self.request.data),
-            "seeds": self.seeds,
-            "images": len(self.request.entries),
-            "created": self.created,
-            "started": self.started,
-            "finished": self.finished,
-            "waited": None if self.started is None else round(self.started - self.created, 6),
-            "ran": None
-            if self.started is None or self.finished is None
-            else round(self.finished - self.started, 6),
-            "error": self.error,
-            "results": list(self.results),
-            "attempts": self.attempts,
-            "bypassed": self.bypassed,
-            "progress": dict(self.progress),
-        }
+        return _description(
+            self.id,
+            self.state,
+            self.workflow,
+            self.priority,
+            dict(self.request.data),
+            self.seeds,
+            self.created,
+            self.started,
+            self.finished,
+            self.error,
+            self.results,
+            self.attempts,
+            position=position,
+            bypassed=self.bypassed,
+            progress=dict(self.progress),
+        )
+
+
+def _description(
+    job_id: str,
+    state: str,
+    workflow: str,
+    priority: int,
+    request: dict[str, Any],
+    seeds: list[int],
+    created: float,
+    started: float | None,
+    finished: float | None,
+    error: str | None,
+    results: list[str],
+    attempts: int,
+    position: int | None = None,
+    bypassed: int | None = None,
+    progress: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One job's description, whether this process holds it or only the store does: the same keys either way."""
+    return {
+        "id": job_id,
+        "state": state,
+        "workflow": workflow,
+        "priority": priority,
+        "position": position,
+        "request": request,
+        "seeds": seeds,
+        "images": len(seeds),
+        "created": created,
+        "started": started,
+        "finished": finished,
+        "waited": None if started is None else round(started - created, 6),
+        "ran": None if started is None or finished is None else round(finished - started, 6),
+        "error": error,
+        "results": list(results),
+        "attempts": attempts,
+        "bypassed": bypassed,
+        "progress": progress or {},
+    }
 
 
 def describe_record(record: JobRecord) -> dict[str, Any]:
@@ -106,24 +141,17 @@ def describe_record(record: JobRecord) -> dict[str, Any]:
         seeds = seeds_of(request)
     except (KeyError, TypeError):  # a request this version did not write
         seeds = []
-    started, finished = record.started, record.finished
-    return {
-        "id": record.id,
-        "state": record.state,
-        "workflow": record.workflow,
-        "priority": record.priority,
-        "position": None,
-        "request": request,
-        "seeds": seeds,
-        "images": len(seeds),
-        "created": record.created,
-        "started": started,
-        "finished": finished,
-        "waited": None if started is None else round(started - record.created, 6),
-        "ran": None if started is None or finished is None else round(finished - started, 6),
-        "error": record.error,
-        "results": list(record.results),
-        "attempts": record.attempts,
-        "bypassed": None,
-        "progress": {},
-    }
+    return _description(
+        record.id,
+        record.state,
+        record.workflow,
+        record.priority,
+        request,
+        seeds,
+        record.created,
+        record.started,
+        record.finished,
+        record.error,
+        record.results,
+        record.attempts,
+    )

@@ -18,7 +18,8 @@ import torch
 
 from components import ComponentsManager
 from modular.pipeline.pipeline import ModularPipeline
-from modular.serving.cost import device_bytes, file_bytes, registered
+from modular.serving.cost import device_bytes, file_bytes, pipeline_models
+from offload.devices.storage import module_nbytes
 
 __all__ = ["ResidencyReport", "rank_replicas", "replica_report", "workflow_needs"]
 
@@ -66,19 +67,10 @@ class ResidencyReport:
         )
 
 
-def _module_bytes(module: torch.nn.Module) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in (*module.parameters(), *module.buffers()))
-
-
 def workflow_needs(manager: ComponentsManager, pipe: ModularPipeline) -> dict[str, int]:
     """``pipe``'s models by load ID with their sizes: the engine's count for a loaded model, else its weight files'."""
     needs: dict[str, int] = {}
-    for name in pipe.pretrained_component_names:
-        spec = pipe.get_component_spec(name)
-        if not spec.pretrained_model_name_or_path:
-            continue
-        load_id = str(spec.load_id)
-        found = registered(manager, load_id)
+    for load_id, spec, found in pipeline_models(manager, pipe):
         if found is None:
             needs[load_id] = file_bytes(str(spec.pretrained_model_name_or_path), spec.subfolder)
             continue
@@ -86,7 +78,7 @@ def workflow_needs(manager: ComponentsManager, pipe: ModularPipeline) -> dict[st
         if not isinstance(component, torch.nn.Module):
             continue
         engines = [engine for engine in manager.offload_engines if engine.has_hook(component_id)]
-        needs[load_id] = engines[0].nbytes(component_id) if engines else _module_bytes(component)
+        needs[load_id] = engines[0].nbytes(component_id) if engines else module_nbytes(component)
     return needs
 
 
@@ -96,11 +88,9 @@ def replica_report(
     """This process's report: every model of ``pipes`` the manager holds, with the bytes still to move for it."""
     missing: dict[str, int] = {}
     for pipe in pipes:
-        for name in pipe.pretrained_component_names:
-            spec = pipe.get_component_spec(name)
-            found = registered(manager, str(spec.load_id)) if spec.pretrained_model_name_or_path else None
+        for load_id, _, found in pipeline_models(manager, pipe):
             if found is not None and isinstance(found[1], torch.nn.Module):
-                missing[str(spec.load_id)] = device_bytes(manager, *found)
+                missing[load_id] = device_bytes(manager, *found)
     return ResidencyReport(missing=missing, queued=queued, unloadable=_names(unloadable))
 
 

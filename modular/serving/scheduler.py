@@ -26,7 +26,7 @@ import torch
 
 from modular.batch.jobs import call_job
 from modular.batch.store import encode
-from modular.errors import CallCancelled
+from modular.errors import CallCancelled, PreviewUnavailableError
 from modular.serving.call_events import watch_keywords
 from modular.serving.cost import bytes_to_bring
 from modular.serving.engine_hints import EngineHints
@@ -468,8 +468,8 @@ class Scheduler:
                 cancel=job.token,
                 **watch_keywords(self.events, job, index, self.preview_every if previews else None),
             )
-        except ValueError as error:
-            if not previews or not str(error).startswith(("previews:", "on_preview:")):
+        except PreviewUnavailableError as error:
+            if not previews:
                 raise
             self._no_previews.add(job.workflow)
             log.info("%s makes no previews: %s", job.workflow, error)

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from modular.errors import CallCancelled
+from modular.errors import CallCancelled, PreviewUnavailableError
 from modular.watch.events import Cancellable, Preview, ProgressEvent
 
 __all__ = ["DEFAULT_TENSOR_INPUTS", "CallWatch", "loops_of", "watch_of"]
@@ -98,7 +98,7 @@ class CallWatch:
                 if self.preview_decoder is not None
                 else " (its family has no latent-to-RGB map); pass preview_decoder="
             )
-            raise ValueError(msg)
+            raise PreviewUnavailableError(msg)
 
     # ----- around blocks -----
     def elapsed(self) -> float:
