@@ -114,11 +114,5 @@ class DirectCalls:
             return self._pngs[key]
 
 
-def rss_bytes() -> int:
-    """This process's resident memory (the server runs in it), from /proc/self/statm."""
-    resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return resident_pages * os.sysconf("SC_PAGE_SIZE")
-
-
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
