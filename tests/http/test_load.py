@@ -22,7 +22,8 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from tests.http.load_helpers import FINAL, FLUX, SD, DirectCalls, make_repos, open_fds, rss_bytes, serving
+from modular.http.memory import rss_bytes
+from tests.http.load_helpers import FINAL, FLUX, SD, DirectCalls, make_repos, open_fds, serving
 
 # At least the 200. The first LOAD_REQUESTS - WINDOW actions are the warm-up: measured by hand, RSS
 # rises by about a tenth over the first 200 (pipelines loaded, each thread's allocator arena grown) and then
