@@ -1,4 +1,5 @@
-"""The FastAPI app of ``modular serve``: the routes over one ``Scheduler`` (docs/serving.md lists them).
+"""The FastAPI app of ``modular serve``: the routes over a ``JobService`` (docs/serving.md lists them): one
+``Scheduler`` of this process (``LocalJobs``), or the replicas of a Ray Serve deployment.
 
 Every route but ``/healthz`` needs the token when the server has one (``modular/http/settings.py``);
 errors are JSON, ``{"error": {"type": ..., "message": ...}}``, with the message ``modular batch`` and ``modular
@@ -23,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from modular.batch.jobs import MAX_SEED
 from modular.errors import InputTypeError, MissingInputError, UnknownInputError
 from modular.http.events_stream import event_stream
-from modular.http.memory import memory_report
+from modular.http.service import JobService, LocalJobs
 from modular.http.settings import ServerSettings
 from modular.http.uploads import UploadError, read_job_body
 from modular.serving.jobs import JobStateError, QueueFullError, UnknownJobError
@@ -57,7 +58,7 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-def _request_schema(scheduler: Scheduler) -> dict[str, Any]:
+def _request_schema(jobs: JobService) -> dict[str, Any]:
     """The JSON body of ``POST /v1/jobs`` as the OpenAPI schema shows it (the server checks it itself, with
     the batch format's messages): the served workflows and this server's limits are in it, so that a client
     made from the schema sends requests this server takes."""
@@ -67,17 +68,17 @@ def _request_schema(scheduler: Scheduler) -> dict[str, Any]:
     properties: dict[str, Any] = {
         "workflow": {
             **text,
-            "enum": sorted(scheduler.served),
+            "enum": sorted(jobs.served),
             "description": "a served workflow's name (GET /v1/workflows)",
         },
         "prompt": text,
         "negative_prompt": text,
         "size": {**text, "pattern": "^[0-9]+x[0-9]+$", "description": "WIDTHxHEIGHT in pixels"},
-        "steps": {**whole, "minimum": 1, "maximum": scheduler.limits.max_steps},
+        "steps": {**whole, "minimum": 1, "maximum": jobs.limits.max_steps},
         "guidance_scale": number,
         "seed": {**whole, "minimum": 0, "maximum": MAX_SEED, "description": "image i is made with seed + i"},
         "seeds": {"type": "array", "items": {**whole, "minimum": 0, "maximum": MAX_SEED}},
-        "images_per_prompt": {**whole, "minimum": 1, "maximum": scheduler.limits.max_images},
+        "images_per_prompt": {**whole, "minimum": 1, "maximum": jobs.limits.max_images},
         "priority": {
             **whole,
             "minimum": -PRIORITY_BOUND,
@@ -93,12 +94,13 @@ def _request_schema(scheduler: Scheduler) -> dict[str, Any]:
         },
     }
     assert set(properties) == set(REQUEST_KEYS)
-    required = ["prompt"] if len(scheduler.served) == 1 else ["workflow", "prompt"]  # one served: its own
+    required = ["prompt"] if len(jobs.served) == 1 else ["workflow", "prompt"]  # one served: its own
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> FastAPI:
-    """The app serving ``scheduler`` (which the caller starts and closes)."""
+def make_app(jobs: Scheduler | JobService, settings: ServerSettings | None = None) -> FastAPI:
+    """The app serving ``jobs``: a ``Scheduler`` (which the caller starts and closes) or any ``JobService``."""
+    service = LocalJobs(jobs) if isinstance(jobs, Scheduler) else jobs
     settings = settings or ServerSettings()
     token = settings.resolved_token()
     app = FastAPI(
@@ -106,7 +108,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
         description="A queue of diffusion jobs over one components manager; see docs/serving.md.",
         version="1",
     )
-    app.state.scheduler = scheduler
+    app.state.jobs = service
     app.state.settings = settings
     app.state.closing = closing = threading.Event()  # set on stop: the event streams end (server.py)
 
@@ -158,7 +160,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             "requestBody": {
                 "required": True,
                 "content": {
-                    "application/json": {"schema": _request_schema(scheduler)},
+                    "application/json": {"schema": _request_schema(service)},
                     "multipart/form-data": {
                         "schema": {
                             "type": "object",
@@ -172,19 +174,16 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     )
     async def submit(request: Request) -> Response:
         try:
-            data, uploads = await read_job_body(request, scheduler.uploads, settings)
+            data, uploads = await read_job_body(request, service.uploads, settings)
             # off the event loop: the check and the store's synced write must not hold up other requests
-            job = await run_in_threadpool(scheduler.submit, data, uploads)
+            job = await run_in_threadpool(service.submit, data, uploads)
         except QueueFullError as error:
             return error_response(429, error, **{"Retry-After": str(error.retry_after)})
         except BAD_REQUEST as error:
             status = getattr(error, "status", 400)
             return error_response(status, error)
-        return JSONResponse(
-            {"id": job.id, "state": job.state, "position": scheduler.position(job.id), "seeds": job.seeds},
-            status_code=202,
-            headers={"Location": f"/v1/jobs/{job.id}"},
-        )
+        answer = {key: job[key] for key in ("id", "state", "position", "seeds")}
+        return JSONResponse(answer, status_code=202, headers={"Location": f"/v1/jobs/{job['id']}"})
 
     @app.get("/v1/jobs", response_model=list[dict[str, Any]])
     def list_jobs(state: str | None = None) -> Any:
@@ -193,31 +192,31 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
         if unknown:
             message = f"state {', '.join(map(repr, unknown))} is not one of {', '.join(STATES)}"
             return error_response(400, message, "RequestError")
-        return scheduler.jobs(states)
+        return service.jobs(states)
 
     @app.get("/v1/jobs/{job_id}")
     def get_job(job_id: str) -> Response:
         try:
-            return JSONResponse(scheduler.describe(job_id))
+            return JSONResponse(service.describe(job_id))
         except UnknownJobError as error:
             return error_response(404, error)
 
     @app.delete("/v1/jobs/{job_id}", status_code=202)
     def cancel_job(job_id: str) -> Response:
         try:
-            job = scheduler.cancel(job_id)
+            job = service.cancel(job_id)
         except UnknownJobError as error:
             return error_response(404, error)
         except JobStateError as error:
             return error_response(409, error)
-        return JSONResponse(job.describe(scheduler.position(job.id)), status_code=202)
+        return JSONResponse(job, status_code=202)
 
     @app.get(
         "/v1/jobs/{job_id}/result", response_class=Response, responses={200: {"content": {"image/png": {}}}}
     )
     def result(job_id: str, index: int = Query(0, ge=0)) -> Response:
         try:
-            job = scheduler.describe(job_id)
+            job = service.describe(job_id)
         except UnknownJobError as error:
             return error_response(404, error)
         if index >= len(job["results"]):
@@ -230,7 +229,7 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
             return error_response(
                 409, f"job {job_id!r} is {job['state']}; image {index} is not made", "JobStateError"
             )
-        return FileResponse(scheduler.results / job["results"][index], media_type="image/png")
+        return FileResponse(service.results / job["results"][index], media_type="image/png")
 
     @app.get(
         "/v1/jobs/{job_id}/events",
@@ -239,33 +238,27 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
     )
     def job_events(job_id: str, request: Request) -> Response:
         try:
-            scheduler.describe(job_id)
+            service.describe(job_id)
         except UnknownJobError as error:
             return error_response(404, error)
-        return event_stream(scheduler, request, job_id, closing)
+        return event_stream(service, request, job_id, closing)
 
     @app.get("/v1/events", response_class=Response, responses={200: {"content": {"text/event-stream": {}}}})
     def all_events(request: Request) -> Response:
-        return event_stream(scheduler, request, None, closing)
+        return event_stream(service, request, None, closing)
 
     @app.get("/v1/queue")
     def queue() -> dict[str, Any]:
-        running = scheduler.running
-        return {
-            "paused": scheduler.paused,
-            "waiting": [job.id for job in scheduler.waiting()],
-            "running": None if running is None else running.id,
-            "max_queue": scheduler.max_queue,
-        }
+        return service.queue()
 
     @app.post("/v1/queue/pause")
     def pause() -> dict[str, Any]:
-        scheduler.pause()
+        service.pause()
         return {"paused": True}
 
     @app.post("/v1/queue/resume")
     def resume() -> dict[str, Any]:
-        scheduler.resume()
+        service.resume()
         return {"paused": False}
 
     @app.get(
@@ -274,18 +267,17 @@ def make_app(scheduler: Scheduler, settings: ServerSettings | None = None) -> Fa
         responses={200: {"content": {"application/json": {}, "text/plain": {}}}},  # ?format=text: the table
     )
     def manager(format: str = Query("json", pattern="^(json|text)$")) -> Any:
-        cm = scheduler.manager
         if format == "text":
-            return PlainTextResponse(str(cm))
-        return {"components": [_component(cm, component_id) for component_id in list(cm.components)]}
+            return PlainTextResponse(service.manager_text())
+        return {"components": service.components()}
 
     @app.get("/v1/memory")
     def memory() -> dict[str, Any]:
-        return memory_report(scheduler)
+        return service.memory()
 
     @app.get("/v1/workflows")
     def workflows() -> list[dict[str, Any]]:
-        return [scheduler.served.describe(name) for name in scheduler.served]
+        return [service.served.describe(name) for name in service.served]
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> HTMLResponse:
@@ -306,21 +298,3 @@ def _asset_route(name: str, media_type: str) -> Any:
         return Response(_page_file(name), media_type=media_type, headers={"Cache-Control": "no-cache"})
 
     return asset
-
-
-def _component(cm: Any, component_id: str) -> dict[str, Any]:
-    try:
-        info = cm.get_model_info(component_id)
-    except KeyError:  # removed meanwhile
-        return {"id": component_id}
-    return {"id": component_id, **{key: _json(value) for key, value in info.items()}}
-
-
-def _json(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(key): _json(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_json(item) for item in value]
-    return str(value)

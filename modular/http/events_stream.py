@@ -19,8 +19,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from modular.http.service import JobService
 from modular.serving.events import FINAL_KINDS
-from modular.serving.scheduler import Scheduler
 
 __all__ = ["KEEPALIVE", "event_stream", "sse"]
 
@@ -33,10 +33,10 @@ def sse(event: dict[str, Any]) -> str:
 
 
 def event_stream(
-    scheduler: Scheduler, request: Request, job_id: str | None, closing: threading.Event | None = None
+    jobs: JobService, request: Request, job_id: str | None, closing: threading.Event | None = None
 ) -> StreamingResponse:
-    listener = scheduler.events.subscribe(job_id)
-    finished = job_id is not None and scheduler.describe(job_id)["state"] in FINAL_KINDS
+    listener = jobs.events.subscribe(job_id)
+    finished = job_id is not None and jobs.describe(job_id)["state"] in FINAL_KINDS
 
     async def lines() -> AsyncIterator[str]:
         quiet_since = time.monotonic()

@@ -11,7 +11,7 @@ import resource
 import sys
 from typing import Any
 
-from modular.serving.scheduler import Scheduler
+from components import ComponentsManager
 
 __all__ = ["memory_report", "rss_bytes"]
 
@@ -29,9 +29,10 @@ def rss_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
-def memory_report(scheduler: Scheduler) -> dict[str, Any]:
+def memory_report(manager: ComponentsManager) -> dict[str, Any]:
+    """``manager``'s devices with their offload samples, and this process's host bytes."""
     devices = []
-    for engine in scheduler.manager.offload_engines:
+    for engine in manager.offload_engines:
         total = engine.probe.total_bytes()
         samples = []
         for decision in list(engine.log)[-MAX_SAMPLES:]:
@@ -48,5 +49,5 @@ def memory_report(scheduler: Scheduler) -> dict[str, Any]:
                 "samples": samples,
             }
         )
-    host_copies = sum(engine.host_tier.held_bytes() for engine in scheduler.manager.offload_engines)
+    host_copies = sum(engine.host_tier.held_bytes() for engine in manager.offload_engines)
     return {"devices": devices, "host": {"rss": rss_bytes(), "host_copies": host_copies}}
