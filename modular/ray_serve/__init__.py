@@ -14,10 +14,21 @@ from typing import TYPE_CHECKING
 from offload.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from modular.ray_serve.app import build_app
+    from modular.ray_serve.app import build_app, build_workers
+    from modular.ray_serve.ingress import RoutedJobs
+    from modular.ray_serve.local_workers import LocalWorkers
     from modular.ray_serve.router import ResidencyRouter
     from modular.ray_serve.worker import ReplicaWorker, job_replica, needs_table
 
 __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
-__all__ = ["ReplicaWorker", "ResidencyRouter", "build_app", "job_replica", "needs_table"]
+__all__ = [
+    "LocalWorkers",
+    "ReplicaWorker",
+    "ResidencyRouter",
+    "RoutedJobs",
+    "build_app",
+    "build_workers",
+    "job_replica",
+    "needs_table",
+]

@@ -6,27 +6,38 @@ values and the replica's id); Ray hands the latest report to the router as each 
 from ``needs_table``) and ranks the replicas for a ``submit`` with ``rank_replicas``: fewest bytes first,
 by queue length when the queues are out of balance by more than ``imbalance`` jobs, replicas that could not
 load the workflow last. Ray then takes the least loaded replica of the first rank that accepts the request.
-A call about one job (``describe``, ``cancel``, ``result``) goes to the replica its id names. Without
-reports yet, or for a request it cannot read, the router does what Ray's default router does (power of two
-choices). This module imports Ray: it is imported only when named (``modular.ray_serve.ResidencyRouter``).
+``run`` (the ingress's streamed job) is ranked as ``submit`` is. A call about one job (``describe``,
+``cancel``, ``result``) goes to the replica its id names, and a call addressed to a replica (``queue``,
+``pause``, ...: ``REPLICA_METHODS``) to that replica. Without reports yet, or for a request it cannot read,
+the router does what Ray's default router does: two replicas at random, the less loaded first (power of two
+choices). The router runs in the caller's process (the ingress); ``deployment_replicas`` reads the replicas
+it sees (``modular/ray_serve/registry.py``), which Ray offers no other public way to list. This module imports Ray: it is imported only when
+named (``modular.ray_serve.ResidencyRouter``).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any
 
-# Ray's default router, the fallback; Ray exports no public name for it in 2.60.
-from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
-from ray.serve.request_router import PendingRequest, RunningReplica
+from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from modular.ray_serve.worker import job_replica
+from modular.ray_serve.registry import remember_router
+from modular.ray_serve.worker import REPLICA_METHODS, job_replica, request_workflow
 from modular.serving.residency import ResidencyReport, rank_replicas
 
-__all__ = ["JOB_METHODS", "ResidencyRouter", "request_workflow", "router_kwargs"]
+__all__ = [
+    "JOB_METHODS",
+    "RANKED_METHODS",
+    "ResidencyRouter",
+    "router_kwargs",
+]
 
 #: The worker's methods whose first argument is a job id: sent to the replica that holds the job.
 JOB_METHODS = frozenset({"describe", "cancel", "result"})
+#: The worker's methods that take a new job: ranked by residency.
+RANKED_METHODS = frozenset({"submit", "run"})
 
 
 def router_kwargs(needs: Any, imbalance: Any = 8) -> dict[str, Any]:
@@ -51,18 +62,7 @@ def router_kwargs(needs: Any, imbalance: Any = 8) -> dict[str, Any]:
     return {"needs": {workflow: dict(models) for workflow, models in needs.items()}, "imbalance": imbalance}
 
 
-def request_workflow(args: Any, kwargs: Any, workflows: Mapping[str, Any]) -> str | None:
-    """The workflow a ``submit(data)`` request names (the only one served when it names none), or ``None``."""
-    data = args[0] if args else (kwargs or {}).get("data")
-    if not isinstance(data, Mapping):
-        return None
-    name = data.get("workflow")
-    if name is None and len(workflows) == 1:
-        return next(iter(workflows))
-    return name if isinstance(name, str) and name in workflows else None
-
-
-class ResidencyRouter(PowerOfTwoChoicesRequestRouter):
+class ResidencyRouter(FIFOMixin, RequestRouter):
     """Ranks a deployment's replicas by their residency reports (see the module docstring).
 
     Started by Ray with ``RequestRouterConfig.request_router_kwargs``: ``needs`` (workflow to load ID to
@@ -84,6 +84,7 @@ class ResidencyRouter(PowerOfTwoChoicesRequestRouter):
         checked = router_kwargs({} if needs is None else needs, imbalance)
         self.needs = checked["needs"]
         self.imbalance = checked["imbalance"]
+        remember_router(self.app_name, self)
 
     async def choose_replicas(
         self,
@@ -95,18 +96,23 @@ class ResidencyRouter(PowerOfTwoChoicesRequestRouter):
             ranked = self.rank(candidate_replicas, pending_request)
             if ranked is not None:
                 return ranked
-        return await super().choose_replicas(candidate_replicas, pending_request)
+        # Ray's default choice, written here because Ray names its router only in a private module: two at
+        # random; Ray sends to the one with the shorter queue that accepts.
+        return (
+            [random.sample(candidate_replicas, min(2, len(candidate_replicas)))] if candidate_replicas else []
+        )
 
     def rank(
         self, candidates: list[RunningReplica], request: PendingRequest
     ) -> list[list[RunningReplica]] | None:
         """The ranks for ``request``, or ``None`` where Ray's default choice applies."""
         method = request.metadata.call_method
-        if method in JOB_METHODS:
-            owner = job_replica(request.args[0] if request.args else request.kwargs.get("job_id"))
+        if method in JOB_METHODS or method in REPLICA_METHODS:
+            first = request.args[0] if request.args else None
+            owner = job_replica(first) if method in JOB_METHODS else first
             owned = [replica for replica in candidates if replica.replica_id.unique_id == owner]
-            return [owned] if owned else None  # gone (or not a job id): any replica says it does not know it
-        if method != "submit" or not hasattr(self, "needs"):
+            return [owned] if owned else None  # gone (or not an id): any replica says it does not know it
+        if method not in RANKED_METHODS or not hasattr(self, "needs"):
             return None
         workflow = request_workflow(request.args, request.kwargs, self.needs)
         if workflow is None or not any(replica.routing_stats for replica in candidates):

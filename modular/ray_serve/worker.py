@@ -3,14 +3,20 @@
 ``ReplicaWorker`` is a plain class: Ray Serve wraps it (``serve.deployment(ReplicaWorker)``, see
 ``modular/ray_serve/app.py``) and calls its methods in the replica's process; tests and programs without
 Ray call them directly. Job ids it gives out name the replica (``REPLICA:JOB``) so that a router can send
-``describe``, ``cancel`` and ``result`` of a job to the replica that holds it (``job_replica``). This module
-imports no Ray: the replica's id comes from Ray's replica context when there is one.
+``describe``, ``cancel`` and ``result`` of a job to the replica that holds it (``job_replica``), and the
+methods whose first argument is a replica id (``REPLICA_METHODS``: the queue, pause, the manager, memory) to
+that replica. ``run`` is the ingress's call: it queues a job and streams its events, the final one with the
+images (``modular/ray_serve/ingress.py``). This module imports no Ray: the replica's id comes from Ray's
+replica context when there is one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +24,43 @@ import torch
 
 from components import ComponentsManager
 from modular.batch.runner import enable_offload
-from modular.serving.jobs import UnknownJobError
+from modular.http.service import LocalJobs
+from modular.serving.events import FINAL_KINDS
+from modular.serving.jobs import JobStateError, UnknownJobError
 from modular.serving.residency import workflow_needs
 from modular.serving.scheduler import Scheduler
 from modular.serving.served import ServedWorkflow, ServedWorkflows, parse_served
+from modular.serving.store import write_result
 
-__all__ = ["SEPARATOR", "ReplicaWorker", "job_replica", "needs_table", "served_workflows"]
+__all__ = [
+    "REPLICA_METHODS",
+    "ReplicaClosedError",
+    "SEPARATOR",
+    "ReplicaWorker",
+    "UnknownReplicaError",
+    "job_replica",
+    "needs_table",
+    "request_workflow",
+    "served_workflows",
+]
 
 SEPARATOR = ":"  # between the replica's id and the scheduler's job id in the ids a replica gives out
+#: The worker's methods whose first argument is the id of the replica that must answer.
+REPLICA_METHODS = frozenset({"queue", "pause", "resume", "components", "manager_text", "memory"})
+POLL = 0.02  # seconds between looks at a streamed job's listener (no thread held per stream)
+_UPLOAD_NAME = re.compile(r"^[0-9a-f]{64}\.(png|jpg|webp)$")
+
+
+class ReplicaClosedError(RuntimeError):
+    """The replica closed while a streamed job was unfinished (its scheduler requeued the job here)."""
+
+
+class UnknownReplicaError(LookupError):
+    """A call addressed to a replica that is not this one (the router found no replica of that id)."""
+
+    def __init__(self, replica: object, answered: str) -> None:
+        self.replica = replica
+        super().__init__(f"no replica has id {replica!r} (replica {answered} answered)")
 
 
 def job_replica(job_id: Any) -> str | None:
@@ -34,6 +69,17 @@ def job_replica(job_id: Any) -> str | None:
         return None
     replica, _, job = job_id.rpartition(SEPARATOR)
     return replica or None if job else None
+
+
+def request_workflow(args: Any, kwargs: Any, workflows: Mapping[str, Any]) -> str | None:
+    """The workflow a ``submit(data)`` request names (the only one served when it names none), or ``None``."""
+    data = args[0] if args else (kwargs or {}).get("data")
+    if not isinstance(data, Mapping):
+        return None
+    name = data.get("workflow")
+    if name is None and len(workflows) == 1:
+        return next(iter(workflows))
+    return name if isinstance(name, str) and name in workflows else None
 
 
 def served_workflows(workflows: Sequence[ServedWorkflow | str]) -> list[ServedWorkflow]:
@@ -159,6 +205,109 @@ class ReplicaWorker:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(names):
             raise LookupError(f"job {job_id!r} has {len(names)} image(s) so far; there is no image {index!r}")
         return (self.scheduler.results / names[index]).read_bytes()
+
+    async def run(
+        self, data: Any, images: Mapping[str, tuple[str, bytes]] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Queue a request and stream its events until its final one: first ``assigned`` (``replica``,
+        ``replica_job``: the job's id here), then the scheduler's events of the job, the final ``done`` with
+        ``images`` (each result's PNG bytes) and a final ``failed`` with ``unloadable`` when the workflow could
+        not load here. A stream closed before the job finished cancels it: its images would reach no one.
+
+        Args:
+            data: The request in normal form (``CheckedRequest.data``: its seed recorded).
+            images: Input images by input name: (the name the ingress stored them under, their bytes).
+
+        Raises:
+            QueueFullError, RequestError and the input errors of ``Scheduler.submit``; ValueError: an image
+            name that is not one the ingress makes.
+        """
+        uploads = self._store_uploads(images or {})
+        job = self.scheduler.submit(data, uploads)
+        listener = self.scheduler.events.subscribe(job.id)
+        outward = f"{self.replica_id}{SEPARATOR}{job.id}"
+        finished = False
+        try:
+            yield {"kind": "assigned", "replica": self.replica_id, "replica_job": outward}
+            while True:
+                event = listener.get(timeout=0)
+                if event is None:
+                    if self._closed:  # as a dead replica's stream breaks: the ingress sends the job again
+                        raise ReplicaClosedError(
+                            f"replica {self.replica_id} closed before job {outward} ended"
+                        )
+                    await asyncio.sleep(POLL)
+                    continue
+                kind = event["kind"]
+                event = {**event, "job": outward, "replica": self.replica_id}
+                if kind == "done":
+                    event["images"] = [(self.scheduler.results / name).read_bytes() for name in job.results]
+                elif kind == "failed":
+                    event["unloadable"] = job.workflow in self.scheduler.residency_report().unloadable
+                finished = kind in FINAL_KINDS
+                yield event
+                if finished:
+                    return
+        finally:
+            listener.close()
+            if not finished and not self._closed:
+                try:
+                    self.scheduler.cancel(job.id, "the ingress stopped listening")
+                except (UnknownJobError, JobStateError):
+                    pass
+
+    def _store_uploads(self, images: Mapping[str, tuple[str, bytes]]) -> dict[str, Path]:
+        uploads = {}
+        for name, (stored, data) in images.items():
+            if not isinstance(stored, str) or not _UPLOAD_NAME.match(stored):
+                raise ValueError(f"image {name!r}: {stored!r} is not a name the ingress gives an upload")
+            if not isinstance(data, bytes) or hashlib.sha256(data).hexdigest() != stored.split(".")[0]:
+                raise ValueError(f"image {name!r}: its bytes are not those its name {stored!r} was made from")
+            path = self.scheduler.uploads / stored
+            if not path.is_file():
+                write_result(self.scheduler.uploads, stored, data)
+            uploads[name] = path
+        return uploads
+
+    def _mine(self, replica: Any) -> LocalJobs:
+        """This replica's scheduler as a ``JobService``, for a call addressed to ``replica``.
+
+        Raises:
+            UnknownReplicaError: ``replica`` is not this replica's id.
+        """
+        if replica != self.replica_id:
+            raise UnknownReplicaError(replica, self.replica_id)
+        return LocalJobs(self.scheduler)
+
+    def queue(self, replica: str) -> dict[str, Any]:
+        """This replica's queue (``JobService.queue``), its job ids naming this replica."""
+        queue = self._mine(replica).queue()
+        outward = [f"{self.replica_id}{SEPARATOR}{job_id}" for job_id in queue["waiting"]]
+        running = queue["running"]
+        return {
+            **queue,
+            "waiting": outward,
+            "running": None if running is None else f"{self.replica_id}{SEPARATOR}{running}",
+        }
+
+    def pause(self, replica: str) -> None:
+        """Start no new job on this replica until ``resume``."""
+        self._mine(replica).pause()
+
+    def resume(self, replica: str) -> None:
+        self._mine(replica).resume()
+
+    def components(self, replica: str) -> list[dict[str, Any]]:
+        """This replica's loaded components (``JobService.components``)."""
+        return self._mine(replica).components()
+
+    def manager_text(self, replica: str) -> str:
+        """This replica's manager table as it prints."""
+        return self._mine(replica).manager_text()
+
+    def memory(self, replica: str) -> dict[str, Any]:
+        """This replica's devices and host bytes (``JobService.memory``)."""
+        return self._mine(replica).memory()
 
     def needs(self) -> dict[str, dict[str, int]]:
         """``needs_table`` of this replica's workflows."""

@@ -434,6 +434,8 @@ class Scheduler:
             else:
                 self._finish(job, "cancelled", error.reason or str(error))
         except Exception as error:  # the job fails alone; the queue and the manager go on
+            if isinstance(error, (MemoryError, torch.OutOfMemoryError, ModelTooLargeError)):
+                self._unloadable.add(job.workflow)  # placing it for the call failed: as a failed load
             log.info("job %s failed: %s", job.id, error_text(error))
             self._finish(job, "failed", error_text(error))
         else:

@@ -12,7 +12,7 @@ pytest.importorskip("ray.serve", reason='needs Ray Serve: pip install "modular-p
 import ray
 from ray import serve
 
-from modular.ray_serve import build_app, job_replica
+from modular.ray_serve import build_workers, job_replica
 from modular.serving import ResidencyReport
 
 from .conftest import SMALL, WAIT, finished
@@ -27,7 +27,7 @@ def handle(workflows, sizes):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         serve.start(proxy_location="Disabled")
-        app = build_app(
+        app = build_workers(
             [workflows["sd"], workflows["flux"]],
             replicas=2,
             budget=max(sizes["sd"], sizes["flux"]),

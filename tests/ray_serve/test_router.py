@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("ray.serve", reason='needs Ray Serve: pip install "modular-pipelines[ray]"')
 
-from modular.ray_serve.router import ResidencyRouter, request_workflow, router_kwargs
+from modular.ray_serve.router import ResidencyRouter, router_kwargs
+from modular.ray_serve.worker import request_workflow
 from modular.serving import ResidencyReport
 
 NEEDS = {"sd": {"te": 100, "unet": 1000}, "flux": {"dit": 3000}}
