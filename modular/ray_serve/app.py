@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ray import serve
 from ray.serve import Application
@@ -41,7 +41,8 @@ class RayWorkers:
     async def run(
         self, data: Mapping[str, Any], images: Mapping[str, tuple[str, bytes]]
     ) -> AsyncIterator[dict[str, Any]]:
-        async for event in self.handle.options(stream=True).run.remote(dict(data), dict(images)):
+        stream = cast(Any, self.handle.options(stream=True).run.remote(dict(data), dict(images)))
+        async for event in stream:
             yield event
 
     async def call(self, replica: str, method: str, *args: Any) -> Any:
@@ -121,12 +122,12 @@ def build_workers(
     else:
         options["num_replicas"] = replicas
     if router:  # else Ray's default router (power of two choices): the benchmark's baseline
-        options["request_router_config"] = RequestRouterConfig(
+        options["request_router_config"] = cast(Any, RequestRouterConfig)(
             request_router_class=ResidencyRouter,
             request_router_kwargs=kwargs,
             request_routing_stats_period_s=stats_period,
         )
-    deployment = serve.deployment(ReplicaWorker, **options)
+    deployment = cast(Any, serve.deployment)(ReplicaWorker, **options)
     return deployment.bind(chosen, budget, base=str(base), **worker_options)
 
 
@@ -198,7 +199,7 @@ def build_app(
         max_queue=max_queue,
         **worker_options,
     )
-    ingress = serve.deployment(serve.ingress()(Ingress), name=INGRESS, num_replicas=1)
+    ingress = cast(Any, serve.deployment)(serve.ingress()(Ingress), name=INGRESS, num_replicas=1)
     ingress_options = {"ray_actor_options": {"num_cpus": 0}}
     return ingress.options(**ingress_options).bind(
         workers, chosen, str(Path(base).resolve()), settings, limits, max_queue, tries

@@ -84,7 +84,7 @@ class LocalWorkers:
         if worker is None:
             if method in REPLICA_METHODS:
                 raise UnknownReplicaError(replica, "none")
-            raise UnknownJobError(args[0] if args else None)
+            raise UnknownJobError(str(args[0]) if args else "")
         return getattr(worker, method)(*args)
 
     def replicas(self) -> list[str]:

@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +208,7 @@ class ReplicaWorker:
 
     async def run(
         self, data: Any, images: Mapping[str, tuple[str, bytes]] | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Queue a request and stream its events until its final one: first ``assigned`` (``replica``,
         ``replica_job``: the job's id here), then the scheduler's events of the job, the final ``done`` with
         ``images`` (each result's PNG bytes) and a final ``failed`` with ``unloadable`` when the workflow could
