@@ -28,6 +28,7 @@ def request(method, *args, **kwargs):
 
 def router(**kwargs):
     made = ResidencyRouter.__new__(ResidencyRouter)  # the ranking needs no event loop or controller
+    made._deployment_id = SimpleNamespace(app_name="test")  # what Ray's constructor would have set
     made.initialize_state(**router_kwargs(NEEDS, **kwargs))
     return made
 
