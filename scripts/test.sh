@@ -7,4 +7,5 @@ VENV="${VENV:-.venv}"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
-"$VENV/bin/python" -m pytest -q "$@"
+# Two workers (TEST_WORKERS=0: one process); tests/conftest.py groups them so each file stays on one.
+"$VENV/bin/python" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -22,6 +22,12 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
+    # Under `pytest -n N --dist loadgroup` (scripts/test.sh) a file's tests stay on one worker, so its
+    # module fixtures are built once, and every test that starts a Ray cluster shares one worker, so two
+    # clusters never start at once.
+    for item in items:
+        ray = "ray" in item.keywords or item.path.parent.name == "ray_serve"
+        item.add_marker(pytest.mark.xdist_group("ray" if ray else item.path.as_posix()))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
