@@ -214,10 +214,12 @@ def serve_ray_command(
     )
     stop = stop or threading.Event()
     try:
-        if local:  # loopback only: the cluster is this machine's; no dashboard
-            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+        # Ray's own logs stay in its log folder (/tmp/ray/session_latest/logs): this command's output is its
+        # two lines. A local cluster is this machine's alone: on loopback, without the dashboard.
+        if local:
+            ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
         else:
-            ray.init(address=args.ray_address)
+            ray.init(address=args.ray_address, log_to_driver=False)
         serve.start(http_options={"host": settings.host, "port": port})
         serve.run(app, name=APP_NAME, route_prefix="/")
         if local:
@@ -229,9 +231,9 @@ def serve_ray_command(
             wait_for_stop(stop, ray.is_initialized)
     finally:
         if ray.is_initialized():
-            if local:
-                serve.shutdown()
-            else:  # Serve and the cluster stay up for their other applications
+            # The replicas stop as Ray Serve stops them (each scheduler closed, its folder removed); on a joined
+            # cluster Serve stays up for other applications, a local cluster ends with its driver.
+            with contextlib.suppress(Exception):  # nothing of the application started: nothing to delete
                 serve.delete(APP_NAME)
             ray.shutdown()
     where = "Ray Serve and the local Ray cluster shut down" if local else f"{APP_NAME} deleted from the cluster"
