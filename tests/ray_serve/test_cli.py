@@ -173,6 +173,36 @@ def test_gpus_per_replica_takes_fractions_and_whole_numbers():
     assert (args.autoscale, args.replicas) == ((1, 4), None)
 
 
+def test_the_ray_defaults_said_in_the_help_are_the_commands_and_build_apps(capsys):
+    """The Ray options left unset default to ``RAY_DEFAULTS``, which are ``build_app``'s, as the help says."""
+    import inspect
+
+    from modular.cli.main import build_parser
+    from modular.cli.serve_ray import RAY_DEFAULTS
+
+    args = build_parser().parse_args(["serve", "repo", "--ray"])
+    assert all(getattr(args, key) is None for key in RAY_DEFAULTS)
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for option, key in (
+        ("--replicas N worker replicas", "replicas"),
+        ("--cpus-per-replica F CPUs each replica holds", "cpus_per_replica"),
+        ("--imbalance N jobs by which the replicas' queues may differ before jobs go by queue length", "imbalance"),
+        ("--stats-period S seconds between two reports of what a replica holds", "stats_period"),
+        ("--tries N tries of one job on the replicas before it fails", "tries"),
+    ):
+        assert f"{option} (default {RAY_DEFAULTS[key]:g})" in help_text, option
+    try:
+        from modular.ray_serve.app import build_app
+    except ImportError:  # without Ray: the help and the table are checked, build_app's signature is not
+        return
+    parameters = inspect.signature(build_app).parameters
+    named = {"cpus_per_replica": "num_cpus"}
+    for key, value in RAY_DEFAULTS.items():
+        assert parameters[named.get(key, key)].default == value, key
+
+
 def test_with_ray_an_address_without_a_token_or_a_missing_repo_is_refused_before_ray_starts(
     tmp_path, capsys, monkeypatch
 ):
