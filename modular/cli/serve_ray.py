@@ -48,7 +48,13 @@ __all__ = [
 
 APP_NAME = "modular"
 #: The defaults of the Ray options left ``None`` by the parser (``None`` there tells "not given").
-RAY_DEFAULTS = {"replicas": 2, "cpus_per_replica": 1.0, "imbalance": 8, "stats_period": 1.0, "tries": 3}
+RAY_DEFAULTS: dict[str, Any] = {
+    "replicas": 2,
+    "cpus_per_replica": 1.0,
+    "imbalance": 8,
+    "stats_period": 1.0,
+    "tries": 3,
+}
 _RAY_ONLY = (
     ("ray_address", "--ray-address"),
     ("replicas", "--replicas"),
@@ -84,8 +90,8 @@ def check_ray_options(args: argparse.Namespace) -> None:
     if not args.ray:
         given = [option for key, option in _RAY_ONLY if getattr(args, key, None) is not None]
         if given:
-            them = "it" if len(given) == 1 else "them"
-            msg = f"{_listed(given)} {'is an option' if len(given) == 1 else 'are options'} of --ray: add --ray, or drop {them}"
+            are, them = ("is an option", "it") if len(given) == 1 else ("are options", "them")
+            msg = f"{_listed(given)} {are} of --ray: add --ray, or drop {them}"
             raise ValueError(msg)
         return
     refused = [(option, why) for key, option, why in _NOT_WITH_RAY if getattr(args, key, None) is not None]
@@ -196,7 +202,10 @@ def serve_ray_command(
     autoscaling = None
     if args.autoscale is not None:
         autoscaling = {"min_replicas": args.autoscale[0], "max_replicas": args.autoscale[1]}
-    value = {key: default if getattr(args, key) is None else getattr(args, key) for key, default in RAY_DEFAULTS.items()}
+    value = {
+        key: default if getattr(args, key) is None else getattr(args, key)
+        for key, default in RAY_DEFAULTS.items()
+    }
     workflows = served_workflows(args)
     app = build_app(  # reads the repos: a missing one is refused before Ray starts
         workflows,
@@ -217,7 +226,9 @@ def serve_ray_command(
         # Ray's own logs stay in its log folder (/tmp/ray/session_latest/logs): this command's output is its
         # two lines. A local cluster is this machine's alone: on loopback, without the dashboard.
         if local:
-            ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+            ray.init(
+                address="local", include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1"
+            )
         else:
             ray.init(address=args.ray_address, log_to_driver=False)
         serve.start(http_options={"host": settings.host, "port": port})
@@ -236,6 +247,8 @@ def serve_ray_command(
             with contextlib.suppress(Exception):  # nothing of the application started: nothing to delete
                 serve.delete(APP_NAME)
             ray.shutdown()
-    where = "Ray Serve and the local Ray cluster shut down" if local else f"{APP_NAME} deleted from the cluster"
+    where = (
+        "Ray Serve and the local Ray cluster shut down" if local else f"{APP_NAME} deleted from the cluster"
+    )
     out(f"modular serve: stopped; {where}; unfinished jobs are lost (the ingress kept them in memory)")
     return 0

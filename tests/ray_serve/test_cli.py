@@ -71,7 +71,16 @@ def test_without_ray_it_says_how_to_install_it(tmp_path, capsys, monkeypatch, wi
             "ValueError: --ray-address, --autoscale and --tries are options of --ray: add --ray, or drop them",
         ),
         (
-            ["--gpus-per-replica", "0.5", "--cpus-per-replica", "2", "--imbalance", "0", "--stats-period", "2"],
+            [
+                "--gpus-per-replica",
+                "0.5",
+                "--cpus-per-replica",
+                "2",
+                "--imbalance",
+                "0",
+                "--stats-period",
+                "2",
+            ],
             "ValueError: --gpus-per-replica, --cpus-per-replica, --imbalance and --stats-period are options of "
             "--ray: add --ray, or drop them",
         ),
@@ -97,7 +106,9 @@ def test_without_ray_it_says_how_to_install_it(tmp_path, capsys, monkeypatch, wi
     ],
     ids=["replicas", "three", "four", "state", "offload", "two-reasons", "port-0-joined"],
 )
-def test_options_of_the_wrong_server_are_refused_before_ray(tmp_path, capsys, monkeypatch, without_ray, argv, said):
+def test_options_of_the_wrong_server_are_refused_before_ray(
+    tmp_path, capsys, monkeypatch, without_ray, argv, said
+):
     """Ray's options without --ray, and one machine's server's options with it, are refused by name (Ray
     cannot be imported here: the refusal comes before it)."""
     monkeypatch.chdir(tmp_path)
@@ -109,7 +120,10 @@ def test_options_of_the_wrong_server_are_refused_before_ray(tmp_path, capsys, mo
     ("argv", "said"),
     [
         (["--replicas", "0"], "argument --replicas: must be at least 1 (got 0)"),
-        (["--replicas", "2", "--autoscale", "1:3"], "argument --autoscale: not allowed with argument --replicas"),
+        (
+            ["--replicas", "2", "--autoscale", "1:3"],
+            "argument --autoscale: not allowed with argument --replicas",
+        ),
         (
             ["--autoscale", "3"],
             "argument --autoscale: must be MIN:MAX replicas, whole numbers with 1 <= MIN <= MAX, e.g. 1:4 "
@@ -188,7 +202,10 @@ def test_the_ray_defaults_said_in_the_help_are_the_commands_and_build_apps(capsy
     for option, key in (
         ("--replicas N worker replicas", "replicas"),
         ("--cpus-per-replica F CPUs each replica holds", "cpus_per_replica"),
-        ("--imbalance N jobs by which the replicas' queues may differ before jobs go by queue length", "imbalance"),
+        (
+            "--imbalance N jobs by which the replicas' queues may differ before jobs go by queue length",
+            "imbalance",
+        ),
         ("--stats-period S seconds between two reports of what a replica holds", "stats_period"),
         ("--tries N tries of one job on the replicas before it fails", "tries"),
     ):
@@ -234,7 +251,9 @@ def test_with_ray_a_port_in_use_is_one_line(tmp_path, capsys, monkeypatch):
         taken.listen()
         port = taken.getsockname()[1]
         said = refusal(["--ray", "./tiny-sd", "--port", str(port)], capsys)
-    assert said.startswith(f"modular: error: OSError: cannot listen on 127.0.0.1:{port} (Address already in use)")
+    assert said.startswith(
+        f"modular: error: OSError: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    )
     assert not ray.is_initialized()
 
 
