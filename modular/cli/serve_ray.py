@@ -44,6 +44,7 @@ __all__ = [
     "check_ray_options",
     "missing_ray",
     "serve_ray_command",
+    "where_models_run",
 ]
 
 APP_NAME = "modular"
@@ -131,7 +132,7 @@ def check_ray_arguments(args: argparse.Namespace) -> None:
     served_workflows(args)
 
 
-def _where(args: argparse.Namespace) -> str:
+def where_models_run(args: argparse.Namespace) -> str:
     """Where the models are, for the start line: the replicas and each one's device."""
     from offload.devices.units import format_bytes
 
@@ -140,12 +141,12 @@ def _where(args: argparse.Namespace) -> str:
     else:
         replicas = args.replicas or RAY_DEFAULTS["replicas"]
         count = f"{replicas} Ray Serve replica{'s' if replicas != 1 else ''}"
+    gpus = 1 if args.gpus_per_replica is None else args.gpus_per_replica
     if args.budget is not None:
-        device = f"a simulated device of {format_bytes(args.budget)}"
+        device = f"a simulated device of {format_bytes(args.budget)} each"
     else:
-        gpus = 1 if args.gpus_per_replica is None else args.gpus_per_replica
-        device = f"{gpus:g} GPU" if gpus else "the CPU"
-    return f"{count}, {device} each"
+        device = f"{gpus:g} GPU each" if gpus else "no GPU"
+    return f"{count}, {device}"
 
 
 def _wait_for_proxy(host: str, port: int, timeout: float = PROXY_WAIT) -> None:
@@ -238,7 +239,7 @@ def serve_ray_command(
         with stop_on_signals(stop):  # after ray.init, which sets its own SIGTERM handler
             host = f"[{settings.host}]" if ":" in settings.host else settings.host
             names = [workflow.name for workflow in workflows]
-            out(start_line(f"http://{host}:{port}", names, _where(args), settings.resolved_token()))
+            out(start_line(f"http://{host}:{port}", names, where_models_run(args), settings.resolved_token()))
             wait_for_stop(stop, ray.is_initialized)
     finally:
         if ray.is_initialized():
@@ -248,7 +249,9 @@ def serve_ray_command(
                 serve.delete(APP_NAME)
             ray.shutdown()
     where = (
-        "Ray Serve and the local Ray cluster shut down" if local else f"{APP_NAME} deleted from the cluster"
+        "Ray Serve and the local Ray cluster shut down"
+        if local
+        else f"the application {APP_NAME!r} deleted from the cluster"
     )
     out(f"modular serve: stopped; {where}; unfinished jobs are lost (the ingress kept them in memory)")
     return 0

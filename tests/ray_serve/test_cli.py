@@ -220,6 +220,26 @@ def test_the_ray_defaults_said_in_the_help_are_the_commands_and_build_apps(capsy
         assert parameters[named.get(key, key)].default == value, key
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        ([], "2 Ray Serve replicas, 1 GPU each"),
+        (
+            ["--replicas", "1", "--budget", "64MiB"],
+            "1 Ray Serve replica, a simulated device of 64.00 MiB each",
+        ),
+        (["--replicas", "4", "--gpus-per-replica", "0.5"], "4 Ray Serve replicas, 0.5 GPU each"),
+        (["--autoscale", "2:8", "--gpus-per-replica", "0"], "2 to 8 Ray Serve replicas (autoscaled), no GPU"),
+    ],
+    ids=["defaults", "budget", "half-gpu", "autoscale"],
+)
+def test_the_start_line_says_how_many_replicas_and_their_devices(argv, said):
+    from modular.cli.main import build_parser
+    from modular.cli.serve_ray import where_models_run
+
+    assert where_models_run(build_parser().parse_args(["serve", "repo", "--ray", *argv])) == said
+
+
 def test_with_ray_an_address_without_a_token_or_a_missing_repo_is_refused_before_ray_starts(
     tmp_path, capsys, monkeypatch
 ):
