@@ -7,7 +7,8 @@ the HTTP server first (no job is accepted after), then the scheduler: the runnin
 next start (the images it finished are kept) and the waiting ones stay in the store. See docs/serving.md.
 
 The argument checks (``check_serve_arguments``) import neither torch nor FastAPI's app, so a refused
-command answers at once; FastAPI and uvicorn are the optional extra ``serve``.
+command answers at once; FastAPI and uvicorn are the optional extra ``serve``. ``modular serve --ray``
+(``modular/cli/serve_ray.py``) shares the checks, the queue's options, the start line and the stop on signals.
 """
 
 from __future__ import annotations
