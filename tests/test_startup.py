@@ -110,6 +110,9 @@ print(json.dumps({"status": status, "out": out.getvalue(),
         ["serve", "repo", "--port", "http"],
         ["serve", "repo", "--host", "0.0.0.0"],  # another address without a token: refused before torch
         ["serve", "repo", "--offload", "sim"],  # sim without --budget
+        ["serve", "repo", "--replicas", "2"],  # an option of --ray without it
+        ["serve", "repo", "--ray", "--state", "jobs"],  # one machine's option with --ray
+        ["serve", "repo", "--ray", "--autoscale", "4:1"],
     ],
 )
 def test_every_argument_error_imports_neither_torch_nor_diffusers(argv):

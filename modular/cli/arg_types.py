@@ -9,11 +9,13 @@ from offload.devices.units import parse_bytes
 
 __all__ = [
     "byte_size",
+    "gpu_share",
     "names",
     "non_negative_int",
     "port_number",
     "positive_int",
     "positive_number",
+    "replica_range",
     "seed_number",
 ]
 
@@ -62,6 +64,32 @@ def positive_number(text: str) -> float:
         msg = f"must be a finite number more than 0 (got {text})"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def gpu_share(text: str) -> float:
+    """An argparse type: GPUs of one Ray replica, a fraction from 0 to 1 (0.5: two replicas share one) or a
+    whole number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf") or (value > 1 and not value.is_integer()):
+        msg = f"must be a number from 0 to 1, or a whole number of GPUs (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def replica_range(text: str) -> tuple[int, int]:
+    """An argparse type: ``MIN:MAX`` replicas, whole numbers with 1 <= MIN <= MAX."""
+    low, colon, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high))
+    except ValueError:
+        bounds = (0, 0)
+    if not colon or not 1 <= bounds[0] <= bounds[1]:
+        msg = f"must be MIN:MAX replicas, whole numbers with 1 <= MIN <= MAX, e.g. 1:4 (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    return bounds
 
 
 def seed_number(text: str) -> int:

@@ -11,11 +11,13 @@ import argparse
 from modular.batch.job_values import DTYPE_NAMES, OFFLOADS
 from modular.cli.arg_types import (
     byte_size,
+    gpu_share,
     names,
     non_negative_int,
     port_number,
     positive_int,
     positive_number,
+    replica_range,
     seed_number,
 )
 
@@ -28,6 +30,7 @@ __all__ = [
     "SERVE_STATE",
     "add_batch_arguments",
     "add_job_arguments",
+    "add_ray_arguments",
     "add_serve_arguments",
 ]
 
@@ -59,10 +62,12 @@ SERVE_DESCRIPTION = """\
 Serve the given repos and workflows over HTTP from one components manager: a queue that runs next the job
 whose models cost least to bring to the device, an HTTP API (OpenAPI schema at /openapi.json) and a page
 at /. Each REPO_OR_WORKFLOW is REPO, REPO:WORKFLOW or NAME=REPO[:WORKFLOW]; requests name only these.
-Accepted jobs are kept in --state and run again after a restart. See docs/serving.md.
+Accepted jobs are kept in --state and run again after a restart. With --ray: the same API and page on Ray
+Serve, over worker replicas routed by what each holds. See docs/serving.md.
 
   modular serve ./tiny-sd ./tiny-flux:text2image --offload sim --budget 64MB
-  MODULAR_SERVE_TOKEN=... modular serve sd=./my-sd --host 0.0.0.0"""
+  MODULAR_SERVE_TOKEN=... modular serve sd=./my-sd --host 0.0.0.0
+  modular serve --ray sd=./my-sd --replicas 4 --gpus-per-replica 0.5"""
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,14 +157,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--state",
         metavar="DIR",
-        default=SERVE_STATE,
-        help=f"folder of the job database, results and uploads (default ./{SERVE_STATE})",
-    )
-    where.add_argument(
-        "--ray",
-        action="store_true",
-        help="serve on Ray Serve, replicas routed by what each holds (the extra ray; not built yet as a "
-        "command: see docs/serving.md for serve.run)",
+        help=f"folder of the job database, results and uploads (default ./{SERVE_STATE}; not with --ray)",
     )
     models = parser.add_argument_group("models")
     models.add_argument(
@@ -234,4 +232,58 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument(
         "--max-upload", metavar="SIZE", type=byte_size, help="bytes of one input image (default 16MiB)"
+    )
+    add_ray_arguments(parser)
+
+
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``modular serve --ray`` (those left ``None`` default as said, in ``serve_ray``)."""
+    ray = parser.add_argument_group(
+        "Ray Serve (--ray)",
+        "The same API and page on Ray Serve's proxy, over worker replicas routed by what each holds (the\n"
+        "extra ray). Jobs are kept in memory. Each replica offloads onto a simulated device of --budget,\n"
+        "else onto its own GPU; --state, --offload, --margin, --host-budget and --threads do not apply.",
+    )
+    ray.add_argument(
+        "--ray", action="store_true", help="serve on Ray Serve (default: a local Ray cluster of this machine)"
+    )
+    ray.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="join a running Ray cluster (auto: the one `ray start` made on this machine; HOST:6379)",
+    )
+    count = ray.add_mutually_exclusive_group()
+    count.add_argument("--replicas", metavar="N", type=positive_int, help="worker replicas (default 2)")
+    count.add_argument(
+        "--autoscale",
+        metavar="MIN:MAX",
+        type=replica_range,
+        help="let Ray Serve scale the workers between MIN and MAX replicas (in place of --replicas)",
+    )
+    ray.add_argument(
+        "--gpus-per-replica",
+        metavar="F",
+        type=gpu_share,
+        help="GPUs each replica holds (default 1; 0 with --budget; 0.5: two replicas per GPU)",
+    )
+    ray.add_argument(
+        "--cpus-per-replica", metavar="F", type=positive_number, help="CPUs each replica holds (default 1)"
+    )
+    ray.add_argument(
+        "--imbalance",
+        metavar="N",
+        type=non_negative_int,
+        help="jobs by which the replicas' queues may differ before jobs go by queue length (default 8)",
+    )
+    ray.add_argument(
+        "--stats-period",
+        metavar="S",
+        type=positive_number,
+        help="seconds between two reports of what a replica holds (default 1)",
+    )
+    ray.add_argument(
+        "--tries",
+        metavar="N",
+        type=positive_int,
+        help="tries of one job on the replicas before it fails (default 3)",
     )

@@ -5,7 +5,8 @@ Canny and Depth control) on tiny repos built on the fly, on one ComponentsManage
 printing the manager's table after each workflow and the offload summary at the end.
 ``modular run REPO [options] [--then REPO_B [options]] ...`` runs any supported repos on one manager;
 ``modular batch JOB`` runs a job file's images, resumable and data-parallel (``modular/cli/batch_command.py``);
-``modular serve REPO...`` serves repos over HTTP (``modular/cli/serve_command.py``);
+``modular serve REPO...`` serves repos over HTTP (``modular/cli/serve_command.py``; with ``--ray`` on Ray Serve,
+``modular/cli/serve_ray.py``);
 ``modular inspect REPO`` shows a pipeline without loading weights; ``modular families`` lists the
 installed block families and their workflows.
 
@@ -77,10 +78,17 @@ def batch(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from modular.cli import serve_command as cli_serve
+    from modular.cli import serve_ray
 
-    if args.ray:  # before the other checks: none of them applies to it
-        print(cli_serve.ray_refusal(), file=sys.stderr)
-        return ERROR_STATUS
+    serve_ray.check_ray_options(args)  # Ray's options without --ray, one machine's with it: before any import
+    if args.ray:
+        missing = serve_ray.missing_ray()
+        if missing is not None:
+            print(missing, file=sys.stderr)
+            return ERROR_STATUS
+        serve_ray.check_ray_arguments(args)  # before torch, Ray and the models start
+        _quiet_libraries()
+        return serve_ray.serve_ray_command(args)
     cli_serve.check_serve_arguments(args)  # refusals first: before torch and the models are imported
     _quiet_libraries()
     return cli_serve.serve_command(args)

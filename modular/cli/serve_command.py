@@ -7,7 +7,8 @@ the HTTP server first (no job is accepted after), then the scheduler: the runnin
 next start (the images it finished are kept) and the waiting ones stay in the store. See docs/serving.md.
 
 The argument checks (``check_serve_arguments``) import neither torch nor FastAPI's app, so a refused
-command answers at once; FastAPI and uvicorn are the optional extra ``serve``.
+command answers at once; FastAPI and uvicorn are the optional extra ``serve``. ``modular serve --ray``
+(``modular/cli/serve_ray.py``) shares the checks, the queue's options, the start line and the stop on signals.
 """
 
 from __future__ import annotations
@@ -21,13 +22,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from modular.cli.args import SERVE_STATE
+
 __all__ = [
     "RAY_EXTRA",
     "SERVE_EXTRA",
     "check_serve_arguments",
-    "ray_refusal",
+    "queue_options",
+    "require_extra",
     "serve_command",
+    "served_workflows",
     "server_settings",
+    "start_line",
+    "stop_on_signals",
+    "wait_for_stop",
 ]
 
 SERVE_EXTRA = 'pip install "modular-pipelines[serve]"'
@@ -38,7 +46,7 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _NEEDS_OFFLOAD = (("budget", "--budget"), ("margin", "--margin"), ("host_budget", "--host-budget"))
 
 
-def _require_extra() -> None:
+def require_extra() -> None:
     """Raises ImportError naming the missing package and the extra that installs it."""
     for names in _EXTRA_MODULES:
         missing = None
@@ -54,19 +62,6 @@ def _require_extra() -> None:
             shown = "python-multipart" if missing in ("python_multipart", "multipart") else missing
             msg = f"modular serve needs {shown}, which is not installed: {SERVE_EXTRA}"
             raise ImportError(msg, name=missing)
-
-
-def ray_refusal() -> str:
-    """The one line ``modular serve --ray`` answers with: how to install Ray Serve where it is missing; else
-    that the command is not built yet (the HTTP ingress on Ray Serve is not), and what to use meanwhile."""
-    try:
-        importlib.import_module("ray.serve")
-    except ImportError:
-        return f"modular serve: error: --ray needs Ray Serve: {RAY_EXTRA}"
-    return (
-        "modular serve: error: --ray is not built yet (no HTTP ingress on Ray Serve); from Python, "
-        "serve.run(modular.ray_serve.build_app(...)) serves the workflows to a deployment handle: see docs/serving.md"
-    )
 
 
 def server_settings(args: argparse.Namespace) -> Any:
@@ -87,7 +82,7 @@ def check_serve_arguments(args: argparse.Namespace) -> None:
             ``--offload none``, ``--offload sim`` without ``--budget``, or a served workflow that is not
             ``REPO``, ``REPO:WORKFLOW`` or ``NAME=REPO[:WORKFLOW]``.
     """
-    _require_extra()
+    require_extra()
     server_settings(args).check()
     if args.offload == "none":
         for key, option in _NEEDS_OFFLOAD:
@@ -96,10 +91,37 @@ def check_serve_arguments(args: argparse.Namespace) -> None:
                 raise ValueError(msg)
     if args.offload == "sim" and args.budget is None:
         raise ValueError("--offload sim needs --budget: the simulated device's size, e.g. --budget 8GB")
-    from modular.serving.served import parse_served  # imports torch; the checks above answer before it
+    served_workflows(args)  # imports torch; the checks above answer before it
 
-    for text in args.served:
-        parse_served(text, args.dtype)
+
+def served_workflows(args: argparse.Namespace) -> list[Any]:
+    """The ``ServedWorkflow`` of each REPO_OR_WORKFLOW, in ``--dtype``.
+
+    Raises:
+        ValueError: one that is not ``REPO``, ``REPO:WORKFLOW`` or ``NAME=REPO[:WORKFLOW]``.
+    """
+    from modular.serving.served import parse_served
+
+    return [parse_served(text, args.dtype) for text in args.served]
+
+
+def queue_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``Scheduler`` options of the queue and limits options given (``fairness``, ``limits``,
+    ``max_queue``, ``preview_every``); those not given keep the classes' defaults."""
+    from modular.serving.policy import Fairness
+    from modular.serving.requests import Limits
+
+    fairness = {"max_wait": args.max_wait, "max_bypass": args.max_bypass}
+    limits = {"max_steps": args.max_steps, "max_images": args.max_images, "max_pixels": args.max_pixels}
+    options: dict[str, Any] = {
+        "fairness": Fairness(**{key: value for key, value in fairness.items() if value is not None}),
+        "limits": Limits(**{key: value for key, value in limits.items() if value is not None}),
+    }
+    if args.max_queue is not None:
+        options["max_queue"] = args.max_queue
+    if args.preview_every is not None:
+        options["preview_every"] = args.preview_every or None  # 0: no previews
+    return options
 
 
 def _offload_kind(args: argparse.Namespace, cuda: bool) -> str:
@@ -110,7 +132,7 @@ def _offload_kind(args: argparse.Namespace, cuda: bool) -> str:
 
 
 @contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGINT and SIGTERM set ``stop`` while inside (in the main thread only, where signals arrive)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -125,7 +147,15 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def _start_line(url: str, names: list[str], where: str, token: str | None) -> str:
+def wait_for_stop(stop: threading.Event, running: Callable[[], bool]) -> None:
+    """Return once ``stop`` is set or ``running()`` is false (the server stopped on its own)."""
+    while not stop.wait(0.25):
+        if not running():
+            return
+
+
+def start_line(url: str, names: list[str], where: str, token: str | None) -> str:
+    """The line said on start: where it listens, what it serves, where the models are, where the page is."""
     page = f"{url}/?token=<your token>" if token else f"{url}/"
     return f"modular serve: listening on {url} ({', '.join(names)}; models on {where}); the page: {page}"
 
@@ -151,43 +181,32 @@ def serve_command(
     from modular.batch.runner import enable_offload
     from modular.http.app import make_app
     from modular.http.server import start_server
-    from modular.serving.policy import Fairness
-    from modular.serving.requests import Limits
     from modular.serving.scheduler import Scheduler
-    from modular.serving.served import ServedWorkflows, parse_served
+    from modular.serving.served import ServedWorkflows
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     settings = server_settings(args)
     manager = ComponentsManager()
-    served = ServedWorkflows([parse_served(text, args.dtype) for text in args.served], manager)
+    served = ServedWorkflows(served_workflows(args), manager)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     offload = _offload_kind(args, device.type == "cuda")
     where = enable_offload(manager, offload, device, args.budget, args.margin, args.host_budget)
-    fairness = {"max_wait": args.max_wait, "max_bypass": args.max_bypass}
-    limits = {"max_steps": args.max_steps, "max_images": args.max_images, "max_pixels": args.max_pixels}
-    queue: dict[str, Any] = {} if args.max_queue is None else {"max_queue": args.max_queue}
-    if args.preview_every is not None:
-        queue["preview_every"] = args.preview_every or None  # 0: no previews
     scheduler = Scheduler(
         served,
-        args.state,
-        fairness=Fairness(**{key: value for key, value in fairness.items() if value is not None}),
-        limits=Limits(**{key: value for key, value in limits.items() if value is not None}),
+        args.state or SERVE_STATE,
         device=device if offload == "none" and device.type == "cuda" else None,
-        **queue,
+        **queue_options(args),
     )
     stop = stop or threading.Event()
     server = None
     waiting = 0
     try:
-        with _stop_on_signals(stop):
+        with stop_on_signals(stop):
             server = start_server(make_app(scheduler, settings), settings)
             scheduler.start()
-            out(_start_line(server.url, list(served), where, settings.resolved_token()))
-            while not stop.wait(0.25):
-                if not server.thread.is_alive():  # uvicorn stopped on its own
-                    break
+            out(start_line(server.url, list(served), where, settings.resolved_token()))
+            wait_for_stop(stop, server.thread.is_alive)  # uvicorn may stop on its own
     finally:
         if server is not None:
             server.stop()  # first: nothing is accepted while the queue stops

@@ -274,7 +274,7 @@ def test_the_defaults_said_in_the_help_are_the_servers(capsys):
     from modular.serving import Fairness, Limits, Scheduler
 
     args = build_parser().parse_args(["serve", "repo"])
-    assert (args.host, args.port, args.state) == ("127.0.0.1", 8188, SERVE_STATE)
+    assert (args.host, args.port, args.state) == ("127.0.0.1", 8188, None)  # None: ./SERVE_STATE
     assert server_settings(args) == ServerSettings()
     with pytest.raises(SystemExit) as stop:
         main(["serve", "--help"])
@@ -291,6 +291,7 @@ def test_the_defaults_said_in_the_help_are_the_servers(capsys):
         f"(default {settings.max_upload // 1024**2}MiB)",
         f"(default {Scheduler.__init__.__kwdefaults__['max_queue']})",
         f"(default {Scheduler.__init__.__kwdefaults__['preview_every']}; 0: no previews)",
+        f"(default ./{SERVE_STATE}; not with --ray)",
     ):
         assert said in help_text, said
 
