@@ -59,7 +59,7 @@ BYTES_TARGET = 0.65  # affinity's bytes at most this share of FIFO's: at least 3
 P95_TARGET = 1.25  # affinity's p95 latency at most this multiple of FIFO's
 SIZE = "32x32"
 RAY_JOBS = 40  # jobs of the stream with --ray (real time on real processes: a shorter stream)
-RAY_LOADS = (0.5,)  # mean inter-arrival with --ray, in mean service times
+RAY_LOADS = (1.0,)  # mean inter-arrival with --ray, in mean service times
 
 
 class Served(NamedTuple):

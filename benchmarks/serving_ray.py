@@ -54,6 +54,7 @@ from offload.devices.units import MiB
 BYTES_TARGET = 0.5  # the residency router's bytes at most this share of the default's: at least 50 % fewer
 P95_TARGET = 1.1  # its p95 latency at most this multiple of the default's
 RAY_CPUS = 2  # the local cluster's CPUs
+PROBES = 3  # warm jobs of each workflow that measure its service time
 WAIT = 120.0  # seconds a call to the deployment may take
 
 
@@ -100,6 +101,11 @@ class Result(NamedTuple):
     def makespan(self) -> float:
         return max(job.done for job in self.jobs) - min(job.submitted for job in self.jobs)
 
+    @property
+    def mean_ran(self) -> float:
+        """Mean seconds a job ran on its replica (start to done): the service time under this run's load."""
+        return float(np.mean([job.done - job.started for job in self.jobs]))
+
     def routed(self, replica: str) -> list[Job]:
         return [job for job in self.jobs if job.replica == replica]
 
@@ -117,16 +123,17 @@ def workflows(repos: Mapping[str, Path]) -> list[ServedWorkflow]:
 
 
 def service_seconds(repos: Mapping[str, Path], budget: int, steps: int) -> dict[str, float]:
-    """Each workflow's seconds for one warm job (the second of its kind) on a replica in this process."""
+    """Each workflow's seconds for one warm job (the median of three, after one that loads its repo) on a
+    replica in this process."""
     worker = ReplicaWorker(workflows(repos), budget, replica_id="probe", prefetch=False, preview_every=None)
     try:
-        seconds = {}
-        for _ in range(2):  # the first pass loads the repos from their files
+        seconds: dict[str, list[float]] = {served.name: [] for served in serving.WORKFLOWS}
+        for _ in range(1 + PROBES):  # the first pass loads the repos from their files
             for number, served in enumerate(serving.WORKFLOWS):
                 request, image = serving.request_of(serving.Arrival(0.0, served.name, number), steps)
                 job = worker.scheduler.submit(request, {"image": repos["image"]} if image else None)
-                seconds[served.name] = _finished(worker, job.id)
-        return seconds
+                seconds[served.name].append(_finished(worker, job.id))
+        return {name: float(np.median(ran[1:])) for name, ran in seconds.items()}
     finally:
         worker.close()
 
@@ -182,7 +189,9 @@ async def _job(
     raise RuntimeError(f"the stream of job {arrival.seed} ended before the job")
 
 
-async def _stream(handle: Any, stream: Sequence[serving.Arrival], steps: int, image: tuple[str, bytes]) -> list[Job]:
+async def _stream(
+    handle: Any, stream: Sequence[serving.Arrival], steps: int, image: tuple[str, bytes]
+) -> list[Job]:
     start = time.time() + 0.5  # the first arrival, once every job is waiting for its time
     return list(await asyncio.gather(*(_job(handle, arrival, start, steps, image) for arrival in stream)))
 
@@ -226,7 +235,7 @@ def run_router(
 
 def table(results: Sequence[Result]) -> list[str]:
     """One line per router; ``x default`` columns are the ratio to the first router's figure."""
-    heads = ["MiB to dev", "x default", "p50 s", "p95 s", "x default", "max s", "makespan"]
+    heads = ["MiB to dev", "x default", "p50 s", "p95 s", "x default", "max s", "makespan", "mean ran"]
     lines = [serving.row("router", heads)]
     default = results[0]
     for r in results:
@@ -238,6 +247,7 @@ def table(results: Sequence[Result]) -> list[str]:
             f"{r.latency(95) / default.latency(95):.2f}x",
             f"{r.latency(100):.2f}",
             f"{r.makespan:.2f}",
+            f"{r.mean_ran:.3f}",
         ]
         lines.append(serving.row(r.router, cells))
     return lines
@@ -245,7 +255,9 @@ def table(results: Sequence[Result]) -> list[str]:
 
 def replica_table(results: Sequence[Result]) -> list[str]:
     """One line per replica of each router: the jobs and repos routed to it, the repos it loaded, its bytes."""
-    lines = [f"{'router':<22} {'replica':<10} {'jobs':>5} {'MiB to dev':>10}  {'routed repos':<22} loaded repos"]
+    lines = [
+        f"{'router':<22} {'replica':<10} {'jobs':>5} {'MiB to dev':>10}  {'routed repos':<22} loaded repos"
+    ]
     for r in results:
         for replica in r.replicas:
             routed = ",".join(sorted(r.routed_repos(replica.replica))) or "-"

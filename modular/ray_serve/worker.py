@@ -323,7 +323,10 @@ class ReplicaWorker:
         offload log's ``total_bytes_to_device``, every device summed; 0 with offload off) and ``replica``, this
         replica's id (a call without a replica id reaches any replica: the id says which answered)."""
         log = self.manager.offload_log
-        return {"bytes_to_device": 0 if log is None else log.total_bytes_to_device, "replica": self.replica_id}
+        return {
+            "bytes_to_device": 0 if log is None else log.total_bytes_to_device,
+            "replica": self.replica_id,
+        }
 
     def check_health(self) -> None:
         """Ray Serve's health check: the scheduler's worker thread must be alive.
