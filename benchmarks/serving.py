@@ -30,6 +30,10 @@ running then: jobs are not preempted; ``modular/serving/policy.py``).
 Run: ``python benchmarks/serving.py`` (120 jobs per load, about two minutes on 2 CPU cores);
 ``python benchmarks/serving.py --jobs 200 --seed 3 --loads 0.8``; ``--quick`` is the test's short run
 (8 jobs per load, 2 steps: too short a stream for the targets, which need a queue to form).
+
+``--ray`` runs the same stream over worker replicas on a local Ray cluster instead (``--replicas`` 2 or 3,
+``--stats-period``, ``--imbalance``), Ray's default router against the residency router, in real time:
+``benchmarks/serving_ray.py`` (``python benchmarks/serving.py --ray``; needs Ray Serve).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ BYTES_TARGET = 0.65  # affinity's bytes at most this share of FIFO's: at least 3
 P95_TARGET = 1.25  # affinity's p95 latency at most this multiple of FIFO's
 SIZE = "32x32"
 RAY_JOBS = 40  # jobs of the stream with --ray (real time on real processes: a shorter stream)
-RAY_LOADS = (1.0,)  # mean inter-arrival with --ray, in mean service times
+RAY_LOAD = 1.0  # mean inter-arrival with --ray, in mean service times
 
 
 class Served(NamedTuple):
@@ -376,14 +380,14 @@ def targets(results: Sequence[Result], max_wait: float, longest_job: float) -> l
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--jobs", type=int, help="jobs in the stream at each load (default 120; with --ray, RAY_JOBS)"
+        "--jobs", type=int, help=f"jobs in the stream at each load (default 120; with --ray, {RAY_JOBS})"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the stream's workflows and arrivals")
     parser.add_argument(
         "--loads",
         type=float,
         nargs="+",
-        help="mean inter-arrival times, in mean service times (default 1 and 0.5; with --ray, RAY_LOADS)",
+        help=f"mean inter-arrival times, in mean service times (default 1 and 0.5; with --ray, {RAY_LOAD:g})",
     )
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per job (default 4)")
     parser.add_argument(
@@ -428,7 +432,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.jobs is None:
         args.jobs = RAY_JOBS if args.ray else 120
     if args.loads is None:
-        args.loads = list(RAY_LOADS if args.ray else (1.0, 0.5))
+        args.loads = [RAY_LOAD] if args.ray else [1.0, 0.5]
     if args.quick:
         args.jobs, args.steps = 8, 2
     if args.jobs < 2:
