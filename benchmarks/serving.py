@@ -39,6 +39,7 @@ Run: ``python benchmarks/serving.py`` (120 jobs per load, about two minutes on 2
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import random
@@ -131,11 +132,12 @@ class Result(NamedTuple):
     @property
     def switches(self) -> int:
         """Times the job run was of the other family than the one before it."""
-        families = [_family(job.workflow) for job in self.jobs]
+        families = [family(job.workflow) for job in self.jobs]
         return sum(a != b for a, b in zip(families, families[1:]))
 
 
-def _family(workflow: str) -> str:
+def family(workflow: str) -> str:
+    """The family (repo folder) of a workflow of the stream."""
     return next(served.repo for served in WORKFLOWS if served.name == workflow)
 
 
@@ -435,6 +437,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.loads = [RAY_LOAD] if args.ray else [1.0, 0.5]
     if args.quick:
         args.jobs, args.steps = 8, 2
+    if args.ray and importlib.util.find_spec("ray") is None:
+        parser.error('--ray needs Ray Serve: pip install "modular-pipelines[ray]"')
     if args.jobs < 2:
         parser.error(f"--jobs must be at least 2 (got {args.jobs})")
     return args

@@ -110,7 +110,7 @@ class Result(NamedTuple):
         return [job for job in self.jobs if job.replica == replica]
 
     def routed_repos(self, replica: str) -> frozenset[str]:
-        return frozenset(serving._family(job.workflow) for job in self.routed(replica))
+        return frozenset(serving.family(job.workflow) for job in self.routed(replica))
 
     @property
     def loads_only_routed(self) -> bool:
