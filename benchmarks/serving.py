@@ -30,11 +30,16 @@ running then: jobs are not preempted; ``modular/serving/policy.py``).
 Run: ``python benchmarks/serving.py`` (120 jobs per load, about two minutes on 2 CPU cores);
 ``python benchmarks/serving.py --jobs 200 --seed 3 --loads 0.8``; ``--quick`` is the test's short run
 (8 jobs per load, 2 steps: too short a stream for the targets, which need a queue to form).
+
+``--ray`` runs the same stream over worker replicas on a local Ray cluster instead (``--replicas`` 2 or 3,
+``--stats-period``, ``--imbalance``), Ray's default router against the residency router, in real time:
+``benchmarks/serving_ray.py`` (``python benchmarks/serving.py --ray``; needs Ray Serve).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import random
@@ -58,6 +63,8 @@ from offload.devices.units import MiB  # noqa: E402
 BYTES_TARGET = 0.65  # affinity's bytes at most this share of FIFO's: at least 35 % fewer
 P95_TARGET = 1.25  # affinity's p95 latency at most this multiple of FIFO's
 SIZE = "32x32"
+RAY_JOBS = 40  # jobs of the stream with --ray (real time on real processes: a shorter stream)
+RAY_LOAD = 1.0  # mean inter-arrival with --ray, in mean service times
 
 
 class Served(NamedTuple):
@@ -125,12 +132,37 @@ class Result(NamedTuple):
     @property
     def switches(self) -> int:
         """Times the job run was of the other family than the one before it."""
-        families = [_family(job.workflow) for job in self.jobs]
+        families = [family(job.workflow) for job in self.jobs]
         return sum(a != b for a, b in zip(families, families[1:]))
 
 
-def _family(workflow: str) -> str:
+def family(workflow: str) -> str:
+    """The family (repo folder) of a workflow of the stream."""
     return next(served.repo for served in WORKFLOWS if served.name == workflow)
+
+
+def request_of(arrival: Arrival, steps: int) -> tuple[dict[str, Any], bool]:
+    """The request of one arrival, and whether its workflow takes the input image."""
+    served = next(s for s in WORKFLOWS if s.name == arrival.workflow)
+    request: dict[str, Any] = {
+        "workflow": served.name,
+        "prompt": f"a photo of job {arrival.seed}",
+        "seed": arrival.seed,
+        "steps": steps,
+    }
+    if not served.image:
+        request["size"] = SIZE  # image-to-image makes the input image's size
+    return request, served.image
+
+
+def row(label: str, cells: Sequence[str]) -> str:
+    """One line of a table: the label in 22 characters, then each cell in 10 (the header is a row too)."""
+    return f"{label:<22} " + " ".join(f"{cell:>10}" for cell in cells)
+
+
+def verdicts(targets: Sequence[tuple[str, bool]]) -> list[str]:
+    """The lines of the targets under a table: each figure, and whether it is met."""
+    return [f"  {text}: {'met' if met else 'NOT met'}" for text, met in targets]
 
 
 class VirtualClock:
@@ -227,16 +259,8 @@ class Run:
         self.simulated = engine.simulated_clock
 
     def submit(self, arrival: Arrival) -> Any:
-        served = next(s for s in WORKFLOWS if s.name == arrival.workflow)
-        request: dict[str, Any] = {
-            "workflow": served.name,
-            "prompt": f"a photo of job {arrival.seed}",
-            "seed": arrival.seed,
-            "steps": self.bench.args.steps,
-        }
-        if not served.image:
-            request["size"] = SIZE  # image-to-image makes the input image's size
-        return self.scheduler.submit(request, {"image": self.bench.image} if served.image else None)
+        request, image = request_of(arrival, self.bench.args.steps)
+        return self.scheduler.submit(request, {"image": self.bench.image} if image else None)
 
     def run_job(self) -> tuple[Any, float, int]:
         """Run the next job; its virtual duration (the simulated clock's advance) and the bytes it moved."""
@@ -316,7 +340,7 @@ def table(results: Sequence[Result], max_wait: float) -> list[str]:
         "max wait",
         "due",
     ]
-    lines = [f"{'order':<22} " + " ".join(f"{head:>10}" for head in heads)]
+    lines = [row("order", heads)]
     fifo = results[0]
     for r in results:
         cells = [
@@ -331,7 +355,7 @@ def table(results: Sequence[Result], max_wait: float) -> list[str]:
             f"{r.max_wait:.2f}",
             str(sum(job.started - job.arrived >= max_wait for job in r.jobs)),
         ]
-        lines.append(f"{r.order:<22} " + " ".join(f"{cell:>10}" for cell in cells))
+        lines.append(row(r.order, cells))
     return lines
 
 
@@ -357,14 +381,15 @@ def targets(results: Sequence[Result], max_wait: float, longest_job: float) -> l
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=120, help="jobs in the stream at each load (default 120)")
+    parser.add_argument(
+        "--jobs", type=int, help=f"jobs in the stream at each load (default 120; with --ray, {RAY_JOBS})"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the stream's workflows and arrivals")
     parser.add_argument(
         "--loads",
         type=float,
         nargs="+",
-        default=[1.0, 0.5],
-        help="mean inter-arrival times, in mean service times (default 1 and 0.5)",
+        help=f"mean inter-arrival times, in mean service times (default 1 and 0.5; with --ray, {RAY_LOAD:g})",
     )
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per job (default 4)")
     parser.add_argument(
@@ -386,9 +411,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="fairness max_bypass (default: the server's)",
     )
     parser.add_argument("--quick", action="store_true", help="8 jobs per load, 2 steps: the test's short run")
+    ray = parser.add_argument_group("over Ray Serve (benchmarks/serving_ray.py)")
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="the stream over worker replicas on a local Ray cluster, Ray's default router against the residency router",
+    )
+    ray.add_argument("--replicas", type=int, choices=(2, 3), default=2, help="worker replicas (default 2)")
+    ray.add_argument(
+        "--stats-period",
+        type=float,
+        default=0.2,
+        help="seconds between two residency reports of a replica (default 0.2)",
+    )
+    ray.add_argument(
+        "--imbalance",
+        type=int,
+        default=8,
+        help="jobs by which the replicas' queues may differ before the router sends by queue length (default 8)",
+    )
     args = parser.parse_args(argv)
+    if args.jobs is None:
+        args.jobs = RAY_JOBS if args.ray else 120
+    if args.loads is None:
+        args.loads = [RAY_LOAD] if args.ray else [1.0, 0.5]
     if args.quick:
         args.jobs, args.steps = 8, 2
+    if args.ray and importlib.util.find_spec("ray") is None:
+        parser.error('--ray needs Ray Serve: pip install "modular-pipelines[ray]"')
     if args.jobs < 2:
         parser.error(f"--jobs must be at least 2 (got {args.jobs})")
     return args
@@ -401,6 +451,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)  # diffusers' one-off notices are not part of the measurement
     try:
+        if args.ray:
+            import serving_ray  # benchmarks/serving_ray.py: imports Ray, so only when asked
+
+            return serving_ray.run(args)
         return _run(args)
     finally:  # imported and run by the tests: leave the process's settings as they were
         torch.set_num_threads(threads)
@@ -437,8 +491,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"[load: mean inter-arrival {load:g}x the mean service = {load * mean_service:.3f} s]")
             for line in table(results, max_wait):
                 print(line)
-            for text, met in targets(results, max_wait, max(service.values())):
-                print(f"  {text}: {'met' if met else 'NOT met'}")
+            for line in verdicts(targets(results, max_wait, max(service.values()))):
+                print(line)
     return 0
 
 

@@ -335,3 +335,65 @@ def test_serving_affinity_moves_at_least_35_percent_fewer_bytes_when_a_queue_hol
     assert (fifo.switches, affinity.switches) == (5, 1)
     assert affinity.bytes_to_device <= serving.BYTES_TARGET * fifo.bytes_to_device
     assert serving.run_order(bench, serving.ORDERS[0], stream, 1e6) == fifo
+
+
+@pytest.mark.slow
+def test_the_serving_ray_quick_run_prints_both_routers_and_each_replicas_repos(serving, monkeypatch):
+    """``serving.py --ray --quick``: two replicas on a local Ray cluster, 8 jobs through each router. The
+    table has a row per router and the targets; the replicas' table a row per replica of each, the repos
+    routed to it and the repos it loaded (the same: a replica loads a repo for a job of it, and nothing
+    unloads). Bytes are the replicas' own counts, each at least the families it loaded; no time is asserted."""
+    pytest.importorskip("ray.serve", reason='needs Ray Serve: pip install "modular-pipelines[ray]"')
+    serving_ray = importlib.import_module("serving_ray")
+    runs, benches = [], []
+    run_router, bench = serving_ray.run_router, serving.Bench
+
+    def spy(router, stream, repos, budget, args):
+        result = run_router(router, stream, repos, budget, args)
+        runs.append((stream, result))
+        return result
+
+    def made(*args):
+        benches.append(bench(*args))
+        return benches[-1]
+
+    monkeypatch.setattr(serving_ray, "run_router", spy)
+    monkeypatch.setattr(serving, "Bench", made)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = serving.main(["--ray", "--quick"])
+    assert status == 0
+    lines = out.getvalue().splitlines()
+    (header,) = [
+        number for number, line in enumerate(lines) if line.startswith("router ") and "x default" in line
+    ]
+    assert lines[header - 1].startswith("[load: mean inter-arrival 1x the mean service")
+    columns = "router MiB to dev x default p50 s p95 s x default max s makespan mean ran"
+    assert lines[header].split() == columns.split()
+    labels = [router.label for router in serving_ray.ROUTERS]
+    rows = lines[header + 1 : header + 3]
+    assert [row[:22].strip() for row in rows] == labels
+    assert rows[0].split()[-7] == "1.00x"  # the default's bytes, its own unit
+    targets = lines[header + 3 : header + 7]
+    assert [t.split()[:2] for t in targets[:2]] == [["residency", "moves"], ["residency", "p95"]]
+    assert all(t.endswith((": met", ": NOT met")) for t in targets)
+    assert targets[2:] == [
+        f"  {label}: each replica loads at most the repos routed to it: met" for label in labels
+    ]
+    (replicas,) = [
+        number for number, line in enumerate(lines) if line.startswith("router ") and "loaded repos" in line
+    ]
+    printed = lines[replicas + 1 : replicas + 5]
+    assert [row[:22].strip() for row in printed] == [labels[0]] * 2 + [labels[1]] * 2
+    assert len(runs) == 2 and len(benches) == 1
+    sizes = benches[0].sizes
+    families = {served.repo for served in serving.WORKFLOWS}
+    for (stream, result), line in zip(runs, (printed[:2], printed[2:])):
+        assert sorted(job.workflow for job in result.jobs) == sorted(arrival.workflow for arrival in stream)
+        assert len(result.replicas) == 2 and sum(len(result.routed(r.replica)) for r in result.replicas) == 8
+        assert result.bytes_to_device == sum(r.bytes_to_device for r in result.replicas) > 0
+        for replica, text in zip(result.replicas, line):
+            assert replica.loaded == result.routed_repos(replica.replica) <= families
+            assert replica.bytes_to_device >= sum(sizes[repo] for repo in replica.loaded)
+            assert text.split()[-1] == (",".join(sorted(replica.loaded)) or "-")
+        assert all(job.submitted <= job.started <= job.done for job in result.jobs)

@@ -318,6 +318,16 @@ class ReplicaWorker:
         (``ResidencyReport.as_dict``) and ``replica``, this replica's id."""
         return {**self.scheduler.residency_report().as_dict(), "replica": self.replica_id}
 
+    def moved_bytes(self) -> dict[str, Any]:
+        """What auto offload has moved to this replica's device since it started: ``bytes_to_device`` (the
+        offload log's ``total_bytes_to_device``, every device summed; 0 with offload off) and ``replica``, this
+        replica's id (a call without a replica id reaches any replica: the id says which answered)."""
+        log = self.manager.offload_log
+        return {
+            "bytes_to_device": 0 if log is None else log.total_bytes_to_device,
+            "replica": self.replica_id,
+        }
+
     def check_health(self) -> None:
         """Ray Serve's health check: the scheduler's worker thread must be alive.
 

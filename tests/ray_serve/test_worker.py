@@ -45,6 +45,28 @@ def test_the_routing_stats_name_what_the_job_loaded(worker):
     assert stats["replica"] == "r1" and report.queued == 0
 
 
+def test_moved_bytes_counts_what_a_job_brought_to_the_device(worker, sizes):
+    assert worker.moved_bytes() == {"bytes_to_device": 0, "replica": "r1"}
+    job = worker.submit({**SMALL, "workflow": "sd", "seed": 2})
+    assert finished(worker.describe, job["id"])["state"] == "done"
+    moved = worker.moved_bytes()["bytes_to_device"]
+    assert moved == worker.manager.offload_log.total_bytes_to_device
+    assert moved == sizes["sd"]  # every sd model, whole, onto the empty device (it holds them all)
+    job = worker.submit({**SMALL, "workflow": "sd", "seed": 3})
+    assert finished(worker.describe, job["id"])["state"] == "done"
+    assert worker.moved_bytes()["bytes_to_device"] == moved  # all resident already: nothing more to move
+
+
+def test_moved_bytes_is_zero_with_offload_off(workflows):
+    worker = ReplicaWorker([workflows["sd"]], replica_id="r4", preview_every=None)
+    try:
+        job = worker.submit({**SMALL, "workflow": "sd", "seed": 0})
+        assert finished(worker.describe, job["id"])["state"] == "done"
+        assert worker.moved_bytes() == {"bytes_to_device": 0, "replica": "r4"}
+    finally:
+        worker.close()
+
+
 def test_another_replicas_job_is_unknown_here(worker):
     for job_id in ("r2:abc", "abc", "r1:missing"):
         with pytest.raises(UnknownJobError):
