@@ -57,6 +57,7 @@ import torch  # noqa: E402
 import components.quiet_imports  # noqa: E402, F401  (the tiny repos' diffusers imports: no torchao noise)
 from components import ComponentsManager  # noqa: E402
 from modular.serving import Fairness, Scheduler, ServedWorkflow, ServedWorkflows  # noqa: E402
+from modular.serving.residency import DEFAULT_IMBALANCE  # noqa: E402
 from offload import SimulatedDevice, SmallestSufficientSet  # noqa: E402
 from offload.devices.units import MiB  # noqa: E402
 
@@ -427,8 +428,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ray.add_argument(
         "--imbalance",
         type=int,
-        default=8,
-        help="jobs by which the replicas' queues may differ before the router sends by queue length (default 8)",
+        default=DEFAULT_IMBALANCE,
+        help="jobs by which the replicas' queues may differ before the router sends by queue length "
+        f"(default {DEFAULT_IMBALANCE})",
     )
     args = parser.parse_args(argv)
     if args.jobs is None:

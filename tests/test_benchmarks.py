@@ -338,6 +338,7 @@ def test_serving_affinity_moves_at_least_35_percent_fewer_bytes_when_a_queue_hol
 
 
 @pytest.mark.slow
+@pytest.mark.ray  # starts a local Ray cluster: shares the Ray tests' worker
 def test_the_serving_ray_quick_run_prints_both_routers_and_each_replicas_repos(serving, monkeypatch):
     """``serving.py --ray --quick``: two replicas on a local Ray cluster, 8 jobs through each router. The
     table has a row per router and the targets; the replicas' table a row per replica of each, the repos

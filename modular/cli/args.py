@@ -273,7 +273,7 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
         "--imbalance",
         metavar="N",
         type=non_negative_int,
-        help="jobs by which the replicas' queues may differ before jobs go by queue length (default 8)",
+        help="jobs by which the replicas' queues may differ before jobs go by queue length (default 2)",
     )
     ray.add_argument(
         "--stats-period",

@@ -23,6 +23,7 @@ from modular.ray_serve.registry import deployment_replicas
 from modular.ray_serve.router import ResidencyRouter, router_kwargs
 from modular.ray_serve.worker import ReplicaWorker, needs_table, served_workflows
 from modular.serving.requests import Limits
+from modular.serving.residency import DEFAULT_IMBALANCE
 from modular.serving.served import ServedWorkflow, ServedWorkflows
 
 __all__ = ["DEPLOYMENT", "INGRESS", "Ingress", "RayWorkers", "build_app", "build_workers"]
@@ -90,7 +91,7 @@ def build_workers(
     workflows: Sequence[ServedWorkflow | str],
     replicas: int = 2,
     budget: int | None = None,
-    imbalance: int = 8,
+    imbalance: int = DEFAULT_IMBALANCE,
     stats_period: float = 1.0,
     *,
     base: str | Path = ".",
@@ -135,7 +136,7 @@ def build_app(
     workflows: Sequence[ServedWorkflow | str],
     replicas: int = 2,
     budget: int | None = None,
-    imbalance: int = 8,
+    imbalance: int = DEFAULT_IMBALANCE,
     stats_period: float = 1.0,
     *,
     base: str | Path = ".",

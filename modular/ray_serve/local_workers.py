@@ -20,7 +20,7 @@ from modular.ray_serve.worker import (
     request_workflow,
 )
 from modular.serving.jobs import UnknownJobError
-from modular.serving.residency import ResidencyReport, rank_replicas
+from modular.serving.residency import DEFAULT_IMBALANCE, ResidencyReport, rank_replicas
 
 __all__ = ["LocalWorkers", "ReplicaLostError"]
 
@@ -40,7 +40,7 @@ class LocalWorkers:
         ValueError: no worker, or two with one id.
     """
 
-    def __init__(self, workers: Sequence[ReplicaWorker], imbalance: int = 8) -> None:
+    def __init__(self, workers: Sequence[ReplicaWorker], imbalance: int = DEFAULT_IMBALANCE) -> None:
         if not workers:
             raise ValueError("LocalWorkers needs at least one ReplicaWorker")
         self._workers = {worker.replica_id: worker for worker in workers}

@@ -25,7 +25,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 
 from modular.ray_serve.registry import remember_router
 from modular.ray_serve.worker import REPLICA_METHODS, job_replica, request_workflow
-from modular.serving.residency import ResidencyReport, rank_replicas
+from modular.serving.residency import DEFAULT_IMBALANCE, ResidencyReport, rank_replicas
 
 __all__ = [
     "JOB_METHODS",
@@ -40,7 +40,7 @@ JOB_METHODS = frozenset({"describe", "cancel", "result"})
 RANKED_METHODS = frozenset({"submit", "run"})
 
 
-def router_kwargs(needs: Any, imbalance: Any = 8) -> dict[str, Any]:
+def router_kwargs(needs: Any, imbalance: Any = DEFAULT_IMBALANCE) -> dict[str, Any]:
     """``RequestRouterConfig.request_router_kwargs`` of a ``ResidencyRouter``, checked.
 
     Args:
@@ -66,13 +66,13 @@ class ResidencyRouter(FIFOMixin, RequestRouter):
     """Ranks a deployment's replicas by their residency reports (see the module docstring).
 
     Started by Ray with ``RequestRouterConfig.request_router_kwargs``: ``needs`` (workflow to load ID to
-    bytes, ``needs_table``) and ``imbalance`` (jobs; default 8).
+    bytes, ``needs_table``) and ``imbalance`` (jobs; default ``DEFAULT_IMBALANCE``).
     """
 
     needs: dict[str, dict[str, int]]
     imbalance: int
 
-    def initialize_state(self, needs: Any = None, imbalance: int = 8, **unknown: Any) -> None:
+    def initialize_state(self, needs: Any = None, imbalance: int = DEFAULT_IMBALANCE, **unknown: Any) -> None:
         """Keep the table of needs and the threshold of imbalance.
 
         Raises:
