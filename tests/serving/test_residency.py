@@ -23,7 +23,11 @@ def test_replicas_rank_by_bytes_then_queue():
         "empty-busy": ResidencyReport(queued=2),
         "holds-unet": ResidencyReport(missing={"unet": 0}, queued=1),
     }
-    assert rank_replicas(reports, NEEDS) == [["holds-all"], ["holds-unet"], ["empty-idle", "empty-busy"]]
+    assert rank_replicas(reports, NEEDS, imbalance=3) == [
+        ["holds-all"],
+        ["holds-unet"],
+        ["empty-idle", "empty-busy"],
+    ]
 
 
 def test_queues_out_of_balance_rank_by_queue_length():
