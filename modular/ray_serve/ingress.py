@@ -359,7 +359,8 @@ class RoutedJobs:
                 raise
             except Exception as error:  # the request itself was refused there: trying again cannot help
                 if _lost(error):
-                    last = f"replica {job.replica} was lost: {type(error).__name__}: {error}"
+                    lost = "no replica took it" if job.replica is None else f"replica {job.replica} was lost"
+                    last = f"{lost}: {type(error).__name__}: {error}"
                 else:
                     self._finish(job, "failed", f"{type(error).__name__}: {error}")
                     return

@@ -404,3 +404,14 @@ def test_the_ingress_checks_its_own_limits(routed):
     with pytest.raises(RequestError, match="at most 3"):
         one.jobs.submit(request(steps=4))
     assert all(replica.scheduler.jobs() == [] for replica in one.replicas.values())
+
+
+def test_with_every_replica_lost_a_job_fails_saying_so(routed):
+    one = routed(tries=2)
+    for replica in ("r1", "r2"):
+        one.workers.lose(replica)
+    done = finished(one.jobs.describe, one.jobs.submit(request())["id"])
+    assert done["state"] == "failed" and done["replica"] is None, done
+    assert done["error"].startswith("no replica took it: ReplicaLostError: every replica is lost"), done
+    assert "tried 2 times, on replicas none" in done["error"]
+    assert one.jobs.queue()["replicas"] == {} and one.jobs.manager_text() == ""
