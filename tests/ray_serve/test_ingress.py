@@ -208,8 +208,9 @@ def test_pause_holds_jobs_and_pauses_every_replica_until_resume(routed, direct):
 # -- retries ----------------------------------------------------------------------------------------
 
 
-def lose_mid_job(one: Any, job_id: str) -> str:
-    """Lose the replica that holds ``job_id`` at its first step; its id."""
+def lose_mid_job(one: Any, job_id: str, release_others: bool = True) -> str:
+    """Lose the replica that holds ``job_id`` at its first step; its id. The others run the next try
+    without a hold (``release_others``), or hold it too."""
     deadline = time.monotonic() + WAIT
     while not any(hub.held.is_set() for hub in one.hubs.values()):
         assert time.monotonic() < deadline, "no replica reached a step"
@@ -217,7 +218,7 @@ def lose_mid_job(one: Any, job_id: str) -> str:
     lost = next(name for name, hub in one.hubs.items() if hub.held.is_set())
     wait_until(lambda: one.jobs.describe(job_id)["replica"] == lost, "the ingress saw the job's replica")
     for name, hub in one.hubs.items():
-        if name != lost:
+        if name != lost and release_others:
             hub.release.set()  # the other replica runs its try without a hold
     # ``lose`` closes the replica, which waits for its worker: the worker is let go once the loss is marked
     losing = threading.Thread(target=one.workers.lose, args=(lost,))
@@ -264,6 +265,30 @@ def test_with_one_try_a_job_whose_replica_is_lost_fails_naming_it(routed):
     assert happened.count("started") == 1
     failed = one.jobs.events.history(job["id"])[-1]
     assert lost in failed["error"]
+
+
+def test_a_job_cancelled_between_two_tries_is_not_tried_again(routed):
+    one = routed(hold=("r1", "r2"))
+    job = one.jobs.submit(request(seed=5))
+    lost = lose_mid_job(one, job["id"], release_others=False)
+    wait_until(lambda: "retrying" in kinds(one.jobs, job["id"]), "the job is to be tried again")
+    one.jobs.cancel(job["id"])
+    for hub in one.hubs.values():
+        hub.release.set()
+    done = finished(one.jobs.describe, job["id"])
+    assert done["state"] == "cancelled" and done["results"] == [], done
+    assert kinds(one.jobs, job["id"]).count("cancelled") == 1
+    other = next(name for name in one.replicas if name != lost)
+    for described in one.replicas[other].scheduler.jobs():  # a try sent before the cancel is cancelled too
+        assert finished(one.replicas[other].scheduler.describe, described["id"])["state"] == "cancelled"
+
+
+def test_a_job_that_fails_on_its_replica_is_not_tried_again(routed):
+    one = routed()
+    job = one.jobs.submit(request(timeout=0.01))  # over before the pipeline has loaded
+    done = finished(one.jobs.describe, job["id"])
+    assert done["state"] == "failed" and done["error"] == "timed out after 0.01 s", done
+    assert done["attempts"] == 1 and "retrying" not in kinds(one.jobs, job["id"])
 
 
 def test_a_replica_too_small_for_a_workflow_passes_it_on_and_is_not_chosen_again(routed, direct, sizes):
