@@ -22,6 +22,7 @@ from modular.ray_serve.ingress import RoutedJobs
 from modular.ray_serve.registry import deployment_replicas
 from modular.ray_serve.router import ResidencyRouter, router_kwargs
 from modular.ray_serve.worker import ReplicaWorker, needs_table, served_workflows
+from modular.serving.events import FINAL_KINDS
 from modular.serving.requests import Limits
 from modular.serving.served import ServedWorkflow, ServedWorkflows
 
@@ -42,8 +43,15 @@ class RayWorkers:
         self, data: Mapping[str, Any], images: Mapping[str, tuple[str, bytes]]
     ) -> AsyncIterator[dict[str, Any]]:
         stream = cast(Any, self.handle.options(stream=True).run.remote(dict(data), dict(images)))
-        async for event in stream:
-            yield event
+        ended = False
+        try:
+            async for event in stream:
+                ended = event.get("kind") in FINAL_KINDS
+                yield event
+            ended = True
+        finally:
+            if not ended:  # left mid-job (the ingress closed): Ray cancels the call, and the replica the job
+                stream.cancel()  # (``ReplicaWorker.run``), as a closed stream of ``LocalWorkers`` does
 
     async def call(self, replica: str, method: str, *args: Any) -> Any:
         # The router sends a job method to the replica its job id names, a replica method to ``args[0]``.

@@ -5,6 +5,7 @@ Ray Serve is not installed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from ray import serve
 
 from modular.http import ServerSettings
 from modular.ray_serve import build_app
-from modular.ray_serve.app import DEPLOYMENT
+from modular.ray_serve.app import DEPLOYMENT, RayWorkers
 from tests.http.helpers import TOKEN, read_events, wait_for_state
 
 from .conftest import SMALL
@@ -155,6 +156,29 @@ def test_a_running_job_is_cancelled_on_its_replica(client):
     assert client.delete(f"/v1/jobs/{job_id}").status_code == 202
     done = wait_for_state(client, job_id, timeout=WAIT)
     assert done["state"] == "cancelled" and done["results"] == [], done
+
+
+def test_a_stream_left_mid_job_cancels_the_job_on_its_replica(client):
+    """What the ingress's close does to a job it drives: its stream is left, and the replica cancels it."""
+    handle = serve.get_deployment_handle(DEPLOYMENT, app_name=APP)
+    workers = RayWorkers(handle, APP)
+
+    async def leave_after_a_step() -> str:
+        stream = workers.run(request(seed=41, steps=40), {})
+        try:
+            async for event in stream:
+                if event["kind"] == "step":
+                    return str(event["job"])
+        finally:
+            await stream.aclose()
+        raise AssertionError("the job ended before its first step")
+
+    replica_job = asyncio.run(asyncio.wait_for(leave_after_a_step(), WAIT))
+    deadline = time.monotonic() + WAIT
+    while (job := handle.describe.remote(replica_job).result(timeout_s=WAIT))["state"] == "running":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    assert job["state"] == "cancelled" and job["error"] == "the ingress stopped listening", job
 
 
 def test_a_replica_killed_mid_job_leaves_the_job_to_the_other_with_one_result(client):
