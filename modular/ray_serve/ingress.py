@@ -407,9 +407,8 @@ class RoutedJobs:
             job.position = fields.get("position")
         elif kind == "started":
             job.state, job.started, job.position = "running", time.time(), 0
-            fields["attempt"] = (
-                job.attempts
-            )  # the ingress's try, not the replica's (a new job there each try)
+            # the ingress's try, not the replica's (each try is a new job there: its first)
+            fields["attempt"] = job.attempts
         elif kind == "step":
             job.progress = {key: fields.get(key) for key in ("image", "step", "total", "stage")}
         elif kind == "requeued":
