@@ -5,6 +5,7 @@ replica's job to finish, ``routed`` (an ingress over replicas of this process, n
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -72,6 +73,7 @@ def routed(workflows, sizes) -> Iterator[Callable[..., Routed]]:
     replicas named in ``hold`` stop at their first step until released. Everything made is closed at
     teardown (the holds released first)."""
     made: list[Routed] = []
+    threads_before = set(threading.enumerate())
 
     def make(
         *names: str,
@@ -111,6 +113,10 @@ def routed(workflows, sizes) -> Iterator[Callable[..., Routed]]:
             hub.release.set()
         one.jobs.close()
         one.workers.close()
+    deadline = time.monotonic() + WAIT  # a prefetch may still be finishing its load
+    while left := [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]:
+        assert time.monotonic() < deadline, f"threads left running: {left}"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
