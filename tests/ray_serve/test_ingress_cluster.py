@@ -6,6 +6,7 @@ Ray Serve is not installed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from modular.http import ServerSettings
 from modular.ray_serve import build_app
 from modular.ray_serve.app import DEPLOYMENT, RayWorkers
 from tests.http.helpers import TOKEN, read_events, wait_for_state
+from tests.http.test_api import input_image
 
 from .conftest import SMALL
 
@@ -102,6 +104,20 @@ def test_a_result_over_http_equals_the_direct_call(client, direct):
     result = client.get(f"/v1/jobs/{done['id']}/result")
     assert result.status_code == 200 and result.headers["content-type"] == "image/png"
     assert result.content == direct(request(seed=7))[0]
+
+
+def test_an_uploaded_image_reaches_the_replica(client, direct, tmp_path):
+    image = input_image(5)
+    asked = {"workflow": "sd", "prompt": "a fox", "steps": 2, "seed": 4, "inputs": {"strength": 0.6}}
+    response = client.post(
+        "/v1/jobs", data={"request": json.dumps(asked)}, files={"image": ("a.png", image, "image/png")}
+    )
+    assert response.status_code == 202, response.text
+    done = wait_for_state(client, response.json()["id"], timeout=WAIT)
+    assert done["state"] == "done", done
+    local = tmp_path / "input.png"
+    local.write_bytes(image)
+    assert client.get(f"/v1/jobs/{done['id']}/result").content == direct(asked, {"image": local})[0]
 
 
 def test_repeat_jobs_of_a_repo_go_to_the_replica_holding_it(client):
