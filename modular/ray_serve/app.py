@@ -30,6 +30,10 @@ __all__ = ["DEPLOYMENT", "INGRESS", "Ingress", "RayWorkers", "build_app", "build
 
 DEPLOYMENT = "ModularWorker"
 INGRESS = "ModularIngress"
+# Calls a worker replica takes beyond its jobs' streams (each open while its job is unfinished): cancel,
+# pause, the queue, the manager. Ray counts both against ``max_ongoing_requests``; without room a cancel
+# would wait until the streams, the job it cancels among them, had ended.
+CONTROL_CALLS = 32
 
 
 class RayWorkers:
@@ -200,7 +204,7 @@ def build_app(
         base=base,
         num_gpus=num_gpus,
         num_cpus=num_cpus,
-        max_ongoing_requests=max_queue,
+        max_ongoing_requests=max_queue + CONTROL_CALLS,
         router=router,
         autoscaling=autoscaling,
         limits=limits,

@@ -38,7 +38,7 @@ def request(workflow: str = "sd", seed: int = 7, **more: Any) -> dict[str, Any]:
     return {**SMALL, "workflow": workflow, "seed": seed, **more}
 
 
-def deploy(workflows, sizes, name: str, prefix: str, replicas: int, tries: int) -> None:
+def deploy(workflows, sizes, name: str, prefix: str, replicas: int, tries: int, max_queue: int = 100) -> None:
     app = build_app(
         [workflows["sd"], workflows["flux"]],
         replicas=replicas,
@@ -47,6 +47,7 @@ def deploy(workflows, sizes, name: str, prefix: str, replicas: int, tries: int) 
         num_cpus=0.5,
         settings=ServerSettings(token=TOKEN, max_body=MAX_BODY),
         tries=tries,
+        max_queue=max_queue,
         preview_every=None,
     )
     serve.run(app, name=name, route_prefix=prefix)
@@ -217,15 +218,31 @@ def test_a_replica_killed_mid_job_leaves_the_job_to_the_other_with_one_result(cl
     assert client.get("/v1/manager", params={"format": "text"}).status_code == 200
 
 
-def test_with_one_try_a_replica_killed_mid_job_fails_the_job_naming_it(client, workflows, sizes):
-    deploy(workflows, sizes, "one-try", "/one", replicas=1, tries=1)
+@pytest.fixture(scope="module")
+def small(client, workflows, sizes) -> Iterator[httpx.Client]:
+    """A client of a second app, ``small`` at ``/small``: one worker replica, one try, a queue of one."""
+    deploy(workflows, sizes, "small", "/small", replicas=1, tries=1, max_queue=1)
     try:
-        with httpx.Client(base_url=f"{base(client)}/one", headers=client.headers, timeout=WAIT) as one:
-            job_id = one.post("/v1/jobs", json=request(seed=32, steps=12)).json()["id"]
-            lost = running(one, job_id)["replica"]
-            kill("one-try", lost)
-            done = wait_for_state(one, job_id, timeout=WAIT)
-        assert done["state"] == "failed", done
-        assert f"replica {lost} was lost" in done["error"] and done["results"] == []
+        with httpx.Client(base_url=f"{base(client)}/small", headers=client.headers, timeout=WAIT) as made:
+            yield made
     finally:
-        serve.delete("one-try")
+        serve.delete("small")
+
+
+def test_a_replica_with_a_full_queue_still_takes_a_cancel(small):
+    job_id = small.post("/v1/jobs", json=request(seed=33, steps=40)).json()["id"]
+    running(small, job_id)
+    assert small.post("/v1/jobs", json=request(seed=34)).status_code == 429
+    assert small.get("/v1/queue").status_code == 200  # every replica answers, its queue full
+    assert small.delete(f"/v1/jobs/{job_id}").status_code == 202
+    done = wait_for_state(small, job_id, timeout=WAIT)
+    assert done["state"] == "cancelled" and done["results"] == [], done
+
+
+def test_with_one_try_a_replica_killed_mid_job_fails_the_job_naming_it(small):
+    job_id = small.post("/v1/jobs", json=request(seed=32, steps=12)).json()["id"]
+    lost = running(small, job_id)["replica"]
+    kill("small", lost)
+    done = wait_for_state(small, job_id, timeout=WAIT)
+    assert done["state"] == "failed", done
+    assert f"replica {lost} was lost" in done["error"] and done["results"] == []
