@@ -19,6 +19,10 @@ from .spec import ComponentSpec
 __all__ = ["SharedLoads"]
 
 logger = logging.getLogger(__name__)
+# diffusers' and transformers' ``from_pretrained`` build a model under a context that patches torch for the
+# whole process (empty weights on the meta device): two loads at once in one process, of any managers, leave
+# meta tensors in one of them. Loads take turns; everything else goes on meanwhile.
+_LOADING = threading.RLock()
 
 
 class SharedLoads:
@@ -62,7 +66,8 @@ class SharedLoads:
                     return entry.component
             try:
                 # Outside the registry lock: other work goes on meanwhile.
-                component = spec.load(**options)
+                with _LOADING:
+                    component = spec.load(**options)
                 with self._locked() as registry:
                     registry.add(spec.name, component, collection, reuse, None)
             finally:

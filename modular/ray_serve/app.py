@@ -22,6 +22,7 @@ from modular.ray_serve.ingress import RoutedJobs
 from modular.ray_serve.registry import deployment_replicas
 from modular.ray_serve.router import ResidencyRouter, router_kwargs
 from modular.ray_serve.worker import ReplicaWorker, needs_table, served_workflows
+from modular.serving.events import FINAL_KINDS
 from modular.serving.requests import Limits
 from modular.serving.residency import DEFAULT_IMBALANCE
 from modular.serving.served import ServedWorkflow, ServedWorkflows
@@ -30,6 +31,10 @@ __all__ = ["DEPLOYMENT", "INGRESS", "Ingress", "RayWorkers", "build_app", "build
 
 DEPLOYMENT = "ModularWorker"
 INGRESS = "ModularIngress"
+# Calls a worker replica takes beyond its jobs' streams (each open while its job is unfinished): cancel,
+# pause, the queue, the manager. Ray counts both against ``max_ongoing_requests``; without room a cancel
+# would wait until the streams, the job it cancels among them, had ended.
+CONTROL_CALLS = 32
 
 
 class RayWorkers:
@@ -43,8 +48,15 @@ class RayWorkers:
         self, data: Mapping[str, Any], images: Mapping[str, tuple[str, bytes]]
     ) -> AsyncIterator[dict[str, Any]]:
         stream = cast(Any, self.handle.options(stream=True).run.remote(dict(data), dict(images)))
-        async for event in stream:
-            yield event
+        ended = False
+        try:
+            async for event in stream:
+                ended = event.get("kind") in FINAL_KINDS
+                yield event
+            ended = True
+        finally:
+            if not ended:  # left mid-job (the ingress closed): Ray cancels the call, and the replica the job
+                stream.cancel()  # (``ReplicaWorker.run``), as a closed stream of ``LocalWorkers`` does
 
     async def call(self, replica: str, method: str, *args: Any) -> Any:
         # The router sends a job method to the replica its job id names, a replica method to ``args[0]``.
@@ -193,7 +205,7 @@ def build_app(
         base=base,
         num_gpus=num_gpus,
         num_cpus=num_cpus,
-        max_ongoing_requests=max_queue,
+        max_ongoing_requests=max_queue + CONTROL_CALLS,
         router=router,
         autoscaling=autoscaling,
         limits=limits,

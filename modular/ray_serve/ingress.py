@@ -248,8 +248,8 @@ class RoutedJobs:
         return {"devices": devices, "host": {"rss": rss_bytes(), "host_copies": 0}, "replicas": hosts}
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop driving jobs (their streams close, so their replicas cancel them) and end the loop; again:
-        nothing."""
+        """Stop driving jobs (their streams close, so their replicas cancel them), end each unfinished one
+        ``cancelled``, and end the loop; again: nothing."""
         with self._lock:
             if self._closed:
                 return
@@ -265,6 +265,11 @@ class RoutedJobs:
             asyncio.run_coroutine_threadsafe(cancel_all(), self._loop).result(timeout)
         except Exception:  # a stream that does not end in time: the loop stops all the same
             log.warning("the ingress's jobs did not stop within %s s", timeout)
+        with self._lock:  # no one drives them now: they end here, so no listener waits for them
+            unfinished = [job for job in self._jobs.values() if job.state not in FINAL_KINDS]
+            self._held = []
+        for job in unfinished:
+            self._finish(job, "cancelled", "the ingress closed before the job ended")
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
         self._folder.cleanup()
@@ -354,18 +359,21 @@ class RoutedJobs:
                 raise
             except Exception as error:  # the request itself was refused there: trying again cannot help
                 if _lost(error):
-                    last = f"replica {job.replica} was lost: {type(error).__name__}: {error}"
+                    lost = "no replica took it" if job.replica is None else f"replica {job.replica} was lost"
+                    last = f"{lost}: {type(error).__name__}: {error}"
                 else:
                     self._finish(job, "failed", f"{type(error).__name__}: {error}")
                     return
             if job.state in FINAL_KINDS:
                 return
             old_replica, old_job = job.replica, job.replica_job
+            if old_replica is not None and old_job is not None:
+                self._cancel_on(old_replica, old_job)  # if it lives on: it must not make a second result
+            if job.attempts >= self.tries or job.cancel_reason is not None:
+                continue  # no try left (or cancelled): ends above, on the replica it was last on
             with self._lock:
                 job.replica = job.replica_job = job.position = None
                 job.state, job.started, job.progress = "queued", None, {}
-            if old_replica is not None and old_job is not None:
-                self._cancel_on(old_replica, old_job)  # if it lives on: it must not make a second result
             self.events.publish("retrying", job.id, reason=last, attempt=job.attempts, replica=old_replica)
             await asyncio.sleep(RETRY_PAUSE)
 
@@ -399,6 +407,8 @@ class RoutedJobs:
             job.position = fields.get("position")
         elif kind == "started":
             job.state, job.started, job.position = "running", time.time(), 0
+            # the ingress's try, not the replica's (each try is a new job there: its first)
+            fields["attempt"] = job.attempts
         elif kind == "step":
             job.progress = {key: fields.get(key) for key in ("image", "step", "total", "stage")}
         elif kind == "requeued":

@@ -190,6 +190,26 @@ def test_threads_registering_and_loading_corrupt_nothing(tiny_repo):
         assert len(names) == len(set(names)), collection
 
 
+def test_loads_at_once_in_one_process_each_get_real_weights(tiny_repo):
+    """Two managers loading in two threads at once (replicas of one process): no weight is left on the meta
+    device (the libraries' empty-weights context patches torch process-wide, so loads take turns)."""
+    left_empty = []
+
+    def load(name):
+        barrier.wait()
+        component = ComponentsManager().get_or_load(spec(tiny_repo, name))
+        left_empty.extend(f"{name}.{key}" for key, value in component.state_dict().items() if value.is_meta)
+
+    for _ in range(3):
+        barrier = threading.Barrier(2)
+        threads = [threading.Thread(target=load, args=(name,)) for name in ("text_encoder", "unet")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert left_empty == []
+
+
 def test_remove_frees_the_object(tiny_repo):
     """After remove(), nothing in the manager keeps the object alive."""
     cm = ComponentsManager()

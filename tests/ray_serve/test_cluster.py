@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("ray.serve", reason='needs Ray Serve: pip install "modular-pipelines[ray]"')
 
-import ray
 from ray import serve
 
 from modular.ray_serve import build_workers, job_replica
@@ -22,23 +21,17 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def handle(workflows, sizes):
+def handle(local_cluster, workflows, sizes):
     """The deployment: two replicas serving sd and flux, each device holding one family."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    try:
-        serve.start(proxy_location="Disabled")
-        app = build_workers(
-            [workflows["sd"], workflows["flux"]],
-            replicas=2,
-            budget=max(sizes["sd"], sizes["flux"]),
-            stats_period=STATS_PERIOD,
-            num_cpus=0.5,
-            preview_every=None,
-        )
-        yield serve.run(app, name="modular", route_prefix=None)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    app = build_workers(
+        [workflows["sd"], workflows["flux"]],
+        replicas=2,
+        budget=max(sizes["sd"], sizes["flux"]),
+        stats_period=STATS_PERIOD,
+        num_cpus=0.5,
+        preview_every=None,
+    )
+    return serve.run(app, name="modular", route_prefix=None)
 
 
 def call(handle, method, *args):
