@@ -18,6 +18,7 @@ from modular.ray_serve.local_workers import LocalWorkers
 from modular.ray_serve.worker import ReplicaWorker
 from modular.serving import ServedWorkflows
 from tests.http.helpers import HoldingHub
+from tests.http.test_cli_serve import start_serve  # noqa: F401  (a fixture: modular serve in a subprocess)
 from tests.serving.conftest import SMALL, WAIT, direct, serving_repos, sizes, workflows
 
 __all__ = [

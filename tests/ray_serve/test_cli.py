@@ -14,25 +14,9 @@ from modular.cli.main import main
 from modular.cli.serve_command import RAY_EXTRA
 from modular.http.settings import TOKEN_VARIABLE
 from tests.http.helpers import wait_for_state
-from tests.http.test_cli_serve import ServeProcess
 
 RAY_REASON = 'needs Ray Serve: pip install "modular-pipelines[ray]"'
 TOKEN = "a-token-of-more-than-16-characters"
-
-
-@pytest.fixture
-def start_serve(tmp_path):
-    """``start_serve(*args)``: ``python -m modular serve *args`` in ``tmp_path``, killed at teardown."""
-    started: list[ServeProcess] = []
-
-    def start(*args: str) -> ServeProcess:
-        process = ServeProcess(list(args), tmp_path, len(started))
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
 
 
 @pytest.fixture
