@@ -28,6 +28,7 @@ from modular.batch.store import encode
 from modular.http import RunningServer, ServerSettings, make_app, start_server
 from modular.serving import Limits, Scheduler, ServedWorkflows, parse_served
 from tests.http.helpers import FLUX, SD
+from tests.threads import threads_left
 
 
 @attrs.frozen
@@ -117,8 +118,7 @@ def serve(tiny_repos: TinyRepos, tmp_path: Path) -> Iterator[ServeFactory]:
         running.scheduler.close()
     for running in started:
         assert not running.server.thread.is_alive(), "the HTTP server's thread is still running"
-    left = [thread.name for thread in set(threading.enumerate()) - threads_before if thread.is_alive()]
-    assert left == [], f"threads left running: {left}"
+    assert threads_left(threads_before) == []
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from modular.serving import ServedWorkflows
 from tests.http.helpers import HoldingHub
 from tests.http.test_cli_serve import start_serve  # noqa: F401  (a fixture: modular serve in a subprocess)
 from tests.serving.conftest import SMALL, WAIT, direct, serving_repos, sizes, workflows
+from tests.threads import threads_left
 
 __all__ = [
     "SMALL",
@@ -114,10 +115,7 @@ def routed(workflows, sizes) -> Iterator[Callable[..., Routed]]:
             hub.release.set()
         one.jobs.close()
         one.workers.close()
-    deadline = time.monotonic() + WAIT  # a prefetch may still be finishing its load
-    while left := [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]:
-        assert time.monotonic() < deadline, f"threads left running: {left}"
-        time.sleep(0.05)
+    assert threads_left(threads_before, WAIT) == []  # a prefetch may still be finishing its load
 
 
 @pytest.fixture(scope="module")
