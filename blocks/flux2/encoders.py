@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import PIL.Image
 import torch
 
 from blocks.common.params import BATCH_SIZE, tensor_output
@@ -39,7 +40,7 @@ MAX_REFERENCE_AREA = 1024 * 1024
 
 TEXT_ENCODER_OUT_LAYERS = InputParam(
     "text_encoder_out_layers",
-    type_hint=tuple[int, ...],
+    type_hint=tuple,
     default=(10, 20, 30),
     description="The text encoder layers whose hidden states are stacked into the prompt embeddings.",
 )
@@ -56,7 +57,7 @@ PROMPT_INPUTS = (
 )
 REFERENCE_IMAGE = InputParam(
     "image",
-    type_hint=Any,
+    type_hint=PIL.Image.Image | list[PIL.Image.Image],
     description=(
         "One reference image or a list of them (PIL images, at least 64 pixels a side) to edit or "
         "draw from; each is encoded and read by the transformer beside the latents."
@@ -83,7 +84,13 @@ class Flux2TextEncoderStep(ModularPipelineBlocks):
 
     expected_components = [
         ComponentSpec("text_encoder", "transformers.Mistral3ForConditionalGeneration"),
-        ComponentSpec("tokenizer", "transformers.AutoProcessor"),
+        # FLUX.2 repos ship a PixtralProcessor (which needs torchvision); a tokenizer with a chat template that
+        # takes a system turn and list contents serves as well for text prompts (the tiny repo's). The two share
+        # no base class, so the repo's index names the class.
+        ComponentSpec(
+            "tokenizer",
+            description="The text encoder's processor or tokenizer, with a chat template (the repo names the class).",
+        ),
     ]
 
     inputs = list(PROMPT_INPUTS)

@@ -46,7 +46,7 @@ _SPECIALS = (
 )
 _IMAGE_TOKEN_ID = 1
 _BOS_ID, _EOS_ID, _PAD_ID = 2, 3, 4
-_WORDS = ("a", "photo", "of", "cat", "dog", "the", "red", "blue", "blurry", "astronaut", "you", "are")
+_WORDS = ("a", "photo", "of", "cat", "dog", "the", "red", "blue", "blurry", "astronaut", "you", "image")
 _VOCAB_SIZE = 512  # the text model's embedding rows; the tokenizer uses fewer ids
 
 # A Mistral-style chat template reduced to what the pipeline sends: a system turn and user turns whose
