@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -101,5 +102,8 @@ def processor_for_vae(processor: Any, vae_scale: int, **settings: Any) -> Any:
     config = processor.config
     if all(config.get(key) == value for key, value in wanted.items()):
         return processor
-    own = {key: value for key, value in config.items() if not key.startswith("_")}
+    # Only what the class's own __init__ takes: a subclass may drop keys its base registers (Flux2ImageProcessor
+    # has no resample), and from_config warns about each key it does not expect.
+    accepted = inspect.signature(type(processor)).parameters
+    own = {key: value for key, value in config.items() if not key.startswith("_") and key in accepted}
     return type(processor).from_config({**own, **wanted})

@@ -1,4 +1,4 @@
-"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux and Z-Image.
+"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image and Flux.2.
 
 peer -> ours: the peer's pipeline on a tiny classic repo loads and saves; ours reads that folder, picks
 our family's blocks, takes every spec from the index, loads, and equals the classic pipeline.
@@ -19,6 +19,7 @@ from diffusers.guiders import ClassifierFreeGuidance
 from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
 import blocks.flux
+import blocks.flux2
 import blocks.stable_diffusion_xl
 import blocks.z_image
 import modular
@@ -26,6 +27,7 @@ from components.load_id import LOAD_ID_FIELDS
 
 from ..modular.saved import saved_index
 from .flux.conftest import classic_from as flux_classic
+from .flux2.conftest import classic_from as flux2_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
 from .z_image.conftest import classic_from as zimage_classic
 
@@ -67,6 +69,28 @@ def _check_z_image(pipe, peer, inputs):
     assert torch.equal(ours, theirs)
 
 
+def _check_flux2(pipe, peer, inputs):
+    """Flux.2: the peer's latents equal ours bit for bit (ours unpacked by their position ids) once its text
+    encoder step is given the classic system message; its own lacks the classic message's line break, which
+    changes the prompt embeddings."""
+    from diffusers.modular_pipelines.flux2.encoders import Flux2TextEncoderStep
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+    from blocks.flux2.utils import unpack_latents_with_ids
+
+    packed = pipe(generator=_generator(), output=["images", "latent_ids"], **inputs)
+    ours = unpack_latents_with_ids(packed["images"], packed["latent_ids"])
+    own = Flux2TextEncoderStep.DEFAULT_SYSTEM_MESSAGE
+    assert own != SYSTEM_MESSAGE and own == " ".join(SYSTEM_MESSAGE.split())
+    assert not torch.equal(ours, peer(generator=_generator(), output="latents", **inputs))
+    Flux2TextEncoderStep.DEFAULT_SYSTEM_MESSAGE = SYSTEM_MESSAGE
+    try:
+        theirs = peer(generator=_generator(), output="latents", **inputs)
+    finally:
+        Flux2TextEncoderStep.DEFAULT_SYSTEM_MESSAGE = own
+    assert torch.equal(ours, theirs)
+
+
 @attrs.frozen
 class Case:
     family: modular.BlockFamily
@@ -79,6 +103,7 @@ CASES = {
     "sdxl": Case(blocks.stable_diffusion_xl.FAMILY, sdxl_classic, {"height": 64, "width": 64}, _check_sdxl),
     "flux": Case(blocks.flux.FAMILY, flux_classic, {"height": 32, "width": 32}, _check_flux),
     "z_image": Case(blocks.z_image.FAMILY, zimage_classic, {"height": 32, "width": 32}, _check_z_image),
+    "flux2": Case(blocks.flux2.FAMILY, flux2_classic, {"height": 32, "width": 32}, _check_flux2),
 }
 for _case in CASES.values():
     modular.register_family(_case.family)
