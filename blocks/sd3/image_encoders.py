@@ -13,7 +13,6 @@ from .utils import (
     IMAGE_PROCESSOR,
     MASK_PROCESSOR,
     MODEL_NAME,
-    TRANSFORMER,
     default_size,
     image_processor_for_vae,
     mask_processor_for_vae,
@@ -56,7 +55,7 @@ class SD3VaeEncoderStep(ModularPipelineBlocks):
         "with the VAE's latent channels is taken as latents already; with given `latents` nothing is encoded."
     )
 
-    expected_components = [_VAE, IMAGE_PROCESSOR, TRANSFORMER]
+    expected_components = [_VAE, IMAGE_PROCESSOR]
 
     inputs = [
         InputParam.template("image", required=True),
@@ -102,7 +101,7 @@ class SD3InpaintVaeEncoderStep(ModularPipelineBlocks):
         "the masked area zeroed, or the given masked_image_latents."
     )
 
-    expected_components = [_VAE, IMAGE_PROCESSOR, MASK_PROCESSOR, TRANSFORMER]
+    expected_components = [_VAE, IMAGE_PROCESSOR, MASK_PROCESSOR]
 
     inputs = [
         InputParam.template("image", required=True),
@@ -143,7 +142,9 @@ class SD3InpaintVaeEncoderStep(ModularPipelineBlocks):
         vae = components.vae
         # The classic pipeline needs the image's latents to paste the kept area back (a transformer reading the
         # latents alone) or to start from the noised image (strength below 1).
-        paste_back = components.transformer.config.in_channels == vae.config.latent_channels
+        # Read from the transformer's config (it does not run here, so it stays out of this step's plan).
+        transformer = getattr(components, "transformer", None)
+        paste_back = transformer is None or transformer.config.in_channels == vae.config.latent_channels
         image_latents = None
         if paste_back or (bs.latents is None and bs.strength != 1.0):
             check_generators(self, bs.generator, bs.batch_size * bs.num_images_per_prompt)

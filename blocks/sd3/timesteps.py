@@ -8,7 +8,7 @@ from blocks.common.timesteps import StrengthTimestepsStep, flow_kept_steps
 from blocks.common.vae import vae_scale_factor
 from modular import InputParam, ModularPipelineBlocks
 
-from .utils import MODEL_NAME, SCHEDULER, TRANSFORMER, default_size, set_sd3_timesteps
+from .utils import MODEL_NAME, SCHEDULER, default_size, patch_size, set_sd3_timesteps
 
 __all__ = [
     "TEXT2IMAGE_STEPS",
@@ -51,7 +51,7 @@ class SD3SetTimestepsStep(ModularPipelineBlocks):
         "latents' token count (latent height / patch x latent width / patch)."
     )
 
-    expected_components = [SCHEDULER, TRANSFORMER]
+    expected_components = [SCHEDULER]
 
     inputs = [
         steps_input(TEXT2IMAGE_STEPS),
@@ -64,7 +64,7 @@ class SD3SetTimestepsStep(ModularPipelineBlocks):
 
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
-        patch = components.transformer.config.patch_size
+        patch = patch_size(components)
         _, _, height, width = block_state.latents.shape
         block_state.timesteps, block_state.num_inference_steps = set_sd3_timesteps(
             components.scheduler,
@@ -90,7 +90,7 @@ class SD3Img2ImgSetTimestepsStep(StrengthTimestepsStep):
         "image noised to the first kept timestep (latent_timestep)."
     )
 
-    expected_components = [SCHEDULER, TRANSFORMER]
+    expected_components = [SCHEDULER]
 
     inputs = [
         steps_input(IMAGE2IMAGE_STEPS),
@@ -105,7 +105,7 @@ class SD3Img2ImgSetTimestepsStep(StrengthTimestepsStep):
 
     def set_timesteps(self, components, block_state) -> int:
         height, width = default_size(components, block_state.height, block_state.width)
-        scale, patch = vae_scale_factor(components), components.transformer.config.patch_size
+        scale, patch = vae_scale_factor(components), patch_size(components)
         _, steps = set_sd3_timesteps(
             components.scheduler,
             block_state.num_inference_steps,

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_SHIFT",
     "image_processor_for_vae",
     "mask_processor_for_vae",
+    "patch_size",
     "size_multiple",
     "default_size",
     "guidance_scale",
@@ -85,11 +86,16 @@ def mask_processor_for_vae(components: Any) -> Any:
     )
 
 
-def size_multiple(components: Any) -> int:
-    """Height and width are multiples of the VAE scale x the transformer's patch size (2 when not loaded)."""
+def patch_size(components: Any) -> int:
+    """The transformer's patch size (SD3's 2 when none is loaded), read from its config: the steps that need it
+    do not run the transformer, so they leave it out of the plan."""
     transformer = getattr(components, "transformer", None)
-    patch = transformer.config.patch_size if transformer is not None else 2
-    return vae_scale_factor(components) * patch
+    return transformer.config.patch_size if transformer is not None else 2
+
+
+def size_multiple(components: Any) -> int:
+    """Height and width are multiples of the VAE scale x the transformer's patch size."""
+    return vae_scale_factor(components) * patch_size(components)
 
 
 def default_size(components: Any, height: int | None, width: int | None) -> tuple[int, int]:
