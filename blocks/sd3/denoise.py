@@ -17,6 +17,7 @@ from blocks.common.guidance import (
     guider_spec,
     stack_conditions,
 )
+from blocks.common.latent_preview import SD3_LATENT_RGB
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks
 
 from .utils import (
@@ -307,6 +308,9 @@ class SD3DenoiseLoopWrapper(TimestepLoopBlocks):
     @property
     def loop_expected_components(self) -> list[ComponentSpec]:
         return [SCHEDULER, TRANSFORMER]
+
+    # Previews of SD3's 16-channel latents; an inpainting transformer's mask channels are built per step.
+    latent_rgb_map = SD3_LATENT_RGB
 
     def guided(self, components, block_state) -> bool:
         """Whether classifier-free guidance is on for the call's next step (a callback may have turned it off)."""
