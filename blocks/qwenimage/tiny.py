@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from blocks.common.qwen2_tokenizer import make_tiny_qwen2_tokenizer
+from blocks.common.qwen2_tokenizer import make_trained_qwen2_tokenizer
 from blocks.common.tiny import write_variant_weights
 
 __all__ = [
@@ -40,16 +40,11 @@ _SPECIALS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-# Whole-word tokens: the test prompts' words and those of the pipelines' system prompts, so that the
-# text-to-image template's prefix is 34 tokens, as with the real tokenizer (the pipeline drops 34).
+# Words the tokenizer learns whole, besides those of the pipelines' system prompts: so that, as with the real
+# tokenizer, the text-to-image template's prefix is the 34 tokens the pipeline drops.
 _WORDS = (
     *("user", "assistant", "system", "a", "photo", "of", "cat", "dog", "the", "red", "blue", "blurry"),
-    *("astronaut", "hat", "make", "it"),
-    *("Describe", "image", "by", "detailing", "color", "shape", "size", "texture", "quantity", "text"),
-    *("spatial", "relationships", "objects", "and", "background", "key", "features", "input", "then"),
-    *("explain", "how", "user's", "instruction", "should", "alter", "or", "modify", "Generate", "new"),
-    *("that", "meets", "requirements", "while", "maintaining", "consistency", "with", "original", "where"),
-    "appropriate",
+    *("astronaut", "hat", "make", "it", "green", "on", "hill"),
 )
 _VOCAB_SIZE = 1024  # the text model's embedding rows; the tokenizer uses fewer ids
 
@@ -71,7 +66,8 @@ _MIN_PIXELS, _MAX_PIXELS = 56 * 56, 112 * 112
 
 
 def make_tiny_tokenizer(folder: str | Path):
-    """Write the tiny Qwen2 tokenizer (specials, bytes, whole words) into `folder` and read it back.
+    """Write the tiny Qwen2 tokenizer into `folder` and read it back: byte-level BPE whose merges are learned
+    from the pipelines' system prompts and a few prompt words (specials first: ids 0..6).
 
     Args:
         folder: where the tokenizer files go (created if missing).
@@ -79,7 +75,10 @@ def make_tiny_tokenizer(folder: str | Path):
     Returns:
         The ``transformers.Qwen2Tokenizer``.
     """
-    return make_tiny_qwen2_tokenizer(folder, _SPECIALS, _WORDS, model_max_length=2048)
+    from .encoders import EDIT_TEMPLATE, TEXT2IMAGE_TEMPLATE
+
+    corpus = [TEXT2IMAGE_TEMPLATE.format(""), EDIT_TEMPLATE.format(""), " ".join(_WORDS)] * 3
+    return make_trained_qwen2_tokenizer(folder, _SPECIALS, corpus, model_max_length=2048)
 
 
 @functools.cache

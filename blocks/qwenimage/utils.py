@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from blocks.common.guidance import guidance_scale_of, guider_spec
+from blocks.common.guidance import guider_spec
 from blocks.common.vae import processor_for_vae
 from modular import ComponentSpec, InputParam
 
@@ -133,8 +133,14 @@ def true_cfg_scale_input() -> InputParam:
 
 
 def true_cfg_scale(components: Any, given: float | None) -> float:
-    """The call's true CFG scale: `given`, else the guider's own (``guidance_scale_of``)."""
-    return guidance_scale_of(components, given, TRUE_CFG_SCALE)
+    """The call's true CFG scale: `given`, else the guider's own, else 4.0 (blocks run without a guider).
+
+    Not ``guidance_scale_of``: a step callback's ``pipeline._guidance_scale`` is the classic pipelines'
+    embedded guidance (``guidance_scale``), read once before the loop; it never sets ``true_cfg_scale``."""
+    if given is not None:
+        return given
+    scale = getattr(getattr(components, "guider", None), "guidance_scale", None)
+    return TRUE_CFG_SCALE if scale is None else scale
 
 
 def guidance_on(scale: float, has_negative: bool) -> bool:

@@ -40,6 +40,7 @@ QWEN_IMAGE_EDIT = ParityHarness(
     blocks_class=QwenImageEditAutoBlocks,
     make_tiny_repo=make_tiny_edit_repo,
     classic={"edit": QwenImageEditPipeline},
+    # The classic edit pipeline takes a tokenizer it never uses; ours has none (None is passed).
     components=("transformer", "vae", "text_encoder", "tokenizer", "processor", "scheduler"),
 )
 COMPONENTS = QWEN_IMAGE.components
@@ -51,9 +52,9 @@ qwen_pipe = QWEN_IMAGE.pipe_fixture("qwen_repo")
 qwen_edit_repo = QWEN_IMAGE_EDIT.repo_fixture("tiny-qwen-image-edit", "A tiny Qwen-Image-Edit repo.")
 
 
-def load_edit_pipeline(repo, blocks_class=QwenImageEditAutoBlocks):
+def load_edit_pipeline(repo, blocks_class=QwenImageEditAutoBlocks, components_manager=None):
     """Our edit pipeline on `repo` in float32; the processor read by ``load_tiny_processor`` (torchvision-free)."""
-    pipe = blocks_class().init_pipeline(repo)
+    pipe = blocks_class().init_pipeline(repo, components_manager=components_manager)
     names = [name for name in pipe.pretrained_component_names if name != "processor"]
     pipe.load_components(names=names, torch_dtype=torch.float32)
     pipe.update_components(processor=load_tiny_processor(repo))
