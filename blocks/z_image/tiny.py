@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from blocks.common.bpe import byte_level_vocab
+from blocks.common.qwen2_tokenizer import make_tiny_qwen2_tokenizer
 from blocks.common.tiny import tiny_vae, write_variant_weights
 
 __all__ = ["make_tiny_repo", "make_tiny_tokenizer", "CHAT_TEMPLATE"]
@@ -54,22 +54,7 @@ def make_tiny_tokenizer(folder: str | Path):
     Returns:
         The ``transformers.Qwen2Tokenizer`` read back from `folder`.
     """
-    from transformers import Qwen2Tokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab, merges = byte_level_vocab(_SPECIALS, _WORDS)
-    # The BPE model takes merges as pairs (transformers' annotation says strings).
-    pairs: Any = [tuple(merge.split(" ")) for merge in merges]
-    tokenizer = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=pairs,
-        additional_special_tokens=list(_SPECIALS[1:]),
-        model_max_length=512,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return Qwen2Tokenizer.from_pretrained(folder)
+    return make_tiny_qwen2_tokenizer(folder, _SPECIALS, _WORDS, chat_template=CHAT_TEMPLATE)
 
 
 def _tiny_models(seed: int) -> dict[str, Any]:
