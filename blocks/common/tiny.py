@@ -1,4 +1,4 @@
-"""What the families' tiny-repo builders share: the CLIP tokenizer and text config, the VAE, variant files.
+"""What the families' tiny-repo builders share: the CLIP and T5 tokenizers, the CLIP text config, the VAE, variant files.
 
 Each family's ``tiny.py`` writes a real diffusers-layout folder of tiny random models; the pieces
 here are the ones two or more families build the same way, so that their tiny repos stay alike.
@@ -21,6 +21,7 @@ __all__ = [
     "TINY_WORDS",
     "VARIANT_DTYPES",
     "make_tiny_clip_tokenizer",
+    "make_tiny_t5_tokenizer",
     "tiny_clip_config",
     "tiny_vae",
     "write_bpe_files",
@@ -165,3 +166,29 @@ def write_variant_weights(
             model.to(dtype).save_pretrained(scratch, safe_serialization=True, variant=variant)
             for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
                 shutil.copyfile(weights, Path(folder) / name / weights.name)
+
+
+_T5_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
+
+
+def make_tiny_t5_tokenizer(folder: str | Path):
+    """Write a small Unigram T5 tokenizer (whole words, single characters, specials) into `folder`.
+
+    Args:
+        folder: where ``tokenizer.json`` and ``tokenizer_config.json`` go (created if missing).
+
+    Returns:
+        The ``transformers.T5Tokenizer`` (tokenizers-backed, the fast one) read back from the files.
+    """
+    from transformers import T5Tokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Ids 0-2 are pad, eos and unk as in T5; whole words score above single characters.
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    # The T5 tokenizer knows the CLIP one's whole words.
+    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(TINY_WORDS)]
+    vocab += [("\u2581", -5.0)] + [(char, -8.0) for char in _T5_CHARS]
+    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=512)
+    tokenizer.save_pretrained(folder)
+    return T5Tokenizer.from_pretrained(folder)

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from blocks.common.tiny import (
-    TINY_WORDS,
     make_tiny_clip_tokenizer,
+    make_tiny_t5_tokenizer,
     tiny_clip_config,
     tiny_vae,
     write_variant_weights,
@@ -29,7 +29,6 @@ from blocks.common.tiny_ip_adapter import IPAttentionLayer, write_tiny_ip_adapte
 __all__ = ["make_tiny_ip_adapter", "make_tiny_repo", "make_tiny_t5_tokenizer"]
 
 LATENT_CHANNELS = 4
-_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
 
 # The scheduler config FLUX.1-dev ships: resolution-dependent shift (mu) from the image sequence length.
 _SCHEDULER_CONFIG = {
@@ -43,29 +42,6 @@ _SCHEDULER_CONFIG = {
 }
 
 _MODEL_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2")
-
-
-def make_tiny_t5_tokenizer(folder: str | Path):
-    """Write a small Unigram T5 tokenizer (whole words, single characters, specials) into `folder`.
-
-    Args:
-        folder: where ``tokenizer.json`` and ``tokenizer_config.json`` go (created if missing).
-
-    Returns:
-        The ``transformers.T5Tokenizer`` (tokenizers-backed, the fast one) read back from the files.
-    """
-    from transformers import T5Tokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Ids 0-2 are pad, eos and unk as in T5; whole words score above single characters.
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    # The T5 tokenizer knows the CLIP one's whole words.
-    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(TINY_WORDS)]
-    vocab += [("\u2581", -5.0)] + [(char, -8.0) for char in _CHARS]
-    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=512)
-    tokenizer.save_pretrained(folder)
-    return T5Tokenizer.from_pretrained(folder)
 
 
 def _vae(
