@@ -12,7 +12,29 @@ from typing import Any
 
 from .bpe import byte_level_vocab
 
-__all__ = ["make_tiny_qwen2_tokenizer", "make_trained_qwen2_tokenizer"]
+__all__ = [
+    "QWEN3_CHAT_TEMPLATE",
+    "QWEN3_SPECIALS",
+    "make_tiny_qwen2_tokenizer",
+    "make_trained_qwen2_tokenizer",
+]
+
+QWEN3_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+"""The pad token, then the special tokens of QWEN3_CHAT_TEMPLATE."""
+
+# A Qwen3-style chat template, reduced to what the pipelines ask for (Z-Image, Flux.2 Klein): user/assistant
+# turns, the generation prompt, and the empty think block Qwen3 adds when thinking is switched off.
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
 
 
 def make_tiny_qwen2_tokenizer(

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from blocks.common import VaeDecodeStep
-from modular import BlockState, ComponentSpec, InputParam
+from modular import BlockState, ComponentSpec, InputParam, PipelineState
 
 from .utils import (
     IMAGE_PROCESSOR,
@@ -18,7 +18,7 @@ from .utils import (
     unpatchify_latents,
 )
 
-__all__ = ["Flux2DecodeStep"]
+__all__ = ["Flux2DecodeStep", "Flux2KleinDecodeStep"]
 
 
 class Flux2DecodeStep(VaeDecodeStep):
@@ -47,8 +47,32 @@ class Flux2DecodeStep(VaeDecodeStep):
             )
         ]
 
-    def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
-        vae = components.vae
+    @staticmethod
+    def vae_latents(components: Any, block_state: BlockState) -> torch.Tensor:
+        """The packed latents as the VAE decodes them: unpacked, denormalized, unpatchified, [B, C, H, W]."""
         latents = unpack_latents_with_ids(block_state.latents, block_state.latent_ids)
-        latents = unpatchify_latents(denormalize_latents(vae, latents))
-        return vae.decode(latents.to(components._execution_device), return_dict=False)[0]
+        return unpatchify_latents(denormalize_latents(components.vae, latents))
+
+    def decode(self, components: Any, block_state: BlockState) -> torch.Tensor:
+        latents = self.vae_latents(components, block_state).to(components._execution_device)
+        return components.vae.decode(latents, return_dict=False)[0]
+
+
+class Flux2KleinDecodeStep(Flux2DecodeStep):
+    """Klein's decoding: as Flux.2's, but ``output_type="latent"`` gives the VAE's latents, as its classic
+    pipeline does."""
+
+    description = (
+        "Unpacks latents [B, tokens, C * 4] by latent_ids, maps them back with the VAE's batch-norm statistics "
+        "and unpatchifies them to [B, C, 2h, 2w]; output_type 'latent' returns those, others decode them with "
+        "the VAE and post-process them: 'pil', 'np' ([B, H, W, 3] in [0, 1]) or 'pt' ([B, 3, H, W] in [0, 1])."
+    )
+
+    @torch.no_grad()
+    def __call__(self, components: Any, state: PipelineState) -> tuple[Any, PipelineState]:
+        block_state = self.get_block_state(state)
+        if block_state.output_type != "latent":
+            return super().__call__(components, state)
+        block_state.images = self.vae_latents(components, block_state)
+        self.set_block_state(state, block_state)
+        return components, state

@@ -32,6 +32,7 @@ __all__ = [
     "TEXT_ENCODER_OUT_LAYERS",
     "Flux2TextEncoderStep",
     "Flux2VaeEncoderStep",
+    "check_out_layers",
     "reference_images",
 ]
 
@@ -68,6 +69,19 @@ REFERENCE_IMAGE = InputParam(
 def reference_images(image: Any) -> list[Any]:
     """The reference images as a list: one image becomes a list of one."""
     return list(image) if isinstance(image, list) else [image]
+
+
+def check_out_layers(block: object, components: Any, layers: tuple[int, ...]) -> None:
+    """`layers` must name hidden states the text encoder makes: 0 (the embeddings) to its layer count."""
+    config = components.text_encoder.config
+    count = getattr(config, "text_config", config).num_hidden_layers
+    bad = [k for k in layers if not -count - 1 <= k <= count]
+    if not layers or bad:
+        msg = (
+            f"{type(block).__name__}: text_encoder_out_layers ({tuple(layers)}) must name hidden states of "
+            f"the text encoder, 0 (the embeddings) to {count}; pass layers in that range"
+        )
+        raise ValueError(msg)
 
 
 class Flux2TextEncoderStep(ModularPipelineBlocks):
@@ -125,24 +139,13 @@ class Flux2TextEncoderStep(ModularPipelineBlocks):
         batch, count, length, dim = stacked.shape
         return stacked.permute(0, 2, 1, 3).reshape(batch, length, count * dim)
 
-    def _check_layers(self, components: Any, layers: tuple[int, ...]) -> None:
-        config = components.text_encoder.config
-        count = getattr(config, "text_config", config).num_hidden_layers
-        bad = [k for k in layers if not -count - 1 <= k <= count]
-        if not layers or bad:
-            msg = (
-                f"{type(self).__name__}: text_encoder_out_layers ({tuple(layers)}) must name hidden states of "
-                f"the text encoder, 0 (the embeddings) to {count}; pass layers in that range"
-            )
-            raise ValueError(msg)
-
     @torch.no_grad()
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
         check_prompt_or_embeds(self, block_state.prompt, block_state.prompt_embeds)
         if block_state.prompt_embeds is None:
             layers = tuple(block_state.text_encoder_out_layers)
-            self._check_layers(components, layers)
+            check_out_layers(self, components, layers)
             block_state.prompt_embeds = self.encode(
                 components, as_list(block_state.prompt), block_state.max_sequence_length, layers
             )

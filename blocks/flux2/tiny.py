@@ -26,7 +26,15 @@ import torch
 from blocks.common.bpe import byte_level_vocab
 from blocks.common.tiny import write_variant_weights
 
-__all__ = ["CHAT_TEMPLATE", "LATENT_CHANNELS", "TEXT_LAYERS", "make_tiny_repo", "make_tiny_tokenizer"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "LATENT_CHANNELS",
+    "SCHEDULER_CONFIG",
+    "TEXT_LAYERS",
+    "make_tiny_repo",
+    "make_tiny_tokenizer",
+    "tiny_flux2_vae",
+]
 
 LATENT_CHANNELS = 4
 TEXT_LAYERS = 30
@@ -67,7 +75,7 @@ CHAT_TEMPLATE = (
 )
 
 # FLUX.2-dev's scheduler config: the classic pipeline computes mu itself (compute_empirical_mu).
-_SCHEDULER_CONFIG = {
+SCHEDULER_CONFIG = {
     "base_image_seq_len": 256,
     "base_shift": 0.5,
     "max_image_seq_len": 4096,
@@ -155,7 +163,8 @@ def _text_encoder():
     return Mistral3ForConditionalGeneration(config).eval()
 
 
-def _vae(seed: int):
+def tiny_flux2_vae(seed: int):
+    """The tiny 2-level AutoencoderKLFlux2 (4 latent channels), batch-norm statistics drawn from `seed`."""
     from diffusers import AutoencoderKLFlux2
 
     vae = AutoencoderKLFlux2(
@@ -194,14 +203,14 @@ def _tiny_models(seed: int) -> dict[str, Any]:
         timestep_guidance_channels=256,
         axes_dims_rope=(4, 4, 4, 4),
     )
-    vae = _vae(seed + 1)
+    vae = tiny_flux2_vae(seed + 1)
     torch.manual_seed(seed + 2)
     text_encoder = _text_encoder()
     return {
         "transformer": transformer.eval(),
         "vae": vae,
         "text_encoder": text_encoder,
-        "scheduler": FlowMatchEulerDiscreteScheduler(**_SCHEDULER_CONFIG),
+        "scheduler": FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
     }
 
 

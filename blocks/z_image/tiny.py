@@ -16,30 +16,17 @@ from typing import Any
 
 import torch
 
-from blocks.common.qwen2_tokenizer import make_tiny_qwen2_tokenizer
+from blocks.common.qwen2_tokenizer import QWEN3_CHAT_TEMPLATE, QWEN3_SPECIALS, make_tiny_qwen2_tokenizer
 from blocks.common.tiny import tiny_vae, write_variant_weights
 
 __all__ = ["make_tiny_repo", "make_tiny_tokenizer", "CHAT_TEMPLATE"]
 
-_PAD = "<|endoftext|>"
-_SPECIALS = (_PAD, "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+_SPECIALS = QWEN3_SPECIALS
 # Words that get merged tokens, so prompts tokenize into whole words as with a real vocab.
 _WORDS = ("user", "assistant", "a", "photo", "of", "cat", "dog", "the", "red", "blue", "blurry", "astronaut")
 _VOCAB_SIZE = 1024  # the text model's embedding rows; the tokenizer uses fewer ids
 
-# A Qwen3-style chat template, reduced to what the pipeline asks for: user/assistant turns, the
-# generation prompt, and the empty think block Qwen3 adds when thinking is switched off.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif %}"
-    "{%- endif %}"
-)
+CHAT_TEMPLATE = QWEN3_CHAT_TEMPLATE
 
 # Z-Image-Turbo's scheduler: flow matching with a fixed shift of 3.
 _SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}

@@ -1,9 +1,15 @@
 """Shared fixtures for the Flux.2 tests: a tiny repo, our pipeline and the classic one on its components."""
 
-from diffusers import Flux2Pipeline
+from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
 import modular
-from blocks.flux2 import FAMILY, Flux2AutoBlocks, make_tiny_repo
+from blocks.flux2 import (
+    FAMILY,
+    Flux2AutoBlocks,
+    Flux2KleinBaseAutoBlocks,
+    make_tiny_klein_repo,
+    make_tiny_repo,
+)
 
 from .. import helpers
 from ..helpers import ParityHarness
@@ -24,6 +30,19 @@ classic_from, run_both = FLUX2.classic_from, FLUX2.run_both
 
 flux2_repo = FLUX2.repo_fixture("tiny-flux2", "A tiny Flux.2 repo.")
 flux2_pipe = FLUX2.pipe_fixture("flux2_repo")
+
+KLEIN = ParityHarness(
+    blocks_class=Flux2KleinBaseAutoBlocks,
+    make_tiny_repo=make_tiny_klein_repo,
+    classic={"text2image": Flux2KleinPipeline, "image_conditioned": Flux2KleinPipeline},
+    components=COMPONENTS,
+)
+klein_repo = KLEIN.repo_fixture("tiny-flux2-klein", "A tiny Flux.2 Klein repo (not distilled).")
+klein_pipe = KLEIN.pipe_fixture("klein_repo")
+klein_distilled_repo = KLEIN.repo_fixture(
+    "tiny-flux2-klein-distilled", "A tiny step-distilled Flux.2 Klein repo.", is_distilled=True
+)
+klein_distilled_pipe = KLEIN.pipe_fixture("klein_distilled_repo")
 
 
 def make_image(seed=0, size=REFERENCE_SIZE, height=None):

@@ -26,7 +26,7 @@ def test_workflows_select_the_expected_blocks():
 def test_family_is_registered():
     """FAMILY is known by name, serves the classic Flux2Pipeline and names diffusers' Flux.2 LoRA loader."""
     helpers.assert_family(FAMILY, "flux2", Flux2AutoBlocks, make_tiny_repo)
-    assert FAMILY.classic_pipelines == ("Flux2Pipeline",)
+    assert FAMILY.classic_pipelines == ("Flux2Pipeline", "Flux2KleinPipeline")
     assert FAMILY.lora_loader == "diffusers.loaders.Flux2LoraLoaderMixin"
 
 

@@ -22,7 +22,8 @@ INPUTS = text2image_inputs(height=SIZE, width=SIZE)
 # The single-stream blocks fuse their attention and MLP input projections into to_qkv_mlp_proj; to_k reaches
 # the double-stream blocks (as diffusers' own Flux.2 LoRA tests target them). The transformer is the only model
 # diffusers' Flux.2 loader takes a LoRA into.
-loras = loras_fixture(FLUX2, "flux2_repo", Flux2Pipeline, {"transformer": ["to_qkv_mlp_proj", "to_k"]})
+TARGETS = ["to_qkv_mlp_proj", "to_k"]
+loras = loras_fixture(FLUX2, "flux2_repo", Flux2Pipeline, {"transformer": TARGETS})
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -43,3 +44,20 @@ def test_a_lora_scale_matches_the_classic_pipeline(flux2_repo, loras, scale):
     assert_identical(mine, run(classic, {**INPUTS, "attention_kwargs": {"scale": scale}}))
     assert not same(mine, run(ours, INPUTS))
     assert lora_scalings(ours) == before
+
+
+def test_a_lora_on_klein_matches_the_classic_pipeline(klein_repo, tmp_path):
+    """A LoRA loaded into our Klein pipeline gives Flux2KleinPipeline's images after its own load_lora_weights."""
+    from diffusers import Flux2KleinPipeline
+
+    from ..lora_helpers import make_lora
+    from .conftest import KLEIN
+
+    ours, classic = ours_and_classic(KLEIN, klein_repo)
+    lora = make_lora(tmp_path / "klein", Flux2KleinPipeline, {"transformer": (ours.transformer, TARGETS)})
+    before = run(ours, INPUTS)
+    for pipe in (ours, classic):
+        pipe.load_lora_weights(lora, adapter_name="a")
+    mine = run(ours, INPUTS)
+    assert_identical(mine, run(classic, INPUTS))
+    assert not same(mine, before)

@@ -63,3 +63,24 @@ def test_the_peers_own_system_message_changes_the_result(flux2_pipe, peer):
     assert not torch.equal(
         ours_unpacked(flux2_pipe, **inputs), peer(generator=seeded(0), output="latents", **inputs)
     )
+
+
+@pytest.mark.parametrize("repo_fixture", ["klein_repo", "klein_distilled_repo"])
+def test_the_peers_klein_equals_ours(request, repo_fixture):
+    """The peer's Klein pipeline (base, with its guider; or distilled) on our components equals ours bit for bit
+    in both workflows."""
+    repo = request.getfixturevalue(repo_fixture)
+    ours = request.getfixturevalue(repo_fixture.replace("repo", "pipe"))
+    peer = PeerPipeline.from_pretrained(str(repo))
+    expected = (
+        "Flux2KleinModularPipeline"
+        if repo_fixture == "klein_distilled_repo"
+        else "Flux2KleinBaseModularPipeline"
+    )
+    assert type(peer).__name__ == expected
+    peer.update_components(**{name: ours.components[name] for name in COMPONENTS})
+    peer.set_progress_bar_config(disable=True)
+    for inputs in WORKFLOWS.values():
+        inputs = {"num_inference_steps": STEPS, **inputs}
+        theirs = peer(generator=seeded(0), output_type="pt", output="images", **inputs)
+        assert torch.equal(ours(generator=seeded(0), output_type="pt", output="images", **inputs), theirs)
