@@ -124,3 +124,18 @@ def test_klein_callback_and_generator_list(klein_pipe, output_type):
         klein_pipe, "text2image", seed=(1, 2), callback_on_step_end=halve, output_type=output_type, **kwargs
     )
     assert_identical(ours, theirs)
+
+
+def test_a_cfg_cutoff_callback_equals_the_classic(klein_pipe):
+    """A callback that sets pipeline._guidance_scale to 0 at step 0 turns guidance off for the later steps, as in
+    the classic Klein pipeline (which reads the flag at every step)."""
+
+    def cutoff(pipeline, step, timestep, callback_kwargs):
+        if step == 0:
+            pipeline._guidance_scale = 0.0
+        return {}
+
+    kwargs = {"prompt": "a cat", "height": SIZE, "width": SIZE, "num_inference_steps": 3, "output_type": "latent"}
+    ours, theirs = run_both(klein_pipe, "text2image", callback_on_step_end=cutoff, **kwargs)
+    assert_identical(ours, theirs)
+    assert not torch.equal(ours, klein_pipe(generator=seeded(0), output="images", **kwargs))
