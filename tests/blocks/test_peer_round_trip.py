@@ -27,6 +27,7 @@ from components.load_id import LOAD_ID_FIELDS
 
 from ..modular.saved import saved_index
 from .flux.conftest import classic_from as flux_classic
+from .flux2.conftest import KLEIN
 from .flux2.conftest import classic_from as flux2_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
 from .z_image.conftest import classic_from as zimage_classic
@@ -69,6 +70,9 @@ def _check_z_image(pipe, peer, inputs):
     assert torch.equal(ours, theirs)
 
 
+klein_classic = KLEIN.classic_from
+
+
 def _check_flux2(pipe, peer, inputs):
     """Flux.2: the peer's latents equal ours bit for bit (ours unpacked by their position ids) once its text
     encoder step is given the classic system message; its own lacks the classic message's line break, which
@@ -91,12 +95,20 @@ def _check_flux2(pipe, peer, inputs):
     assert torch.equal(ours, theirs)
 
 
+def _check_flux2_klein(pipe, peer, inputs):
+    """Flux.2 Klein (base): the peer's images, classifier-free guided by its guider, equal ours bit for bit."""
+    inputs = {**inputs, "output_type": "pt"}
+    theirs = peer(generator=_generator(), output="images", **inputs)
+    assert torch.equal(pipe(generator=_generator(), output="images", **inputs), theirs)
+
+
 @attrs.frozen
 class Case:
     family: modular.BlockFamily
     classic_from: Callable[[Any, str], Any]
     inputs: dict[str, Any]  # text-to-image inputs that suit the tiny repo
     check_peer: Callable[[Any, Any, dict[str, Any]], None]  # the peer's output against ours
+    make_repo: Callable[..., Path] | None = None  # the tiny repo, when not the family's default one
 
 
 CASES = {
@@ -104,6 +116,13 @@ CASES = {
     "flux": Case(blocks.flux.FAMILY, flux_classic, {"height": 32, "width": 32}, _check_flux),
     "z_image": Case(blocks.z_image.FAMILY, zimage_classic, {"height": 32, "width": 32}, _check_z_image),
     "flux2": Case(blocks.flux2.FAMILY, flux2_classic, {"height": 32, "width": 32}, _check_flux2),
+    "flux2_klein": Case(
+        blocks.flux2.FAMILY,
+        klein_classic,
+        {"height": 32, "width": 32},
+        _check_flux2_klein,
+        blocks.flux2.make_tiny_klein_repo,
+    ),
 }
 for _case in CASES.values():
     modular.register_family(_case.family)
@@ -125,7 +144,8 @@ def _component_entries(index: dict[str, Any]) -> dict[str, list]:
 @pytest.fixture(scope="module", params=list(CASES))
 def case_and_repo(request, tmp_path_factory):
     case = CASES[request.param]
-    return case, case.family.make_tiny_repo(tmp_path_factory.mktemp(request.param) / "tiny")
+    make_repo = case.make_repo or case.family.make_tiny_repo
+    return case, make_repo(tmp_path_factory.mktemp(request.param) / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +179,7 @@ def test_ours_reads_the_peers_index_with_our_family_blocks(case_and_repo, peer_s
     case, _ = case_and_repo
     _, folder = peer_saved
     pipe = modular.ModularPipeline.from_pretrained(folder)
-    assert type(pipe.blocks) is case.family.blocks_class
+    assert type(pipe.blocks) in case.family.all_blocks_classes
     assert type(pipe.blocks).__name__ == saved_index(folder)["_blocks_class_name"]
 
 
