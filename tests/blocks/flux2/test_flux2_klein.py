@@ -135,7 +135,13 @@ def test_a_cfg_cutoff_callback_equals_the_classic(klein_pipe):
             pipeline._guidance_scale = 0.0
         return {}
 
-    kwargs = {"prompt": "a cat", "height": SIZE, "width": SIZE, "num_inference_steps": 3, "output_type": "latent"}
+    kwargs = {
+        "prompt": "a cat",
+        "height": SIZE,
+        "width": SIZE,
+        "num_inference_steps": 3,
+        "output_type": "latent",
+    }
     ours, theirs = run_both(klein_pipe, "text2image", callback_on_step_end=cutoff, **kwargs)
     assert_identical(ours, theirs)
     assert not torch.equal(ours, klein_pipe(generator=seeded(0), output="images", **kwargs))

@@ -42,6 +42,12 @@ def test_the_decoder_sees_the_vaes_latents(flux2_pipe):
         return original(latents, *args, **kwargs)
 
     decoder.decode = decode
-    inputs = {"prompt": "a cat", "image": make_image(), "height": SIZE, "width": SIZE, "num_inference_steps": 2}
+    inputs = {
+        "prompt": "a cat",
+        "image": make_image(),
+        "height": SIZE,
+        "width": SIZE,
+        "num_inference_steps": 2,
+    }
     run_with_previews(flux2_pipe, 1, decoder, **inputs)
     assert seen == [(1, 4, 16, 16)] * 2  # one preview per step, of the 32x32 image's 16x16 VAE latents
