@@ -8,7 +8,7 @@ from diffusers.guiders import ClassifierFreeGuidance
 from blocks.flux2 import FAMILY, Flux2AutoBlocks, Flux2KleinBaseAutoBlocks
 from modular import ModularPipeline
 
-from ..helpers import STEPS, assert_identical, over_cases, seeded
+from ..helpers import STEPS, assert_identical, forwards_of, over_cases, seeded
 from .conftest import KLEIN, SIZE, make_image
 
 run_both = KLEIN.run_both
@@ -145,3 +145,16 @@ def test_a_cfg_cutoff_callback_equals_the_classic(klein_pipe):
     ours, theirs = run_both(klein_pipe, "text2image", callback_on_step_end=cutoff, **kwargs)
     assert_identical(ours, theirs)
     assert not torch.equal(ours, klein_pipe(generator=seeded(0), output="images", **kwargs))
+
+
+def test_negative_embeddings_of_another_batch_are_refused(klein_pipe):
+    """negative_prompt_embeds for 2 prompts beside prompt_embeds for 1 is refused before the transformer runs."""
+    kwargs = {"height": SIZE, "width": SIZE, "num_inference_steps": STEPS}
+    with forwards_of(klein_pipe.transformer) as calls, pytest.raises(ValueError) as info:
+        klein_pipe(
+            prompt_embeds=torch.zeros(1, 8, 48), negative_prompt_embeds=torch.zeros(2, 8, 48), **kwargs
+        )
+    assert str(info.value) == (
+        "Flux2KleinInputStep: negative_prompt_embeds holds 2 prompts for 1 in prompt_embeds; pass one per prompt"
+    )
+    assert calls == []
