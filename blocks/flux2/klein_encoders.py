@@ -3,6 +3,7 @@ step that repeats both embeddings per image with their text ids."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ __all__ = [
     "klein_guided",
     "klein_guidance_scale_input",
 ]
+
+logger = logging.getLogger(__name__)
 
 KLEIN_GUIDANCE_SCALE = 4.0  # the classic pipeline's default
 IS_DISTILLED = ConfigSpec(
@@ -137,7 +140,11 @@ class Flux2KleinTextEncoderStep(ModularPipelineBlocks):
         if block_state.prompt_embeds is None:
             check_out_layers(self, components, layers)
             block_state.prompt_embeds = self.encode(components, as_list(block_state.prompt), length, layers)
-        _, guided = klein_guided(components, block_state.guidance_scale)
+        scale, guided = klein_guided(components, block_state.guidance_scale)
+        if scale > 1 and getattr(components, "is_distilled", False):
+            logger.warning(
+                "guidance_scale %s is ignored: the pipeline is step-distilled (is_distilled)", scale
+            )
         if not guided:
             block_state.negative_prompt_embeds = None
         elif block_state.negative_prompt_embeds is None:

@@ -34,3 +34,23 @@ def test_run_on_a_flux2_repo_by_path(flux2_repo, tmp_path):
     ]
     assert main(command) == 0
     assert sorted(path.name for path in out.glob("*.png")) == ["tiny-flux2-seed0-0.png"]
+
+
+def test_run_on_a_klein_repo_by_path(klein_repo, tmp_path):
+    """A Flux2KleinPipeline repo given by path runs through the flux2 family's Klein blocks."""
+    out = tmp_path / "out"
+    command = [
+        "run",
+        str(klein_repo),
+        "--out",
+        str(out),
+        "--quiet",
+        "--steps",
+        "1",
+        "--height",
+        "32",
+        "--width",
+        "32",
+    ]
+    assert main(command) == 0
+    assert sorted(path.name for path in out.glob("*.png")) == ["tiny-flux2-klein-seed0-0.png"]

@@ -1,6 +1,8 @@
 """Our Flux.2 Klein blocks equal diffusers' Flux2KleinPipeline bit for bit on CPU float32: true classifier-free
 guidance through the guider, a distilled repo without it, reference images, and the unpacked latent output."""
 
+import logging
+
 import pytest
 import torch
 from diffusers.guiders import ClassifierFreeGuidance
@@ -80,8 +82,9 @@ def test_the_guider_decides_the_scale(klein_pipe):
     assert not torch.equal(ours, unguided)
 
 
-def test_a_distilled_repo_runs_no_guidance(klein_distilled_pipe):
-    """With is_distilled in the repo's config the scale is ignored (one pass a step), as in the classic pipeline."""
+def test_a_distilled_repo_runs_no_guidance(klein_distilled_pipe, caplog):
+    """With is_distilled in the repo's config the scale is ignored (one pass a step) with a warning, as in the
+    classic pipeline."""
     assert klein_distilled_pipe.is_distilled is True
     kwargs = {
         "prompt": "a cat",
@@ -94,9 +97,10 @@ def test_a_distilled_repo_runs_no_guidance(klein_distilled_pipe):
         klein_distilled_pipe, "text2image", classic_config={"is_distilled": True}, **kwargs
     )
     assert_identical(ours, theirs)
-    assert torch.equal(
-        ours, klein_distilled_pipe(generator=seeded(0), output="images", guidance_scale=7.0, **kwargs)
-    )
+    with caplog.at_level(logging.WARNING, logger="blocks.flux2.klein_encoders"):
+        ignored = klein_distilled_pipe(generator=seeded(0), output="images", guidance_scale=7.0, **kwargs)
+    assert torch.equal(ours, ignored)
+    assert "guidance_scale 7.0 is ignored: the pipeline is step-distilled" in caplog.text
 
 
 def test_klein_repos_get_the_klein_blocks(klein_repo, flux2_repo):
