@@ -2,9 +2,17 @@
 
 import pytest
 import torch
+from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
 
-from blocks.flux2 import FAMILY, Flux2AutoBlocks, Flux2BeforeDenoiseStep, make_tiny_repo
-from modular import InputTypeError, MissingInputError, ModularPipeline
+from blocks.common.checks import InputProblems
+from blocks.flux2 import (
+    FAMILY,
+    Flux2AutoBlocks,
+    Flux2BeforeDenoiseStep,
+    Flux2EditCheckInputsStep,
+    make_tiny_repo,
+)
+from modular import BlockState, InputTypeError, MissingInputError, ModularPipeline
 
 from .. import helpers
 from ..helpers import STEPS, workflow_steps
@@ -160,3 +168,13 @@ def test_image_conditioned_workflow_needs_an_image(flux2_repo, flux2_pipe):
 def test_unloaded_component_is_named(flux2_repo):
     """Calling before load_components names the first missing component and says to load it."""
     helpers.unloaded_component_error(Flux2AutoBlocks, flux2_repo)
+
+
+def test_a_large_reference_image_sets_the_size_the_classic_resize_gives(flux2_pipe):
+    """An image over 1024 x 1024 pixels gives the default size of the classic pipeline's resize to about that
+    area, rounded down to a multiple of twice the VAE's scale (checked without running the models)."""
+    image = make_image(size=1500, height=1100)
+    width, height = Flux2ImageProcessor._resize_to_target_area(image, 1024 * 1024).size
+    problems = InputProblems()
+    size = Flux2EditCheckInputsStep().check_workflow(flux2_pipe, BlockState(image=image), problems)
+    assert size == (height // 4 * 4, width // 4 * 4) and len(problems) == 0
