@@ -1,10 +1,16 @@
 """The SD3 family: workflows, registration, loading, and bad input on the SD3 pipeline."""
 
+import inspect
 import json
 import shutil
 
 import pytest
 import torch
+from diffusers import (
+    StableDiffusion3Img2ImgPipeline,
+    StableDiffusion3InpaintPipeline,
+    StableDiffusion3Pipeline,
+)
 
 from blocks.sd3 import FAMILY, SD3AutoBlocks, SD3BeforeDenoiseStep, make_tiny_repo
 from modular import MissingInputError, ModularPipeline
@@ -81,6 +87,28 @@ def test_doc_lists_components_inputs_and_workflows():
         "skip_guidance_layers (list[int]): Transformer layers to skip for skip-layer guidance",
         "inpainting: mask_image, image, prompt",
     )
+
+
+@pytest.mark.parametrize(
+    ("workflow", "classic"),
+    [
+        ("text2image", StableDiffusion3Pipeline),
+        ("image2image", StableDiffusion3Img2ImgPipeline),
+        ("inpainting", StableDiffusion3InpaintPipeline),
+    ],
+)
+def test_every_reader_of_the_step_count_declares_the_classic_default(workflow, classic):
+    """num_inference_steps defaults to the workflow's classic pipeline's (28 text-to-image, 50 otherwise) in every
+    block of the workflow that reads it."""
+    expected = inspect.signature(classic.__call__).parameters["num_inference_steps"].default
+
+    def declared(block):
+        if not block.sub_blocks:
+            return [p.default for p in block.inputs if p.name == "num_inference_steps"]
+        return [default for child in block.sub_blocks.values() for default in declared(child)]
+
+    defaults = declared(SD3AutoBlocks().get_workflow(workflow))
+    assert defaults and set(defaults) == {expected}
 
 
 def test_output_types_and_default_size(sd3_pipe):
