@@ -34,10 +34,14 @@ from .image_encoders import MASKED_IMAGE_LATENTS, PADDING_MASK_CROP
 from .timesteps import IMAGE2IMAGE_STEPS, SIGMAS, STRENGTH, STRENGTH_INPUT, TEXT2IMAGE_STEPS, steps_input
 from .utils import MODEL_NAME, default_size, do_classifier_free_guidance, guidance_scale, size_multiple
 
-__all__ = ["SD3CheckInputsStep", "SD3Img2ImgCheckInputsStep", "SD3InpaintCheckInputsStep"]
+__all__ = [
+    "StableDiffusion3CheckInputsStep",
+    "StableDiffusion3Img2ImgCheckInputsStep",
+    "StableDiffusion3InpaintCheckInputsStep",
+]
 
 
-class SD3CheckInputsStep(CheckInputsStep):
+class StableDiffusion3CheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and skip-layer guidance before any model runs."""
 
     # The text encoders' embeddings reach the transformer in their own dtype, uncast: these must agree.
@@ -132,7 +136,7 @@ class SD3CheckInputsStep(CheckInputsStep):
             check_latent_memory(problems, shape, model_dtype(components, "transformer"), (height, width))
 
 
-class SD3Img2ImgCheckInputsStep(SD3CheckInputsStep):
+class StableDiffusion3Img2ImgCheckInputsStep(StableDiffusion3CheckInputsStep):
     """Image-to-image: also check the image, strength and the steps it leaves."""
 
     steps_default = IMAGE2IMAGE_STEPS
@@ -161,7 +165,7 @@ class SD3Img2ImgCheckInputsStep(SD3CheckInputsStep):
         )
 
 
-class SD3InpaintCheckInputsStep(SD3Img2ImgCheckInputsStep):
+class StableDiffusion3InpaintCheckInputsStep(StableDiffusion3Img2ImgCheckInputsStep):
     """Inpainting: also check the mask and the transformer's input channels."""
 
     description = (

@@ -18,7 +18,7 @@ from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputPara
 
 from .utils import MODEL_NAME, do_classifier_free_guidance, guidance_scale, guidance_scale_input, pooled_input
 
-__all__ = ["MAX_SEQUENCE_LENGTH", "PROMPT_INPUTS", "SD3TextEncoderStep"]
+__all__ = ["MAX_SEQUENCE_LENGTH", "PROMPT_INPUTS", "StableDiffusion3TextEncoderStep"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _pooled_output(name: str, description: str) -> OutputParam:
     )
 
 
-class SD3TextEncoderStep(ModularPipelineBlocks):
+class StableDiffusion3TextEncoderStep(ModularPipelineBlocks):
     """Encode the prompt with CLIP-L, CLIP-G and T5; the negative prompt too when guidance is on."""
 
     model_name = MODEL_NAME

@@ -25,7 +25,7 @@ FAMILIES = {
     "flux_control": (flux, flux.FluxAutoBlocks, {"control": True}),
     "z_image": (z_image, z_image.ZImageAutoBlocks, {}),
     "flux2": (flux2, flux2.Flux2AutoBlocks, {}),
-    "sd3": (sd3, sd3.SD3AutoBlocks, {}),
+    "sd3": (sd3, sd3.StableDiffusion3AutoBlocks, {}),
 }
 SHARED = ["sd", "sdxl", "flux", "z_image", "sd3"]  # the families the shared rules are run on
 # The check steps' names, the image side in pixels, the text-to-image size rule (8 for SD and SDXL, as
@@ -36,7 +36,7 @@ INFO = {
     "sdxl": {"t2i": "StableDiffusionXLCheckInputsStep", "i2i": "StableDiffusionXLImg2ImgCheckInputsStep"},
     "flux": {"t2i": "FluxCheckInputsStep", "i2i": "FluxImg2ImgCheckInputsStep"},
     "z_image": {"t2i": "ZImageCheckInputsStep", "i2i": "ZImageImg2ImgCheckInputsStep"},
-    "sd3": {"t2i": "SD3CheckInputsStep", "i2i": "SD3Img2ImgCheckInputsStep"},
+    "sd3": {"t2i": "StableDiffusion3CheckInputsStep", "i2i": "StableDiffusion3Img2ImgCheckInputsStep"},
 }
 SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "sd3": 32}
 for _family, _values in {
@@ -459,7 +459,7 @@ ALL_BLOCKS = [
     flux.FluxAutoBlocks,
     z_image.ZImageAutoBlocks,
     flux2.Flux2AutoBlocks,
-    sd3.SD3AutoBlocks,
+    sd3.StableDiffusion3AutoBlocks,
 ]
 
 

@@ -6,7 +6,7 @@ import diffusers
 import pytest
 
 from blocks.flux import FluxAutoBlocks
-from blocks.sd3 import SD3AutoBlocks
+from blocks.sd3 import StableDiffusion3AutoBlocks
 from blocks.stable_diffusion import StableDiffusionAutoBlocks
 from blocks.stable_diffusion_xl import StableDiffusionXLAutoBlocks, StableDiffusionXLRefinerBlocks
 from modular import ModularPipelineBlocks
@@ -18,8 +18,8 @@ WORKFLOWS = [
     (StableDiffusionXLAutoBlocks, "image2image", "StableDiffusionXLImg2ImgPipeline"),
     (StableDiffusionXLAutoBlocks, "inpainting", "StableDiffusionXLInpaintPipeline"),
     (FluxAutoBlocks, "image2image", "FluxImg2ImgPipeline"),
-    (SD3AutoBlocks, "image2image", "StableDiffusion3Img2ImgPipeline"),
-    (SD3AutoBlocks, "inpainting", "StableDiffusion3InpaintPipeline"),
+    (StableDiffusion3AutoBlocks, "image2image", "StableDiffusion3Img2ImgPipeline"),
+    (StableDiffusion3AutoBlocks, "inpainting", "StableDiffusion3InpaintPipeline"),
 ]
 
 
