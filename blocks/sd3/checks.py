@@ -52,10 +52,11 @@ class StableDiffusion3CheckInputsStep(CheckInputsStep):
 
     description = (
         "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; prompt_2 and "
-        "prompt_3 one entry per prompt, and with guidance the negative prompts), max_sequence_length (at most "
-        "512), num_inference_steps and num_images_per_prompt (1 or more), output_type, height and width "
-        "(positive multiples of the VAE scale x the patch size), skip_guidance_layers (layers the transformer "
-        "has), the shape of given latents, and the size of the latents (at most 64 GiB)."
+        "prompt_3 one entry per prompt, and with guidance the negative prompts; no text beside embeddings that "
+        "stand for it), max_sequence_length (at most 512), num_inference_steps and num_images_per_prompt (1 or "
+        "more), output_type, height and width (positive multiples of the VAE scale x the patch size), "
+        "skip_guidance_layers (layers the transformer has), the shape of given latents, and the size of the "
+        "latents (at most 64 GiB)."
     )
 
     @property
@@ -81,6 +82,17 @@ class StableDiffusion3CheckInputsStep(CheckInputsStep):
         for name in ("prompt_2", "prompt_3"):
             if bs.prompt is not None and getattr(bs, name):
                 check_one_per_prompt(problems, name, getattr(bs, name), bs.prompt)
+        # As the classic pipelines: a text that embeddings given instead would leave unread is refused.
+        for embeds, texts in (
+            ("prompt_embeds", ("prompt_2", "prompt_3")),
+            ("negative_prompt_embeds", ("negative_prompt", "negative_prompt_2", "negative_prompt_3")),
+        ):
+            given = [name for name in texts if getattr(bs, name) is not None]
+            if getattr(bs, embeds) is not None and given:
+                problems.add(
+                    f"{', '.join(given)} and {embeds} were both given, and {embeds} stands for the encoded "
+                    f"{' and '.join(given)}; pass one or the other"
+                )
         if (
             do_classifier_free_guidance(guidance_scale(components, bs.guidance_scale))
             and bs.negative_prompt_embeds is None

@@ -143,6 +143,21 @@ BAD_CALLS = {
         ValueError,
         "StableDiffusion3CheckInputsStep: prompt_2 has 2 entries for 1 prompt; pass one per prompt",
     ),
+    "prompt_3_with_embeds": (
+        {
+            "prompt_embeds": torch.zeros(1, 93, 80),
+            "pooled_prompt_embeds": torch.zeros(1, 64),
+            "prompt_3": "a dog",
+        },
+        ValueError,
+        "StableDiffusion3CheckInputsStep: prompt_3 and prompt_embeds were both given, and prompt_embeds stands for "
+        "the encoded prompt_3; pass one or the other",
+    ),
+    "negative_prompt_with_embeds": (
+        {"prompt": "a cat", "negative_prompt": "blurry", "negative_prompt_embeds": torch.zeros(1, 333, 80)},
+        ValueError,
+        "StableDiffusion3CheckInputsStep: negative_prompt and negative_prompt_embeds were both given",
+    ),
     "max_sequence_length": (
         {"prompt": "a cat", "max_sequence_length": 600},
         ValueError,
