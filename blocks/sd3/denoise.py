@@ -181,6 +181,10 @@ class StableDiffusion3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         )[0]
 
     def __call__(self, components, block_state, i, t):
+        if "skip_layer_embeds" not in block_state:
+            # The skipped-layers pass reads the prompt's embeddings as the loop began, as the classic pipeline
+            # does: a step callback that replaces prompt_embeds changes the guided passes only.
+            block_state.skip_layer_embeds = (block_state.prompt_embeds, block_state.pooled_prompt_embeds)
         guider = self.call_guider(components, block_state)
         guider.set_state(step=i, num_inference_steps=len(block_state.timesteps), timestep=t)
         guided = do_classifier_free_guidance(guidance_scale(components, block_state.guidance_scale))
@@ -220,8 +224,7 @@ class StableDiffusion3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
                 block_state,
                 t,
                 block_state.latent_model_input,
-                block_state.prompt_embeds,
-                block_state.pooled_prompt_embeds,
+                *block_state.skip_layer_embeds,
                 skip_layers=layers,
             )
             noise_pred = noise_pred + (output.pred_cond - skipped) * block_state.skip_layer_guidance_scale
