@@ -59,3 +59,14 @@ def test_offloaded_runs_equal_plain_runs(sd3_repo):
         assert any(entry.evicted for entry in cm.offload_log)
     finally:
         cm.disable_auto_cpu_offload()
+
+
+def test_a_repo_without_t5_plans_without_it(sd3_no_t5_repo, monkeypatch):
+    """A repo whose index lists T5 as [null, null] runs, and its plan lists the CLIP encoders alone."""
+    cm = ComponentsManager()
+    pipe = _pipeline(sd3_no_t5_repo, cm)
+    seen = []
+    monkeypatch.setattr(cm, "set_execution_plan", lambda objs: seen.append(list(objs)))
+    _run(pipe)
+    assert pipe.text_encoder_3 is None
+    assert seen == [[pipe.text_encoder, pipe.text_encoder_2, pipe.transformer, pipe.vae]]
