@@ -42,8 +42,9 @@ from modular import available_families  # noqa: E402
 
 PROMPT = "a photo of a cat"
 # Inputs a family's text-to-image call needs beyond the prompt and its tiny repo's inputs, so that ours, classic
-# and the peer do the same work (e.g. the same number of guided passes).
-EXTRA_INPUTS: dict[str, dict[str, Any]] = {}
+# and the peer do the same work (e.g. the same number of guided passes). SD3's peer guides only with a negative
+# prompt given (it encodes no empty one).
+EXTRA_INPUTS: dict[str, dict[str, Any]] = {"stable-diffusion-3": {"negative_prompt": "blurry"}}
 # The peer's guidance scale that does what the classic default does (docs/peer_pipelines.md): SDXL's peer
 # defaults to 7.5 where classic uses 5.0; Z-Image's peer defaults to no guidance, and the classic formula at
 # scale 5.0 is classifier-free guidance at 6.0.

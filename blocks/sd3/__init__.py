@@ -1,6 +1,6 @@
 """Stable Diffusion 3 / 3.5 as modular blocks: text-to-image, image-to-image and inpainting.
 
-``SD3AutoBlocks`` picks the workflow from the inputs given (``mask_image`` for inpainting, ``image`` for
+``StableDiffusion3AutoBlocks`` picks the workflow from the inputs given (``mask_image`` for inpainting, ``image`` for
 image-to-image). ``FAMILY`` registers the blocks for the classic ``StableDiffusion3Pipeline``,
 ``StableDiffusion3Img2ImgPipeline`` and ``StableDiffusion3InpaintPipeline`` repos (entry point group
 ``modular.blocks``).
@@ -13,38 +13,42 @@ from offload.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from .before_denoise import (
-        SD3Img2ImgPrepareLatentsStep,
-        SD3InpaintPrepareLatentsStep,
-        SD3InpaintPrepareMaskLatentsStep,
-        SD3PrepareLatentsStep,
+        StableDiffusion3Img2ImgPrepareLatentsStep,
+        StableDiffusion3InpaintPrepareLatentsStep,
+        StableDiffusion3InpaintPrepareMaskLatentsStep,
+        StableDiffusion3PrepareLatentsStep,
     )
-    from .checks import SD3CheckInputsStep, SD3Img2ImgCheckInputsStep, SD3InpaintCheckInputsStep
-    from .decoders import SD3DecodeStep, SD3InpaintDecodeStep
+    from .checks import (
+        StableDiffusion3CheckInputsStep,
+        StableDiffusion3Img2ImgCheckInputsStep,
+        StableDiffusion3InpaintCheckInputsStep,
+    )
+    from .decoders import StableDiffusion3DecodeStep, StableDiffusion3InpaintDecodeStep
     from .denoise import (
-        SD3DenoiseLoopWrapper,
-        SD3DenoiseStep,
-        SD3InpaintDenoiseStep,
-        SD3InpaintLoopAfterDenoiser,
-        SD3InpaintLoopBeforeDenoiser,
-        SD3LoopAfterDenoiser,
-        SD3LoopBeforeDenoiser,
-        SD3LoopDenoiser,
+        StableDiffusion3DenoiseLoopWrapper,
+        StableDiffusion3DenoiseStep,
+        StableDiffusion3InpaintDenoiseStep,
+        StableDiffusion3InpaintLoopAfterDenoiser,
+        StableDiffusion3InpaintLoopBeforeDenoiser,
+        StableDiffusion3LoopAfterDenoiser,
+        StableDiffusion3LoopBeforeDenoiser,
+        StableDiffusion3LoopDenoiser,
     )
-    from .encoders import SD3TextEncoderStep
-    from .image_encoders import SD3InpaintVaeEncoderStep, SD3VaeEncoderStep
-    from .inputs import SD3InputStep
+    from .encoders import StableDiffusion3TextEncoderStep
+    from .image_encoders import StableDiffusion3InpaintVaeEncoderStep, StableDiffusion3VaeEncoderStep
+    from .inputs import StableDiffusion3InputStep
     from .modular_blocks import (
-        SD3AutoBeforeDenoiseStep,
-        SD3AutoBlocks,
-        SD3AutoCheckInputsStep,
-        SD3AutoDecodeStep,
-        SD3AutoDenoiseStep,
-        SD3AutoVaeEncoderStep,
-        SD3BeforeDenoiseStep,
-        SD3Img2ImgBeforeDenoiseStep,
-        SD3InpaintBeforeDenoiseStep,
+        StableDiffusion3AutoBeforeDenoiseStep,
+        StableDiffusion3AutoBlocks,
+        StableDiffusion3AutoCheckInputsStep,
+        StableDiffusion3AutoDecodeStep,
+        StableDiffusion3AutoDenoiseStep,
+        StableDiffusion3AutoVaeEncoderStep,
+        StableDiffusion3BeforeDenoiseStep,
+        StableDiffusion3Img2ImgBeforeDenoiseStep,
+        StableDiffusion3InpaintBeforeDenoiseStep,
     )
-    from .timesteps import SD3Img2ImgSetTimestepsStep, SD3SetTimestepsStep
+    from .timesteps import StableDiffusion3Img2ImgSetTimestepsStep, StableDiffusion3SetTimestepsStep
     from .tiny import make_tiny_repo
 
 # Each name is imported on first use (PEP 562): importing the package imports none of its modules.
@@ -52,7 +56,7 @@ __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 FAMILY = BlockFamily(
     name="stable-diffusion-3",
-    blocks_class="blocks.sd3.modular_blocks.SD3AutoBlocks",
+    blocks_class="blocks.sd3.modular_blocks.StableDiffusion3AutoBlocks",
     classic_pipelines=(
         "StableDiffusion3Pipeline",
         "StableDiffusion3Img2ImgPipeline",
@@ -66,37 +70,37 @@ FAMILY = BlockFamily(
 
 __all__ = [
     "FAMILY",
-    "SD3AutoBeforeDenoiseStep",
-    "SD3AutoBlocks",
-    "SD3AutoCheckInputsStep",
-    "SD3AutoDecodeStep",
-    "SD3AutoDenoiseStep",
-    "SD3AutoVaeEncoderStep",
-    "SD3BeforeDenoiseStep",
-    "SD3CheckInputsStep",
-    "SD3DecodeStep",
-    "SD3DenoiseLoopWrapper",
-    "SD3DenoiseStep",
-    "SD3Img2ImgBeforeDenoiseStep",
-    "SD3Img2ImgCheckInputsStep",
-    "SD3Img2ImgPrepareLatentsStep",
-    "SD3Img2ImgSetTimestepsStep",
-    "SD3InpaintBeforeDenoiseStep",
-    "SD3InpaintCheckInputsStep",
-    "SD3InpaintDecodeStep",
-    "SD3InpaintDenoiseStep",
-    "SD3InpaintLoopAfterDenoiser",
-    "SD3InpaintLoopBeforeDenoiser",
-    "SD3InpaintPrepareLatentsStep",
-    "SD3InpaintPrepareMaskLatentsStep",
-    "SD3InpaintVaeEncoderStep",
-    "SD3InputStep",
-    "SD3LoopAfterDenoiser",
-    "SD3LoopBeforeDenoiser",
-    "SD3LoopDenoiser",
-    "SD3PrepareLatentsStep",
-    "SD3SetTimestepsStep",
-    "SD3TextEncoderStep",
-    "SD3VaeEncoderStep",
+    "StableDiffusion3AutoBeforeDenoiseStep",
+    "StableDiffusion3AutoBlocks",
+    "StableDiffusion3AutoCheckInputsStep",
+    "StableDiffusion3AutoDecodeStep",
+    "StableDiffusion3AutoDenoiseStep",
+    "StableDiffusion3AutoVaeEncoderStep",
+    "StableDiffusion3BeforeDenoiseStep",
+    "StableDiffusion3CheckInputsStep",
+    "StableDiffusion3DecodeStep",
+    "StableDiffusion3DenoiseLoopWrapper",
+    "StableDiffusion3DenoiseStep",
+    "StableDiffusion3Img2ImgBeforeDenoiseStep",
+    "StableDiffusion3Img2ImgCheckInputsStep",
+    "StableDiffusion3Img2ImgPrepareLatentsStep",
+    "StableDiffusion3Img2ImgSetTimestepsStep",
+    "StableDiffusion3InpaintBeforeDenoiseStep",
+    "StableDiffusion3InpaintCheckInputsStep",
+    "StableDiffusion3InpaintDecodeStep",
+    "StableDiffusion3InpaintDenoiseStep",
+    "StableDiffusion3InpaintLoopAfterDenoiser",
+    "StableDiffusion3InpaintLoopBeforeDenoiser",
+    "StableDiffusion3InpaintPrepareLatentsStep",
+    "StableDiffusion3InpaintPrepareMaskLatentsStep",
+    "StableDiffusion3InpaintVaeEncoderStep",
+    "StableDiffusion3InputStep",
+    "StableDiffusion3LoopAfterDenoiser",
+    "StableDiffusion3LoopBeforeDenoiser",
+    "StableDiffusion3LoopDenoiser",
+    "StableDiffusion3PrepareLatentsStep",
+    "StableDiffusion3SetTimestepsStep",
+    "StableDiffusion3TextEncoderStep",
+    "StableDiffusion3VaeEncoderStep",
     "make_tiny_repo",
 ]

@@ -21,10 +21,10 @@ from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputPara
 from .utils import MODEL_NAME, SCHEDULER, TRANSFORMER, default_size
 
 __all__ = [
-    "SD3PrepareLatentsStep",
-    "SD3Img2ImgPrepareLatentsStep",
-    "SD3InpaintPrepareLatentsStep",
-    "SD3InpaintPrepareMaskLatentsStep",
+    "StableDiffusion3PrepareLatentsStep",
+    "StableDiffusion3Img2ImgPrepareLatentsStep",
+    "StableDiffusion3InpaintPrepareLatentsStep",
+    "StableDiffusion3InpaintPrepareMaskLatentsStep",
 ]
 
 _VAE = ComponentSpec("vae", "diffusers.AutoencoderKL")
@@ -50,7 +50,7 @@ def _latent_shape(
     return (total, channels, int(height) // scale, int(width) // scale)
 
 
-class SD3PrepareLatentsStep(ModularPipelineBlocks):
+class StableDiffusion3PrepareLatentsStep(ModularPipelineBlocks):
     """Draw the initial noise for text-to-image, or take the given latents."""
 
     model_name = MODEL_NAME
@@ -86,7 +86,7 @@ class SD3PrepareLatentsStep(ModularPipelineBlocks):
         return components, state
 
 
-class SD3Img2ImgPrepareLatentsStep(ModularPipelineBlocks):
+class StableDiffusion3Img2ImgPrepareLatentsStep(ModularPipelineBlocks):
     """Noise the reference image's latents to the first kept timestep (flow matching's scale_noise)."""
 
     model_name = MODEL_NAME
@@ -142,7 +142,7 @@ def _repeat(
     return tensor.repeat(total // count, 1, 1, 1) if always or count != total else tensor
 
 
-class SD3InpaintPrepareLatentsStep(ModularPipelineBlocks):
+class StableDiffusion3InpaintPrepareLatentsStep(ModularPipelineBlocks):
     """Inpainting's initial latents: pure noise at strength 1, else the image latents noised to latent_timestep."""
 
     model_name = MODEL_NAME
@@ -195,7 +195,7 @@ class SD3InpaintPrepareLatentsStep(ModularPipelineBlocks):
         return components, state
 
 
-class SD3InpaintPrepareMaskLatentsStep(ModularPipelineBlocks):
+class StableDiffusion3InpaintPrepareMaskLatentsStep(ModularPipelineBlocks):
     """The mask at latent size and the masked image's latents, both repeated to the batch."""
 
     model_name = MODEL_NAME

@@ -34,10 +34,14 @@ from .image_encoders import MASKED_IMAGE_LATENTS, PADDING_MASK_CROP
 from .timesteps import IMAGE2IMAGE_STEPS, SIGMAS, STRENGTH, STRENGTH_INPUT, TEXT2IMAGE_STEPS, steps_input
 from .utils import MODEL_NAME, default_size, do_classifier_free_guidance, guidance_scale, size_multiple
 
-__all__ = ["SD3CheckInputsStep", "SD3Img2ImgCheckInputsStep", "SD3InpaintCheckInputsStep"]
+__all__ = [
+    "StableDiffusion3CheckInputsStep",
+    "StableDiffusion3Img2ImgCheckInputsStep",
+    "StableDiffusion3InpaintCheckInputsStep",
+]
 
 
-class SD3CheckInputsStep(CheckInputsStep):
+class StableDiffusion3CheckInputsStep(CheckInputsStep):
     """Text-to-image: check prompts, counts, size, latents and skip-layer guidance before any model runs."""
 
     # The text encoders' embeddings reach the transformer in their own dtype, uncast: these must agree.
@@ -48,10 +52,11 @@ class SD3CheckInputsStep(CheckInputsStep):
 
     description = (
         "Checks the inputs before any model runs, and changes nothing: prompts (no empty list; prompt_2 and "
-        "prompt_3 one entry per prompt, and with guidance the negative prompts), max_sequence_length (at most "
-        "512), num_inference_steps and num_images_per_prompt (1 or more), output_type, height and width "
-        "(positive multiples of the VAE scale x the patch size), skip_guidance_layers (layers the transformer "
-        "has), the shape of given latents, and the size of the latents (at most 64 GiB)."
+        "prompt_3 one entry per prompt, and with guidance the negative prompts; no text beside embeddings that "
+        "stand for it), max_sequence_length (at most 512), num_inference_steps and num_images_per_prompt (1 or "
+        "more), output_type, height and width (positive multiples of the VAE scale x the patch size), "
+        "skip_guidance_layers (layers the transformer has), the shape of given latents, and the size of the "
+        "latents (at most 64 GiB)."
     )
 
     @property
@@ -77,6 +82,17 @@ class SD3CheckInputsStep(CheckInputsStep):
         for name in ("prompt_2", "prompt_3"):
             if bs.prompt is not None and getattr(bs, name):
                 check_one_per_prompt(problems, name, getattr(bs, name), bs.prompt)
+        # As the classic pipelines: a text that embeddings given instead would leave unread is refused.
+        for embeds, texts in (
+            ("prompt_embeds", ("prompt_2", "prompt_3")),
+            ("negative_prompt_embeds", ("negative_prompt", "negative_prompt_2", "negative_prompt_3")),
+        ):
+            given = [name for name in texts if getattr(bs, name) is not None]
+            if getattr(bs, embeds) is not None and given:
+                problems.add(
+                    f"{', '.join(given)} and {embeds} were both given, and {embeds} stands for the encoded "
+                    f"{' and '.join(given)}; pass one or the other"
+                )
         if (
             do_classifier_free_guidance(guidance_scale(components, bs.guidance_scale))
             and bs.negative_prompt_embeds is None
@@ -132,7 +148,7 @@ class SD3CheckInputsStep(CheckInputsStep):
             check_latent_memory(problems, shape, model_dtype(components, "transformer"), (height, width))
 
 
-class SD3Img2ImgCheckInputsStep(SD3CheckInputsStep):
+class StableDiffusion3Img2ImgCheckInputsStep(StableDiffusion3CheckInputsStep):
     """Image-to-image: also check the image, strength and the steps it leaves."""
 
     steps_default = IMAGE2IMAGE_STEPS
@@ -161,7 +177,7 @@ class SD3Img2ImgCheckInputsStep(SD3CheckInputsStep):
         )
 
 
-class SD3InpaintCheckInputsStep(SD3Img2ImgCheckInputsStep):
+class StableDiffusion3InpaintCheckInputsStep(StableDiffusion3Img2ImgCheckInputsStep):
     """Inpainting: also check the mask and the transformer's input channels."""
 
     description = (

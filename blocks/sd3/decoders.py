@@ -13,10 +13,10 @@ from modular import BlockState, InputParam
 from .image_encoders import PADDING_MASK_CROP
 from .utils import IMAGE_PROCESSOR, MODEL_NAME
 
-__all__ = ["SD3DecodeStep", "SD3InpaintDecodeStep"]
+__all__ = ["StableDiffusion3DecodeStep", "StableDiffusion3InpaintDecodeStep"]
 
 
-class SD3DecodeStep(VaeDecodeStep):
+class StableDiffusion3DecodeStep(VaeDecodeStep):
     """Decode latents with the VAE and post-process them into PIL images, numpy arrays or tensors."""
 
     model_name = MODEL_NAME
@@ -33,7 +33,7 @@ class SD3DecodeStep(VaeDecodeStep):
         return vae.decode(unscale_and_shift(vae, block_state.latents), return_dict=False)[0]
 
 
-class SD3InpaintDecodeStep(SD3DecodeStep):
+class StableDiffusion3InpaintDecodeStep(StableDiffusion3DecodeStep):
     """Inpainting's decode, as StableDiffusion3InpaintPipeline's: the latents over the scaling factor, without
     the shift, and with padding_mask_crop the result pasted back into the original image."""
 

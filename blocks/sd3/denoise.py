@@ -33,14 +33,14 @@ from .utils import (
 
 __all__ = [
     "SKIP_LAYER_INPUTS",
-    "SD3LoopBeforeDenoiser",
-    "SD3InpaintLoopBeforeDenoiser",
-    "SD3LoopDenoiser",
-    "SD3LoopAfterDenoiser",
-    "SD3InpaintLoopAfterDenoiser",
-    "SD3DenoiseLoopWrapper",
-    "SD3DenoiseStep",
-    "SD3InpaintDenoiseStep",
+    "StableDiffusion3LoopBeforeDenoiser",
+    "StableDiffusion3InpaintLoopBeforeDenoiser",
+    "StableDiffusion3LoopDenoiser",
+    "StableDiffusion3LoopAfterDenoiser",
+    "StableDiffusion3InpaintLoopAfterDenoiser",
+    "StableDiffusion3DenoiseLoopWrapper",
+    "StableDiffusion3DenoiseStep",
+    "StableDiffusion3InpaintDenoiseStep",
 ]
 
 # The classic pipelines' guidance: classifier-free, pred = uncond + scale * (cond - uncond), scale 7.0.
@@ -84,7 +84,7 @@ def reads_mask_channels(components: Any) -> bool:
     return components.transformer.config.in_channels == 2 * components.vae.config.latent_channels + 1
 
 
-class SD3LoopBeforeDenoiser(ModularPipelineBlocks):
+class StableDiffusion3LoopBeforeDenoiser(ModularPipelineBlocks):
     """Loop step: the transformer reads the latents as they are."""
 
     model_name = MODEL_NAME
@@ -100,7 +100,7 @@ class SD3LoopBeforeDenoiser(ModularPipelineBlocks):
         return components, block_state
 
 
-class SD3InpaintLoopBeforeDenoiser(ModularPipelineBlocks):
+class StableDiffusion3InpaintLoopBeforeDenoiser(ModularPipelineBlocks):
     """Loop step for inpainting: an inpainting transformer also reads the mask and the masked image's latents."""
 
     model_name = MODEL_NAME
@@ -128,7 +128,7 @@ class SD3InpaintLoopBeforeDenoiser(ModularPipelineBlocks):
         return components, block_state
 
 
-class SD3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
+class StableDiffusion3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
     """Loop step: the transformer's prediction per condition the guider asks for, combined by the guider."""
 
     model_name = MODEL_NAME
@@ -181,6 +181,10 @@ class SD3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         )[0]
 
     def __call__(self, components, block_state, i, t):
+        if "skip_layer_embeds" not in block_state:
+            # The skipped-layers pass reads the prompt's embeddings as the loop began, as the classic pipeline
+            # does: a step callback that replaces prompt_embeds changes the guided passes only.
+            block_state.skip_layer_embeds = (block_state.prompt_embeds, block_state.pooled_prompt_embeds)
         guider = self.call_guider(components, block_state)
         guider.set_state(step=i, num_inference_steps=len(block_state.timesteps), timestep=t)
         guided = do_classifier_free_guidance(guidance_scale(components, block_state.guidance_scale))
@@ -220,8 +224,7 @@ class SD3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
                 block_state,
                 t,
                 block_state.latent_model_input,
-                block_state.prompt_embeds,
-                block_state.pooled_prompt_embeds,
+                *block_state.skip_layer_embeds,
                 skip_layers=layers,
             )
             noise_pred = noise_pred + (output.pred_cond - skipped) * block_state.skip_layer_guidance_scale
@@ -229,7 +232,7 @@ class SD3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         return components, block_state
 
 
-class SD3LoopAfterDenoiser(ModularPipelineBlocks):
+class StableDiffusion3LoopAfterDenoiser(ModularPipelineBlocks):
     """Loop step: the flow-matching Euler step from t to the next timestep."""
 
     model_name = MODEL_NAME
@@ -245,7 +248,7 @@ class SD3LoopAfterDenoiser(ModularPipelineBlocks):
         return components, block_state
 
 
-class SD3InpaintLoopAfterDenoiser(SD3LoopAfterDenoiser):
+class StableDiffusion3InpaintLoopAfterDenoiser(StableDiffusion3LoopAfterDenoiser):
     """Loop step for inpainting: the Euler step, then, for a transformer that reads the latents alone, the area
     outside the mask pasted back from the image noised to the next timestep."""
 
@@ -281,7 +284,7 @@ class SD3InpaintLoopAfterDenoiser(SD3LoopAfterDenoiser):
 _KEPT_HERE = ("negative_pooled_prompt_embeds",)
 
 
-class SD3DenoiseLoopWrapper(TimestepLoopBlocks):
+class StableDiffusion3DenoiseLoopWrapper(TimestepLoopBlocks):
     """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler.
 
     A step callback gets the tensors of the classic pipelines, as they hold them: ``prompt_embeds`` and
@@ -345,10 +348,14 @@ class SD3DenoiseLoopWrapper(TimestepLoopBlocks):
         super().take_callback_values(components, block_state, changes)
 
 
-class SD3DenoiseStep(SD3DenoiseLoopWrapper):
+class StableDiffusion3DenoiseStep(StableDiffusion3DenoiseLoopWrapper):
     """The text-to-image and image-to-image denoising loop."""
 
-    block_classes = [SD3LoopBeforeDenoiser, SD3LoopDenoiser, SD3LoopAfterDenoiser]
+    block_classes = [
+        StableDiffusion3LoopBeforeDenoiser,
+        StableDiffusion3LoopDenoiser,
+        StableDiffusion3LoopAfterDenoiser,
+    ]
 
     description = (
         "Denoises the latents over the timesteps. Each step runs: before_denoiser (transformer input), "
@@ -356,10 +363,14 @@ class SD3DenoiseStep(SD3DenoiseLoopWrapper):
     )
 
 
-class SD3InpaintDenoiseStep(SD3DenoiseLoopWrapper):
+class StableDiffusion3InpaintDenoiseStep(StableDiffusion3DenoiseLoopWrapper):
     """The inpainting denoising loop, for transformers that read the latents alone or with the mask channels."""
 
-    block_classes = [SD3InpaintLoopBeforeDenoiser, SD3LoopDenoiser, SD3InpaintLoopAfterDenoiser]
+    block_classes = [
+        StableDiffusion3InpaintLoopBeforeDenoiser,
+        StableDiffusion3LoopDenoiser,
+        StableDiffusion3InpaintLoopAfterDenoiser,
+    ]
 
     description = (
         "Denoises the latents for inpainting. An inpainting transformer (33 input channels) sees the mask and "

@@ -9,18 +9,16 @@ The pooled embedding is the two CLIP encoders' projected outputs side by side. A
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
 from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
 from blocks.common.prompts import as_list, check_prompt_or_embeds
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
-from modular.framework.steps import Known, Step
 
 from .utils import MODEL_NAME, do_classifier_free_guidance, guidance_scale, guidance_scale_input, pooled_input
 
-__all__ = ["MAX_SEQUENCE_LENGTH", "PROMPT_INPUTS", "SD3TextEncoderStep"]
+__all__ = ["MAX_SEQUENCE_LENGTH", "PROMPT_INPUTS", "StableDiffusion3TextEncoderStep"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +52,6 @@ PROMPT_INPUTS = (
     ),
 )
 
-# T5 may be absent from a repo; the step runs without it (zeros stand in).
 _T5 = ("text_encoder_3", "tokenizer_3")
 
 
@@ -64,7 +61,7 @@ def _pooled_output(name: str, description: str) -> OutputParam:
     )
 
 
-class SD3TextEncoderStep(ModularPipelineBlocks):
+class StableDiffusion3TextEncoderStep(ModularPipelineBlocks):
     """Encode the prompt with CLIP-L, CLIP-G and T5; the negative prompt too when guidance is on."""
 
     model_name = MODEL_NAME
@@ -87,6 +84,8 @@ class SD3TextEncoderStep(ModularPipelineBlocks):
         ComponentSpec("text_encoder_3", "transformers.T5EncoderModel"),
         ComponentSpec("tokenizer_3", "transformers.T5TokenizerFast"),
     ]
+    # T5 may be absent from a repo ([null, null] in its index): the step runs without it, zeros in its place.
+    optional_components = _T5
 
     inputs = [
         *PROMPT_INPUTS,
@@ -107,13 +106,6 @@ class SD3TextEncoderStep(ModularPipelineBlocks):
             "Pooled embeddings of the negative prompt; None without guidance.",
         ),
     ]
-
-    def execution_steps(self, given: Known | Any, path: tuple[str, ...] = ()) -> list[Step]:
-        """One step that needs the CLIP encoders; T5 only when loaded (a repo may lack it), so it is left out
-        of the plan's required components, and offload places it when it runs."""
-        steps = super().execution_steps(given, path)
-        uses = tuple(spec for spec in self.expected_components if spec.name not in _T5)
-        return [Step(step.block, step.path, step.kind, uses, step.body) for step in steps]
 
     @staticmethod
     def _clip(components, index: int, texts: list[str], device, clip_skip: int | None):

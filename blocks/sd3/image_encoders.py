@@ -18,7 +18,12 @@ from .utils import (
     mask_processor_for_vae,
 )
 
-__all__ = ["MASKED_IMAGE_LATENTS", "PADDING_MASK_CROP", "SD3VaeEncoderStep", "SD3InpaintVaeEncoderStep"]
+__all__ = [
+    "MASKED_IMAGE_LATENTS",
+    "PADDING_MASK_CROP",
+    "StableDiffusion3VaeEncoderStep",
+    "StableDiffusion3InpaintVaeEncoderStep",
+]
 
 _VAE = ComponentSpec("vae", "diffusers.AutoencoderKL")
 
@@ -44,7 +49,7 @@ def _encode(vae, image: torch.Tensor, generator) -> torch.Tensor:
     return encode_shifted_latents(vae, image, generator)
 
 
-class SD3VaeEncoderStep(ModularPipelineBlocks):
+class StableDiffusion3VaeEncoderStep(ModularPipelineBlocks):
     """Image-to-image: preprocess the reference image to height x width and encode it to SD3 latents."""
 
     model_name = MODEL_NAME
@@ -88,7 +93,7 @@ class SD3VaeEncoderStep(ModularPipelineBlocks):
         return components, state
 
 
-class SD3InpaintVaeEncoderStep(ModularPipelineBlocks):
+class StableDiffusion3InpaintVaeEncoderStep(ModularPipelineBlocks):
     """Inpainting: preprocess image and mask, encode the image where it is needed, make the masked image."""
 
     model_name = MODEL_NAME

@@ -9,7 +9,7 @@ from modular import InputParam, OutputParam
 
 from .utils import MODEL_NAME, pooled_input
 
-__all__ = ["SD3InputStep"]
+__all__ = ["StableDiffusion3InputStep"]
 
 
 def _pooled_output(name: str, description: str) -> OutputParam:
@@ -18,7 +18,7 @@ def _pooled_output(name: str, description: str) -> OutputParam:
     )
 
 
-class SD3InputStep(RepeatEmbedsInputStep):
+class StableDiffusion3InputStep(RepeatEmbedsInputStep):
     """Count the prompts and repeat the text embeddings for num_images_per_prompt."""
 
     model_name = MODEL_NAME

@@ -17,8 +17,8 @@ __all__ = [
     "SIGMAS",
     "MU",
     "steps_input",
-    "SD3SetTimestepsStep",
-    "SD3Img2ImgSetTimestepsStep",
+    "StableDiffusion3SetTimestepsStep",
+    "StableDiffusion3Img2ImgSetTimestepsStep",
 ]
 
 TEXT2IMAGE_STEPS = 28  # StableDiffusion3Pipeline's default
@@ -40,7 +40,7 @@ def steps_input(default: int) -> InputParam:
     return InputParam.template("num_inference_steps", default=default)
 
 
-class SD3SetTimestepsStep(ModularPipelineBlocks):
+class StableDiffusion3SetTimestepsStep(ModularPipelineBlocks):
     """Set the timesteps for text-to-image; mu comes from the latents' token count."""
 
     model_name = MODEL_NAME
@@ -78,7 +78,7 @@ class SD3SetTimestepsStep(ModularPipelineBlocks):
         return components, state
 
 
-class SD3Img2ImgSetTimestepsStep(StrengthTimestepsStep):
+class StableDiffusion3Img2ImgSetTimestepsStep(StrengthTimestepsStep):
     """Set the timesteps, then keep the last ``strength`` part of them (image-to-image and inpainting)."""
 
     model_name = MODEL_NAME

@@ -10,6 +10,7 @@ import torch
 
 import blocks.flux as flux
 import blocks.flux2 as flux2
+import blocks.sd3 as sd3
 import blocks.stable_diffusion as sd
 import blocks.stable_diffusion_xl as sdxl
 import blocks.z_image as z_image
@@ -24,8 +25,9 @@ FAMILIES = {
     "flux_control": (flux, flux.FluxAutoBlocks, {"control": True}),
     "z_image": (z_image, z_image.ZImageAutoBlocks, {}),
     "flux2": (flux2, flux2.Flux2AutoBlocks, {}),
+    "sd3": (sd3, sd3.StableDiffusion3AutoBlocks, {}),
 }
-SHARED = ["sd", "sdxl", "flux", "z_image"]  # the families the shared rules are run on
+SHARED = ["sd", "sdxl", "flux", "z_image", "sd3"]  # the families the shared rules are run on
 # The check steps' names, the image side in pixels, the text-to-image size rule (8 for SD and SDXL, as
 # their classic pipelines; twice the tiny VAE's scale of 2 for Flux and Z-Image) and the latent channels
 # of an image given as latents.
@@ -34,9 +36,16 @@ INFO = {
     "sdxl": {"t2i": "StableDiffusionXLCheckInputsStep", "i2i": "StableDiffusionXLImg2ImgCheckInputsStep"},
     "flux": {"t2i": "FluxCheckInputsStep", "i2i": "FluxImg2ImgCheckInputsStep"},
     "z_image": {"t2i": "ZImageCheckInputsStep", "i2i": "ZImageImg2ImgCheckInputsStep"},
+    "sd3": {"t2i": "StableDiffusion3CheckInputsStep", "i2i": "StableDiffusion3Img2ImgCheckInputsStep"},
 }
-SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32}
-for _family, _values in {"sd": (8, 4), "sdxl": (8, 4), "flux": (4, 4), "z_image": (4, 16)}.items():
+SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "sd3": 32}
+for _family, _values in {
+    "sd": (8, 4),
+    "sdxl": (8, 4),
+    "flux": (4, 4),
+    "z_image": (4, 16),
+    "sd3": (4, 16),
+}.items():
     INFO[_family].update(m=_values[0], latent_channels=_values[1])
 
 
@@ -186,6 +195,7 @@ LATENT_SHAPES = {
     "sdxl": "(1, 4, 32, 32)",
     "flux": "(1, 64, 16)",
     "z_image": "(1, 16, 16, 16)",
+    "sd3": "(1, 16, 16, 16)",
 }
 FAMILY_RULES = {
     "negative_count": {
@@ -199,6 +209,7 @@ FAMILY_RULES = {
             ("sdxl", {}, ", or one string for all"),
             ("flux", {"true_cfg_scale": 2.0}, ""),
             ("z_image", {}, ""),
+            ("sd3", {}, ", or one string for all"),
         )
     },
     "latents_shape": {
@@ -223,6 +234,7 @@ FAMILY_RULES = {
             ("sdxl", "14.9 TiB", "1000000000 x 4 x 32 x 32"),
             ("flux", "3.7 TiB", "1000000000 x 4 x 16 x 16"),
             ("z_image", "14.9 TiB", "1000000000 x 16 x 16 x 16"),
+            ("sd3", "14.9 TiB", "1000000000 x 16 x 16 x 16"),
         )
     },
     "size_not_divisible": {
@@ -242,6 +254,11 @@ FAMILY_RULES = {
             "height (2) must be at least 4; pass 4 or more, or leave height unset",
         ),
         "z_image": (
+            "t2i",
+            {"width": 30},
+            "width (30) must be divisible by 4; pass a multiple of 4 such as 28 or 32",
+        ),
+        "sd3": (
             "t2i",
             {"width": 30},
             "width (30) must be divisible by 4; pass a multiple of 4 such as 28 or 32",
@@ -419,14 +436,14 @@ def test_family_rules_refuse_before_any_model_runs(pipes, case):
     assert_refused(pipes(kind), kwargs, error, message)
 
 
-@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2"])
+@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2", "sd3"])
 def test_a_good_call_runs_every_model(pipes, kind):
     """The recorder sees the text encoder, the denoiser and the VAE of a good call (so zero means none ran)."""
     pipe = pipes(kind)
     kwargs = call_kwargs(kind, "t2i", num_inference_steps=1, output_type="np")
     with model_calls(pipe) as calls:
         pipe(**kwargs)
-    denoiser = "unet" if kind.startswith("sd") else "transformer"
+    denoiser = "unet" if kind in ("sd", "sdxl") else "transformer"
     assert {"text_encoder", denoiser, "vae"} <= set(calls)
 
 
@@ -442,15 +459,18 @@ ALL_BLOCKS = [
     flux.FluxAutoBlocks,
     z_image.ZImageAutoBlocks,
     flux2.Flux2AutoBlocks,
+    sd3.StableDiffusion3AutoBlocks,
 ]
 
 
 def _declared(blocks):
-    """The blocks' inputs by name; strength without its default. The check step is the first block to read
-    strength in every workflow, so with it the composed strength records each workflow's default by branch,
-    and without it the next reader's (test_strength_defaults.py checks every reader's default)."""
+    """The blocks' inputs by name; strength (and num_inference_steps, whose default SD3's workflows differ in)
+    without its default. The check step is the first block to read them in every workflow, so with it the
+    composed input records each workflow's default by branch, and without it the next reader's
+    (test_strength_defaults.py checks every reader's default)."""
+    by_workflow = ("strength", "num_inference_steps")
     return {
-        p.name: attrs.evolve(p, default=None, defaults_by_block=None) if p.name == "strength" else p
+        p.name: attrs.evolve(p, default=None, defaults_by_block=None) if p.name in by_workflow else p
         for p in blocks.inputs
     }
 

@@ -1,4 +1,4 @@
-"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image and Flux.2.
+"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image, Flux.2 and SD3.
 
 peer -> ours: the peer's pipeline on a tiny classic repo loads and saves; ours reads that folder, picks
 our family's blocks, takes every spec from the index, loads, and equals the classic pipeline.
@@ -20,6 +20,7 @@ from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
 import blocks.flux
 import blocks.flux2
+import blocks.sd3
 import blocks.stable_diffusion_xl
 import blocks.z_image
 import modular
@@ -29,6 +30,7 @@ from ..modular.saved import saved_index
 from .flux.conftest import classic_from as flux_classic
 from .flux2.conftest import KLEIN
 from .flux2.conftest import classic_from as flux2_classic
+from .sd3.conftest import classic_from as sd3_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
 from .z_image.conftest import classic_from as zimage_classic
 
@@ -102,6 +104,17 @@ def _check_flux2_klein(pipe, peer, inputs):
     assert torch.equal(pipe(generator=_generator(), output="images", **inputs), theirs)
 
 
+def _check_sd3(pipe, peer, inputs):
+    """SD3: the peer without a negative prompt (it then runs one pass, unguided) equals ours with guidance_scale=1
+    bit for bit; with a negative prompt both guide at 7.0, to ~1e-5 (the peer runs the conditional and
+    unconditional passes as separate batches, the classic pipeline and ours as one batch of two)."""
+    theirs = peer(generator=_generator(), output="latents", **inputs)
+    assert torch.equal(pipe(generator=_generator(), output="latents", guidance_scale=1.0, **inputs), theirs)
+    theirs = peer(generator=_generator(), output="latents", negative_prompt="blurry", **inputs)
+    ours = pipe(generator=_generator(), output="latents", negative_prompt="blurry", **inputs)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+
+
 @attrs.frozen
 class Case:
     family: modular.BlockFamily
@@ -123,6 +136,7 @@ CASES = {
         _check_flux2_klein,
         blocks.flux2.make_tiny_klein_repo,
     ),
+    "sd3": Case(blocks.sd3.FAMILY, sd3_classic, {}, _check_sd3),
 }
 for _case in CASES.values():
     modular.register_family(_case.family)

@@ -6,6 +6,7 @@ import diffusers
 import pytest
 
 from blocks.flux import FluxAutoBlocks
+from blocks.sd3 import StableDiffusion3AutoBlocks
 from blocks.stable_diffusion import StableDiffusionAutoBlocks
 from blocks.stable_diffusion_xl import StableDiffusionXLAutoBlocks, StableDiffusionXLRefinerBlocks
 from modular import ModularPipelineBlocks
@@ -17,6 +18,8 @@ WORKFLOWS = [
     (StableDiffusionXLAutoBlocks, "image2image", "StableDiffusionXLImg2ImgPipeline"),
     (StableDiffusionXLAutoBlocks, "inpainting", "StableDiffusionXLInpaintPipeline"),
     (FluxAutoBlocks, "image2image", "FluxImg2ImgPipeline"),
+    (StableDiffusion3AutoBlocks, "image2image", "StableDiffusion3Img2ImgPipeline"),
+    (StableDiffusion3AutoBlocks, "inpainting", "StableDiffusion3InpaintPipeline"),
 ]
 
 

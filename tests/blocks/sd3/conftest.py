@@ -7,7 +7,7 @@ from diffusers import (
 )
 
 import modular
-from blocks.sd3 import FAMILY, SD3AutoBlocks, make_tiny_repo
+from blocks.sd3 import FAMILY, StableDiffusion3AutoBlocks, make_tiny_repo
 
 from .. import helpers
 from ..helpers import ParityHarness
@@ -17,7 +17,7 @@ modular.register_family(FAMILY)
 
 SIZE = 32  # pixels: 16x16 latents, 8x8 transformer patches (the tiny transformer's sample size)
 SD3 = ParityHarness(
-    blocks_class=SD3AutoBlocks,
+    blocks_class=StableDiffusion3AutoBlocks,
     make_tiny_repo=make_tiny_repo,
     classic={
         "text2image": StableDiffusion3Pipeline,

@@ -1,12 +1,18 @@
 """The SD3 family: workflows, registration, loading, and bad input on the SD3 pipeline."""
 
+import inspect
 import json
 import shutil
 
 import pytest
 import torch
+from diffusers import (
+    StableDiffusion3Img2ImgPipeline,
+    StableDiffusion3InpaintPipeline,
+    StableDiffusion3Pipeline,
+)
 
-from blocks.sd3 import FAMILY, SD3AutoBlocks, SD3BeforeDenoiseStep, make_tiny_repo
+from blocks.sd3 import FAMILY, StableDiffusion3AutoBlocks, StableDiffusion3BeforeDenoiseStep, make_tiny_repo
 from modular import MissingInputError, ModularPipeline
 
 from .. import helpers
@@ -35,12 +41,12 @@ def test_workflows_select_the_expected_blocks():
         "image2image": {"prompt": "a cat", "image": make_image()},
         "inpainting": {"prompt": "a cat", "image": make_image(), "mask_image": make_mask()},
     }
-    helpers.assert_workflows(SD3AutoBlocks(), expected, chosen)
+    helpers.assert_workflows(StableDiffusion3AutoBlocks(), expected, chosen)
 
 
 def test_family_is_registered():
     """FAMILY is known by name and serves the classic SD3 text-to-image, image-to-image and inpainting classes."""
-    helpers.assert_family(FAMILY, "stable-diffusion-3", SD3AutoBlocks, make_tiny_repo)
+    helpers.assert_family(FAMILY, "stable-diffusion-3", StableDiffusion3AutoBlocks, make_tiny_repo)
     assert set(FAMILY.classic_pipelines) == {
         "StableDiffusion3Pipeline",
         "StableDiffusion3Img2ImgPipeline",
@@ -57,7 +63,7 @@ def test_from_pretrained_on_classic_repos(sd3_repo, sd3_inpaint_repo, tmp_path):
     index["_class_name"] = "StableDiffusion3Img2ImgPipeline"
     (img2img_repo / "model_index.json").write_text(json.dumps(index))
     repos = (sd3_repo, img2img_repo, sd3_inpaint_repo)
-    helpers.assert_from_pretrained_loads_nothing(repos, SD3AutoBlocks, COMPONENTS, "transformer")
+    helpers.assert_from_pretrained_loads_nothing(repos, StableDiffusion3AutoBlocks, COMPONENTS, "transformer")
 
 
 def test_pruned_workflow_pipeline_matches_classic(sd3_repo, sd3_pipe):
@@ -74,7 +80,7 @@ def test_pruned_workflow_pipeline_matches_classic(sd3_repo, sd3_pipe):
 def test_doc_lists_components_inputs_and_workflows():
     """The blocks' doc names every component, SD3's defaults and the three workflows."""
     helpers.assert_doc_names(
-        SD3AutoBlocks().doc,
+        StableDiffusion3AutoBlocks().doc,
         (*COMPONENTS, "image_processor", "mask_processor", "guider"),
         "Default: the guider's own (7.0 for the default guider)",
         "strength (float, default: 0.6)",
@@ -83,10 +89,32 @@ def test_doc_lists_components_inputs_and_workflows():
     )
 
 
+@pytest.mark.parametrize(
+    ("workflow", "classic"),
+    [
+        ("text2image", StableDiffusion3Pipeline),
+        ("image2image", StableDiffusion3Img2ImgPipeline),
+        ("inpainting", StableDiffusion3InpaintPipeline),
+    ],
+)
+def test_every_reader_of_the_step_count_declares_the_classic_default(workflow, classic):
+    """num_inference_steps defaults to the workflow's classic pipeline's (28 text-to-image, 50 otherwise) in every
+    block of the workflow that reads it."""
+    expected = inspect.signature(classic.__call__).parameters["num_inference_steps"].default
+
+    def declared(block):
+        if not block.sub_blocks:
+            return [p.default for p in block.inputs if p.name == "num_inference_steps"]
+        return [default for child in block.sub_blocks.values() for default in declared(child)]
+
+    defaults = declared(StableDiffusion3AutoBlocks().get_workflow(workflow))
+    assert defaults and set(defaults) == {expected}
+
+
 def test_output_types_and_default_size(sd3_pipe):
     """'pt' is the 'np' array as a [B, 3, H, W] tensor; without a VAE the latents are SD3's 1024 px worth."""
     helpers.assert_pt_is_np_transposed(sd3_pipe, SIZE)
-    preparation = SD3BeforeDenoiseStep().init_pipeline()
+    preparation = StableDiffusion3BeforeDenoiseStep().init_pipeline()
     preparation.update_components(transformer=sd3_pipe.transformer, scheduler=sd3_pipe.scheduler)
     out = preparation(batch_size=1, num_inference_steps=STEPS, output=["latents", "height", "width"])
     # The tiny transformer's sample size (16 latent cells) at 8 pixels per cell, the fallback without a VAE.
@@ -98,46 +126,61 @@ BAD_CALLS = {
     "no_prompt": (
         {},
         ValueError,
-        "SD3TextEncoderStep: pass exactly one of prompt and prompt_embeds (got neither)",
+        "StableDiffusion3TextEncoderStep: pass exactly one of prompt and prompt_embeds (got neither)",
     ),
     "embeds_without_pooled": (
         {"prompt_embeds": torch.zeros(1, 93, 80)},
         ValueError,
-        "SD3TextEncoderStep: prompt_embeds need pooled_prompt_embeds from the same CLIP encoders",
+        "StableDiffusion3TextEncoderStep: prompt_embeds need pooled_prompt_embeds from the same CLIP encoders",
     ),
     "negative_count": (
         {"prompt": ["a cat", "a dog"], "negative_prompt": ["blurry"]},
         ValueError,
-        "SD3CheckInputsStep: negative_prompt has 1 entry for 2 prompts; pass one per prompt, or one string for all",
+        "StableDiffusion3CheckInputsStep: negative_prompt has 1 entry for 2 prompts; pass one per prompt, or one string for all",
     ),
     "prompt_2_count": (
         {"prompt": "a cat", "prompt_2": ["a", "b"]},
         ValueError,
-        "SD3CheckInputsStep: prompt_2 has 2 entries for 1 prompt; pass one per prompt",
+        "StableDiffusion3CheckInputsStep: prompt_2 has 2 entries for 1 prompt; pass one per prompt",
+    ),
+    "prompt_3_with_embeds": (
+        {
+            "prompt_embeds": torch.zeros(1, 93, 80),
+            "pooled_prompt_embeds": torch.zeros(1, 64),
+            "prompt_3": "a dog",
+        },
+        ValueError,
+        "StableDiffusion3CheckInputsStep: prompt_3 and prompt_embeds were both given, and prompt_embeds stands for "
+        "the encoded prompt_3; pass one or the other",
+    ),
+    "negative_prompt_with_embeds": (
+        {"prompt": "a cat", "negative_prompt": "blurry", "negative_prompt_embeds": torch.zeros(1, 333, 80)},
+        ValueError,
+        "StableDiffusion3CheckInputsStep: negative_prompt and negative_prompt_embeds were both given",
     ),
     "max_sequence_length": (
         {"prompt": "a cat", "max_sequence_length": 600},
         ValueError,
-        "SD3CheckInputsStep: max_sequence_length (600) must be at most 512 (T5's limit); pass 512 or less",
+        "StableDiffusion3CheckInputsStep: max_sequence_length (600) must be at most 512 (T5's limit); pass 512 or less",
     ),
     "height": (
         {"prompt": "a cat", "height": 30},
         ValueError,
-        "SD3CheckInputsStep: height (30) must be divisible by 4; pass a multiple of 4 such as 28 or 32",
+        "StableDiffusion3CheckInputsStep: height (30) must be divisible by 4; pass a multiple of 4 such as 28 or 32",
     ),
     "skip_layers": (
         {"prompt": "a cat", "skip_guidance_layers": [2]},
         ValueError,
-        "SD3CheckInputsStep: skip_guidance_layers ([2]) names layers [2] the transformer does not have; pass "
+        "StableDiffusion3CheckInputsStep: skip_guidance_layers ([2]) names layers [2] the transformer does not have; pass "
         "indices in [0, 1]",
     ),
     "latents_shape": (
         {"prompt": "a cat", "latents": torch.zeros(1, 16, 8, 8)},
         ValueError,
-        "SD3CheckInputsStep: latents (shape (1, 16, 8, 8)) must have shape (1, 16, 16, 16) for a batch of 1 "
+        "StableDiffusion3CheckInputsStep: latents (shape (1, 16, 8, 8)) must have shape (1, 16, 16, 16) for a batch of 1 "
         "(prompts x num_images_per_prompt) at 32x32 pixels; pass latents of that shape, or none",
     ),
-    **helpers.common_bad_calls("SD3", image=make_image(), no_steps_strength=0.0),
+    **helpers.common_bad_calls("StableDiffusion3", image=make_image(), no_steps_strength=0.0),
     "mask_count": (
         {
             "prompt": "a cat",
@@ -146,7 +189,7 @@ BAD_CALLS = {
             "num_images_per_prompt": 3,
         },
         ValueError,
-        "SD3InpaintCheckInputsStep: mask_image holds 2 images for a batch of 3",
+        "StableDiffusion3InpaintCheckInputsStep: mask_image holds 2 images for a batch of 3",
     ),
     "padding_mask_crop_output": (
         {
@@ -157,7 +200,7 @@ BAD_CALLS = {
             "output_type": "np",
         },
         ValueError,
-        "SD3InpaintCheckInputsStep: padding_mask_crop pastes the result into the original image, which only 'pil' "
+        "StableDiffusion3InpaintCheckInputsStep: padding_mask_crop pastes the result into the original image, which only 'pil' "
         "output does (got output_type 'np')",
     ),
 }
@@ -191,11 +234,12 @@ def test_inpainting_workflow_needs_a_mask(sd3_repo, sd3_pipe):
     pipe.update_components(**{name: getattr(sd3_pipe, name) for name in COMPONENTS})
     with pytest.raises(MissingInputError) as info:
         pipe(prompt="a cat", image=make_image(), num_inference_steps=STEPS)
-    assert "block 'inpaint_vae_encoder' (SD3InpaintVaeEncoderStep) needs input 'mask_image'" in str(
-        info.value
+    assert (
+        "block 'inpaint_vae_encoder' (StableDiffusion3InpaintVaeEncoderStep) needs input 'mask_image'"
+        in str(info.value)
     )
 
 
 def test_unloaded_component_is_named(sd3_repo):
     """Calling before load_components names the first missing component and says to load it."""
-    helpers.unloaded_component_error(SD3AutoBlocks, sd3_repo)
+    helpers.unloaded_component_error(StableDiffusion3AutoBlocks, sd3_repo)

@@ -101,6 +101,23 @@ def test_a_callback_replacing_the_guidance_batches_equals_the_classic(sd3_pipe):
     assert torch.equal(later, callback.calls[OURS][0].values["prompt_embeds"] * 1.5)
 
 
+def test_skip_layer_guidance_reads_the_embeddings_the_loop_began_with(sd3_pipe):
+    """With skip-layer guidance, prompt_embeds replaced at step 0 condition the guided passes, and the skipped-layers
+    pass keeps the embeddings the loop began with, as in StableDiffusion3Pipeline."""
+
+    def scaled(given):
+        return {
+            "prompt_embeds": given["prompt_embeds"] * 1.5,
+            "pooled_prompt_embeds": given["pooled_prompt_embeds"] * 0.5,
+        }
+
+    window = {"skip_guidance_layers": [1], "skip_layer_guidance_start": 0.0, "skip_layer_guidance_stop": 1.0}
+    callback = RecordingCallback(changes={0: scaled})
+    ours, theirs = both(sd3_pipe, "text2image", callback, **window)
+    assert_identical(ours, theirs)
+    assert not torch.equal(ours, ours_plain(sd3_pipe, "text2image", **window))
+
+
 @pytest.mark.parametrize("workflow", ["image2image", "inpainting"])
 def test_returned_negative_embeddings_change_nothing_as_in_the_classic(sd3_pipe, workflow):
     """negative_prompt_embeds and negative_pooled_prompt_embeds a callback returns are not read again by the

@@ -102,6 +102,6 @@ def test_a_guider_that_perturbs_the_transformer_equals_the_peers_pipeline(pipe, 
 def test_a_guider_the_denoiser_cannot_serve_is_refused(pipe):
     """LTX2Guidance's extra predictions are refused by update_components; the guider stays as it was."""
     guider = pipe.guider
-    with pytest.raises(ValueError, match=r"^SD3LoopDenoiser: LTX2Guidance asks for predictions"):
+    with pytest.raises(ValueError, match=r"^StableDiffusion3LoopDenoiser: LTX2Guidance asks for predictions"):
         pipe.update_components(guider=LTX2Guidance(guidance_scale=3.0, stg_scale=1.0))
     assert pipe.guider is guider

@@ -30,16 +30,15 @@ WORKFLOW_INPUTS = [{}, {"image": make_image()}, {"image": make_image(), "mask_im
 
 
 def test_the_plan_lists_models_in_order_of_use(sd3_repo, monkeypatch):
-    """Text-to-image uses the CLIP encoders, transformer, VAE; image-to-image and inpainting encode with the VAE
-    first (inpainting twice: the image, then the masked image after the noise). T5, which a repo may lack, is not
-    in the plan: offload places it when it runs."""
+    """Text-to-image uses the text encoders (CLIP-L, CLIP-G, T5), transformer, VAE; image-to-image and inpainting encode with the VAE
+    first."""
     cm = ComponentsManager()
     pipe = _pipeline(sd3_repo, cm)
     seen = []
     monkeypatch.setattr(cm, "set_execution_plan", lambda objs: seen.append(list(objs)))
     for inputs in WORKFLOW_INPUTS:
         _run(pipe, **inputs)
-    encoders = [pipe.text_encoder, pipe.text_encoder_2]
+    encoders = [pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3]
     assert seen[0] == [*encoders, pipe.transformer, pipe.vae]
     assert seen[1] == [*encoders, pipe.vae, pipe.transformer, pipe.vae]
     assert seen[2] == [*encoders, pipe.vae, pipe.transformer, pipe.vae]
@@ -60,3 +59,14 @@ def test_offloaded_runs_equal_plain_runs(sd3_repo):
         assert any(entry.evicted for entry in cm.offload_log)
     finally:
         cm.disable_auto_cpu_offload()
+
+
+def test_a_repo_without_t5_plans_without_it(sd3_no_t5_repo, monkeypatch):
+    """A repo whose index lists T5 as [null, null] runs, and its plan lists the CLIP encoders alone."""
+    cm = ComponentsManager()
+    pipe = _pipeline(sd3_no_t5_repo, cm)
+    seen = []
+    monkeypatch.setattr(cm, "set_execution_plan", lambda objs: seen.append(list(objs)))
+    _run(pipe)
+    assert pipe.text_encoder_3 is None
+    assert seen == [[pipe.text_encoder, pipe.text_encoder_2, pipe.transformer, pipe.vae]]

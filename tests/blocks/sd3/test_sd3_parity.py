@@ -6,7 +6,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 from .. import helpers
 from ..helpers import STEPS, assert_identical, over_cases, seeded
-from .conftest import SIZE, make_image, make_mask, run_both
+from .conftest import SD3, SIZE, make_image, make_mask, run_both
 
 TEXT2IMAGE_CASES = {
     **helpers.PROMPT_CASES,
@@ -135,17 +135,11 @@ def test_custom_sigmas_mu_and_dynamic_shifting(sd3_pipe, timesteps, workflow):
 
 def test_repo_without_t5(sd3_no_t5_repo):
     """A repo without T5 (text_encoder_3 null) runs, with zeros in T5's place, as the classic pipeline."""
-    pipe = helpers.ParityHarness.load_pipeline(_harness(), sd3_no_t5_repo)
+    pipe = SD3.load_pipeline(sd3_no_t5_repo)
     assert pipe.text_encoder_3 is None
     kwargs = {"prompt": ["a cat", "a dog"], "negative_prompt": "blurry", "num_inference_steps": STEPS}
     assert_identical(*run_both(pipe, "text2image", output_type="np", max_sequence_length=8, **kwargs))
     assert_identical(*run_both(pipe, "image2image", image=make_image(), output_type="latent", **kwargs))
-
-
-def _harness():
-    from .conftest import SD3
-
-    return SD3
 
 
 IMAGE2IMAGE_CASES = {

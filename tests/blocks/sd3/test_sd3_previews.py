@@ -1,7 +1,7 @@
 """Previews during an SD3 call: SD3's latent-to-RGB map on its 16-channel latents, results left as they were."""
 
 from blocks.common.latent_preview import SD3_LATENT_RGB
-from blocks.sd3.denoise import SD3DenoiseStep, SD3InpaintDenoiseStep
+from blocks.sd3.denoise import StableDiffusion3DenoiseStep, StableDiffusion3InpaintDenoiseStep
 
 from ..helpers import assert_previews_change_nothing, assert_previews_show_the_latents
 from .conftest import make_image, make_mask
@@ -9,7 +9,11 @@ from .conftest import make_image, make_mask
 
 def test_both_loops_preview_with_sd3_s_latent_space():
     """The text-to-image and inpainting loops preview with SD3's map, of 16 channels."""
-    assert SD3DenoiseStep.latent_rgb_map is SD3InpaintDenoiseStep.latent_rgb_map is SD3_LATENT_RGB
+    assert (
+        StableDiffusion3DenoiseStep.latent_rgb_map
+        is StableDiffusion3InpaintDenoiseStep.latent_rgb_map
+        is SD3_LATENT_RGB
+    )
     assert SD3_LATENT_RGB.channels == 16
 
 
