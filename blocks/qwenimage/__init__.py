@@ -62,6 +62,7 @@ FAMILY = BlockFamily(
     variants=("blocks.qwenimage.modular_blocks.QwenImageEditAutoBlocks",),
     choose_blocks=_blocks_for_classic_index,
     peer_pipeline_class="QwenImageModularPipeline",
+    peer_pipeline_classes={"QwenImageEditAutoBlocks": "QwenImageEditModularPipeline"},
     lora_loader="diffusers.loaders.QwenImageLoraLoaderMixin",
     workflows=("text2image",),
 )

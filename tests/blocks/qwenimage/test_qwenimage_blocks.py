@@ -1,5 +1,7 @@
 """The Qwen-Image family: workflows, registration, loading, and bad input on both pipelines."""
 
+import json
+
 import pytest
 import torch
 
@@ -175,3 +177,16 @@ def test_a_text2image_repo_saved_by_us_loads_back_with_its_blocks(qwen_pipe, tmp
         torch.from_numpy(helpers.reference(again, **kwargs)),
         torch.from_numpy(helpers.reference(qwen_pipe, **kwargs)),
     )
+
+
+def test_saved_indexes_name_the_peers_pipeline_class_per_blocks(qwen_pipe, qwen_edit_pipe, tmp_path):
+    """A saved index names the peer's pipeline class of its blocks: QwenImageModularPipeline for text-to-image,
+    QwenImageEditModularPipeline for edit, so diffusers' modular system builds the class its blocks need."""
+    for pipe, expected in (
+        (qwen_pipe, "QwenImageModularPipeline"),
+        (qwen_edit_pipe, "QwenImageEditModularPipeline"),
+    ):
+        folder = tmp_path / expected
+        pipe.save_pretrained(folder)
+        index = json.loads((folder / "modular_model_index.json").read_text())
+        assert (index["_class_name"], index["_blocks_class_name"]) == (expected, type(pipe.blocks).__name__)
