@@ -27,6 +27,7 @@ LAZY_PACKAGES = (
     "blocks.flux",
     "blocks.z_image",
     "blocks.flux2",
+    "blocks.qwenimage",
 )
 
 
@@ -208,7 +209,7 @@ def test_an_unknown_name_is_an_attribute_error():
         modular.NoSuchThing  # noqa: B018
 
 
-FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2")
+FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "qwenimage")
 # What a family's blocks import only when a pipeline is composed, loaded or run: diffusers' and transformers'
 # models, diffusers' guiders and hooks, peft (seconds of imports, e.g. about 2 s for FluxTransformer2DModel).
 MODEL_MODULES = (

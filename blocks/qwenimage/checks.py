@@ -29,7 +29,14 @@ from .before_denoise import LATENTS, SIGMAS
 from .encoders import PROMPT_INPUTS
 from .encoders_edit import edit_image_size
 from .inputs import MAX_SEQUENCE_LENGTH_INPUT
-from .utils import MAX_SEQUENCE_LENGTH, MODEL_NAME, default_size, latent_size, qwen_vae_scale_factor
+from .utils import (
+    GUIDANCE_SCALE_INPUT,
+    MAX_SEQUENCE_LENGTH,
+    MODEL_NAME,
+    default_size,
+    latent_size,
+    qwen_vae_scale_factor,
+)
 
 __all__ = ["QwenImageCheckInputsStep", "QwenImageEditCheckInputsStep"]
 
@@ -55,9 +62,7 @@ class QwenImageCheckInputsStep(CheckInputsStep):
     def inputs(self) -> list[InputParam]:
         return [
             *PROMPT_INPUTS,
-            InputParam(
-                "guidance_scale", type_hint=float, description="For a guidance-distilled transformer."
-            ),
+            GUIDANCE_SCALE_INPUT,
             InputParam.template("num_inference_steps"),
             SIGMAS,
             InputParam.template("num_images_per_prompt"),
@@ -135,7 +140,7 @@ class QwenImageEditCheckInputsStep(QwenImageCheckInputsStep):
     )
 
     def workflow_inputs(self) -> list[InputParam]:
-        return [InputParam.template("image", required=True)]
+        return [InputParam.template("image")]
 
     def size(self, components, bs):
         if not isinstance(bs.image, PIL.Image.Image):

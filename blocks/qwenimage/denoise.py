@@ -13,6 +13,7 @@ from blocks.common.guidance import GuiderKindCheck, call_guider, check_guider, g
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
+    GUIDANCE_SCALE_INPUT,
     GUIDER_SPEC,
     MODEL_NAME,
     SCHEDULER,
@@ -105,11 +106,7 @@ class QwenImageLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         embeds_input("negative_prompt_embeds"),
         mask_input("negative_prompt_embeds_mask"),
         true_cfg_scale_input(),
-        InputParam(
-            "guidance_scale",
-            type_hint=float,
-            description="The embedded guidance of a guidance-distilled transformer (guidance_embeds); else unused.",
-        ),
+        GUIDANCE_SCALE_INPUT,
         InputParam(
             "norm_rescale",
             type_hint=bool,

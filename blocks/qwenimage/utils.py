@@ -19,6 +19,7 @@ __all__ = [
     "IMAGE_PROCESSOR",
     "GUIDER_SPEC",
     "TRUE_CFG_SCALE",
+    "GUIDANCE_SCALE_INPUT",
     "DEFAULT_SAMPLE_SIZE",
     "MAX_SEQUENCE_LENGTH",
     "qwen_vae_scale_factor",
@@ -146,6 +147,13 @@ def true_cfg_scale(components: Any, given: float | None) -> float:
 def guidance_on(scale: float, has_negative: bool) -> bool:
     """The classic rule: true classifier-free guidance runs for a scale above 1 with a negative prompt."""
     return scale > 1 and has_negative
+
+
+GUIDANCE_SCALE_INPUT = InputParam(
+    "guidance_scale",
+    type_hint=float,
+    description="The embedded guidance of a guidance-distilled transformer (guidance_embeds); else unused.",
+)
 
 
 def embeds_input(name: str, required: bool = False) -> InputParam:

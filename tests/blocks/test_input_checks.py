@@ -10,6 +10,7 @@ import torch
 
 import blocks.flux as flux
 import blocks.flux2 as flux2
+import blocks.qwenimage as qwenimage
 import blocks.stable_diffusion as sd
 import blocks.stable_diffusion_xl as sdxl
 import blocks.z_image as z_image
@@ -24,6 +25,7 @@ FAMILIES = {
     "flux_control": (flux, flux.FluxAutoBlocks, {"control": True}),
     "z_image": (z_image, z_image.ZImageAutoBlocks, {}),
     "flux2": (flux2, flux2.Flux2AutoBlocks, {}),
+    "qwenimage": (qwenimage, qwenimage.QwenImageAutoBlocks, {}),
 }
 SHARED = ["sd", "sdxl", "flux", "z_image"]  # the families the shared rules are run on
 # The check steps' names, the image side in pixels, the text-to-image size rule (8 for SD and SDXL, as
@@ -35,7 +37,7 @@ INFO = {
     "flux": {"t2i": "FluxCheckInputsStep", "i2i": "FluxImg2ImgCheckInputsStep"},
     "z_image": {"t2i": "ZImageCheckInputsStep", "i2i": "ZImageImg2ImgCheckInputsStep"},
 }
-SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32}
+SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "qwenimage": 32}
 for _family, _values in {"sd": (8, 4), "sdxl": (8, 4), "flux": (4, 4), "z_image": (4, 16)}.items():
     INFO[_family].update(m=_values[0], latent_channels=_values[1])
 
@@ -408,6 +410,20 @@ OTHER_RULES = {
         "pass a positive number of denoising steps\n  - image[1] (32x32) must be at least 64 pixels a side; "
         "pass a larger image",
     ),
+    "qwenimage_latents_shape": (
+        "qwenimage",
+        {"latents": torch.zeros(1, 16, 4), "height": 32, "width": 32},
+        ValueError,
+        "QwenImageCheckInputsStep: latents (shape (1, 16, 4)) must have shape (1, 4, 16) for a batch of 1 "
+        "(prompts x num_images_per_prompt) at 32x32 pixels; pass latents of that shape, or none",
+    ),
+    "qwenimage_mask_shape": (
+        "qwenimage",
+        {"prompt": None, "prompt_embeds": torch.zeros(2, 5, 16), "prompt_embeds_mask": torch.ones(2, 4)},
+        ValueError,
+        "QwenImageCheckInputsStep: prompt_embeds_mask (shape (2, 4)) must have prompt_embeds's batch and length "
+        "(2, 5)",
+    ),
 }
 
 
@@ -419,7 +435,7 @@ def test_family_rules_refuse_before_any_model_runs(pipes, case):
     assert_refused(pipes(kind), kwargs, error, message)
 
 
-@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2"])
+@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2", "qwenimage"])
 def test_a_good_call_runs_every_model(pipes, kind):
     """The recorder sees the text encoder, the denoiser and the VAE of a good call (so zero means none ran)."""
     pipe = pipes(kind)
@@ -442,6 +458,8 @@ ALL_BLOCKS = [
     flux.FluxAutoBlocks,
     z_image.ZImageAutoBlocks,
     flux2.Flux2AutoBlocks,
+    qwenimage.QwenImageAutoBlocks,
+    qwenimage.QwenImageEditAutoBlocks,
 ]
 
 

@@ -4,12 +4,14 @@ import pytest
 from diffusers.loaders import (
     Flux2LoraLoaderMixin,
     FluxIPAdapterMixin,
+    QwenImageLoraLoaderMixin,
     StableDiffusionLoraLoaderMixin,
     ZImageLoraLoaderMixin,
 )
 
 import blocks.flux
 import blocks.flux2
+import blocks.qwenimage
 import blocks.stable_diffusion
 import blocks.z_image
 from modular import BlockFamily, SequentialPipelineBlocks
@@ -21,6 +23,7 @@ def test_the_families_loaders_resolve_to_diffusers_classes():
     assert blocks.z_image.FAMILY.loader("lora") is ZImageLoraLoaderMixin
     assert blocks.z_image.FAMILY.loader("ip_adapter") is None
     assert blocks.flux2.FAMILY.loader("lora") is Flux2LoraLoaderMixin
+    assert blocks.qwenimage.FAMILY.loader("lora") is QwenImageLoraLoaderMixin
 
 
 def test_a_class_is_returned_as_it_is():
