@@ -1,4 +1,4 @@
-"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux and Z-Image.
+"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image and Qwen-Image.
 
 peer -> ours: the peer's pipeline on a tiny classic repo loads and saves; ours reads that folder, picks
 our family's blocks, takes every spec from the index, loads, and equals the classic pipeline.
@@ -19,6 +19,7 @@ from diffusers.guiders import ClassifierFreeGuidance
 from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
 import blocks.flux
+import blocks.qwenimage
 import blocks.stable_diffusion_xl
 import blocks.z_image
 import modular
@@ -26,6 +27,7 @@ from components.load_id import LOAD_ID_FIELDS
 
 from ..modular.saved import saved_index
 from .flux.conftest import classic_from as flux_classic
+from .qwenimage.conftest import classic_from as qwenimage_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
 from .z_image.conftest import classic_from as zimage_classic
 
@@ -67,6 +69,15 @@ def _check_z_image(pipe, peer, inputs):
     assert torch.equal(ours, theirs)
 
 
+def _check_qwen_image(pipe, peer, inputs):
+    """Qwen-Image: with a negative prompt (true CFG on in both) the peer's images equal ours bit for bit (as
+    tensors: the peer's decode step takes no output_type "latent")."""
+    inputs = {**inputs, "output_type": "pt"}
+    theirs = peer(generator=_generator(), output="images", **inputs)
+    ours = pipe(generator=_generator(), output="images", **inputs)
+    assert torch.equal(ours, theirs)
+
+
 @attrs.frozen
 class Case:
     family: modular.BlockFamily
@@ -79,6 +90,12 @@ CASES = {
     "sdxl": Case(blocks.stable_diffusion_xl.FAMILY, sdxl_classic, {"height": 64, "width": 64}, _check_sdxl),
     "flux": Case(blocks.flux.FAMILY, flux_classic, {"height": 32, "width": 32}, _check_flux),
     "z_image": Case(blocks.z_image.FAMILY, zimage_classic, {"height": 32, "width": 32}, _check_z_image),
+    "qwenimage": Case(
+        blocks.qwenimage.FAMILY,
+        qwenimage_classic,
+        {"height": 32, "width": 32, "negative_prompt": "blurry"},
+        _check_qwen_image,
+    ),
 }
 for _case in CASES.values():
     modular.register_family(_case.family)
