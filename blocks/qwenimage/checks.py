@@ -18,17 +18,22 @@ from blocks.common.checks import (
     check_counts,
     check_latent_memory,
     check_latents,
+    check_mask,
     check_one_per_prompt,
     check_prompt,
+    check_reference_image,
     check_size,
+    check_strength_and_steps,
     model_dtype,
 )
+from blocks.common.timesteps import flow_kept_steps
 from modular import BlockState, InputParam
 
 from .before_denoise import LATENTS, SIGMAS
 from .encoders import PROMPT_INPUTS
 from .encoders_edit import edit_image_size
 from .inputs import MAX_SEQUENCE_LENGTH_INPUT
+from .strength import STRENGTH, STRENGTH_INPUT
 from .utils import (
     GUIDANCE_SCALE_INPUT,
     MAX_SEQUENCE_LENGTH,
@@ -38,7 +43,12 @@ from .utils import (
     qwen_vae_scale_factor,
 )
 
-__all__ = ["QwenImageCheckInputsStep", "QwenImageEditCheckInputsStep"]
+__all__ = [
+    "QwenImageCheckInputsStep",
+    "QwenImageImg2ImgCheckInputsStep",
+    "QwenImageInpaintCheckInputsStep",
+    "QwenImageEditCheckInputsStep",
+]
 
 
 class QwenImageCheckInputsStep(CheckInputsStep):
@@ -127,6 +137,50 @@ class QwenImageCheckInputsStep(CheckInputsStep):
                     f"{name}_mask (shape {tuple(mask.shape)}) must have {name}'s batch and length "
                     f"{tuple(embeds.shape[:2])}"
                 )
+
+
+class QwenImageImg2ImgCheckInputsStep(QwenImageCheckInputsStep):
+    """Image-to-image: also check the image (RGB or latents, a count that divides the batch) and strength."""
+
+    description = (
+        "Checks the inputs of image-to-image before any model runs, and changes nothing: prompts, embeddings, "
+        "counts, output_type, size and latents as text-to-image (the image is resized to height x width, 1024 "
+        "x 1024 by default, as in the classic pipeline), the image (RGB, or the VAE's latent channels; a count "
+        "that divides the batch) and strength (in [0, 1], leaving at least one step)."
+    )
+
+    def workflow_inputs(self) -> list[InputParam]:
+        return [MAX_SEQUENCE_LENGTH_INPUT, InputParam.template("image"), STRENGTH_INPUT]
+
+    def check(self, components, block_state, problems):
+        super().check(components, block_state, problems)
+        vae = getattr(components, "vae", None)
+        _, total = batch_total(block_state)
+        latent_channels = vae.config.z_dim if vae is not None else None
+        check_reference_image(problems, "image", block_state.image, 3, latent_channels, total)
+        bs = block_state
+        custom = bs.sigmas is not None
+        check_strength_and_steps(
+            problems, bs.strength, STRENGTH, bs.num_inference_steps, flow_kept_steps, custom=custom
+        )
+
+
+class QwenImageInpaintCheckInputsStep(QwenImageImg2ImgCheckInputsStep):
+    """Inpainting: also check the mask (one channel, a count that divides the batch)."""
+
+    description = (
+        "Checks the inputs of inpainting before any model runs, and changes nothing: as image-to-image, and the "
+        "mask (one channel; a count that divides the batch)."
+    )
+
+    def workflow_inputs(self) -> list[InputParam]:
+        return [*super().workflow_inputs(), InputParam.template("mask_image")]
+
+    def check(self, components, block_state, problems):
+        super().check(components, block_state, problems)
+        _, total = batch_total(block_state)
+        if block_state.mask_image is not None and total is not None:
+            check_mask(problems, block_state.mask_image, total)
 
 
 class QwenImageEditCheckInputsStep(QwenImageCheckInputsStep):

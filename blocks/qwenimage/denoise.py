@@ -31,6 +31,8 @@ __all__ = [
     "QwenImageEditLoopBeforeDenoiser",
     "QwenImageLoopDenoiser",
     "QwenImageLoopAfterDenoiser",
+    "QwenImageInpaintLoopAfterDenoiser",
+    "QwenImageInpaintDenoiseStep",
     "QwenImageDenoiseLoopWrapper",
     "QwenImageDenoiseStep",
     "QwenImageEditDenoiseStep",
@@ -192,6 +194,36 @@ class QwenImageLoopAfterDenoiser(ModularPipelineBlocks):
         return components, block_state
 
 
+class QwenImageInpaintLoopAfterDenoiser(QwenImageLoopAfterDenoiser):
+    """Loop step for inpainting: the Euler step, then outside the mask the image latents noised to the next
+    timestep (the clean ones at the last step)."""
+
+    description = (
+        "Inside the loop: latents = scheduler.step(noise_pred, t, latents); then latents = (1 - mask) * image + "
+        "mask * latents, the image latents noised to the next timestep with the call's noise (clean at the last)."
+    )
+
+    inputs = [
+        InputParam(
+            "mask", type_hint=torch.Tensor, required=True, description="The packed mask (1: repaint)."
+        ),
+        InputParam(
+            "image_latents", type_hint=torch.Tensor, required=True, description="The packed image latents."
+        ),
+        InputParam("noise", type_hint=torch.Tensor, required=True, description="The packed noise."),
+    ]
+
+    def __call__(self, components, block_state, i, t):
+        components, block_state = super().__call__(components, block_state, i, t)
+        kept = block_state.image_latents
+        timesteps = block_state.timesteps
+        if i < len(timesteps) - 1:
+            kept = components.scheduler.scale_noise(kept, torch.tensor([timesteps[i + 1]]), block_state.noise)
+        mask = block_state.mask
+        block_state.latents = (1 - mask) * kept + mask * block_state.latents
+        return components, block_state
+
+
 class QwenImageDenoiseLoopWrapper(TimestepLoopBlocks):
     """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler."""
 
@@ -230,6 +262,18 @@ class QwenImageDenoiseStep(QwenImageDenoiseLoopWrapper):
     description = (
         "Denoises the packed latents over the timesteps. Each step runs: before_denoiser (transformer input), "
         "denoiser (transformer per condition, guider, norm rescale), after_denoiser (Euler step)."
+    )
+
+
+class QwenImageInpaintDenoiseStep(QwenImageDenoiseLoopWrapper):
+    """The inpainting denoising loop: the text-to-image step, then the blend outside the mask."""
+
+    block_classes = [QwenImageLoopBeforeDenoiser, QwenImageLoopDenoiser, QwenImageInpaintLoopAfterDenoiser]
+
+    description = (
+        "Denoises the packed latents over the timesteps. Each step runs: before_denoiser (transformer input), "
+        "denoiser (transformer per condition, guider, norm rescale), after_denoiser (Euler step, then the image "
+        "latents kept outside the mask)."
     )
 
 

@@ -76,8 +76,11 @@ def qwen_vae_scale_factor(components: Any) -> int:
 
 
 def image_processor_for_vae(components: Any) -> Any:
-    """The image processor, resizing to multiples of twice the loaded VAE's scale, as the classic pipelines."""
-    return processor_for_vae(components.image_processor, qwen_vae_scale_factor(components) * 2)
+    """The image processor, resizing to multiples of twice the loaded VAE's scale and taking an image of the
+    VAE's latent channels as latents, as the classic pipelines build theirs."""
+    vae = getattr(components, "vae", None)
+    settings = {} if vae is None else {"vae_latent_channels": vae.config.z_dim}
+    return processor_for_vae(components.image_processor, qwen_vae_scale_factor(components) * 2, **settings)
 
 
 def default_size(components: Any, height: int | None, width: int | None) -> tuple[int, int]:

@@ -9,7 +9,7 @@ from .conftest import QWEN_IMAGE, SIZE, load_edit_pipeline, make_image
 
 
 def _run(pipe, **extra):
-    size = {} if "image" in extra else {"height": SIZE, "width": SIZE}
+    size = {} if "image" in extra else {"height": SIZE, "width": SIZE}  # edit sizes from its image
     return pipe(
         prompt="a cat",
         negative_prompt="blurry",
@@ -31,15 +31,18 @@ def _pipelines(repo, edit_repo, cm):
 
 
 def test_the_plan_lists_models_in_order_of_use(qwen_repo, qwen_edit_repo, monkeypatch, small_edit_area):
-    """Text-to-image uses text encoder, transformer, VAE; edit encodes the image with the VAE before denoising."""
+    """Text-to-image uses text encoder, transformer, VAE; image-to-image and edit encode the image with the VAE
+    before denoising."""
     cm = ComponentsManager()
     pipe, edit = _pipelines(qwen_repo, qwen_edit_repo, cm)
     seen = []
     monkeypatch.setattr(cm, "set_execution_plan", lambda objs: seen.append(list(objs)))
     _run(pipe)
+    _run(pipe, image=make_image(), height=SIZE, width=SIZE)
     _run(edit, image=make_image())
     assert seen[0] == [pipe.text_encoder, pipe.transformer, pipe.vae]
-    assert seen[1] == [edit.text_encoder, edit.vae, edit.transformer, edit.vae]
+    assert seen[1] == [pipe.text_encoder, pipe.vae, pipe.transformer, pipe.vae]
+    assert seen[2] == [edit.text_encoder, edit.vae, edit.transformer, edit.vae]
 
 
 def test_offloaded_runs_equal_plain_runs(qwen_repo, qwen_edit_repo, small_edit_area):
