@@ -10,6 +10,7 @@ import torch
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.guidance import GuiderKindCheck, call_guider, check_guider, guided_prediction
+from blocks.common.latent_preview import QWEN_IMAGE_LATENT_RGB, check_latent_channels
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
@@ -248,6 +249,23 @@ class QwenImageDenoiseLoopWrapper(TimestepLoopBlocks):
     @property
     def loop_intermediate_outputs(self) -> list[OutputParam]:
         return [OutputParam("latents", type_hint=torch.Tensor, description="The denoised packed latents.")]
+
+    latent_rgb_map = QWEN_IMAGE_LATENT_RGB  # Wan 2.1's latent space, on the unpacked normalized latents
+
+    def check_previews(self, components: Any, decoder: Any = None) -> None:
+        """Before the run: the map or ``decoder`` reads latents of the loaded VAE's channels (its ``z_dim``).
+
+        Raises:
+            PreviewUnavailableError: they do not (the tiny test VAE has 4, Wan 2.1's map takes 16).
+        """
+        vae = getattr(components, "vae", None)
+        if vae is None:
+            return
+        if decoder is not None:
+            wanted, reader = getattr(decoder.config, "latent_channels", None), type(decoder).__name__
+        else:
+            wanted, reader = self.latent_rgb_map.channels, f"the {self.latent_rgb_map.name} latent-to-RGB map"
+        check_latent_channels(int(vae.config.z_dim), wanted, reader)
 
     def preview_latents(self, components, block_state) -> torch.Tensor:
         """The packed latents unpacked to the VAE's [B, C, H, W] (its one frame dropped)."""
