@@ -7,6 +7,7 @@ latents are packed, [batch, tokens, channels * 4], and must fit the size.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import PIL.Image
@@ -42,6 +43,8 @@ from .utils import (
     latent_size,
     qwen_vae_scale_factor,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "QwenImageCheckInputsStep",
@@ -95,6 +98,14 @@ class QwenImageCheckInputsStep(CheckInputsStep):
             problems.add(
                 f"max_sequence_length ({length}) must be in [1, {MAX_SEQUENCE_LENGTH}]; pass at most "
                 f"{MAX_SEQUENCE_LENGTH}"
+            )
+        config = getattr(getattr(components, "scheduler", None), "config", None)
+        terminal = config.get("shift_terminal") if config is not None else None
+        if bs.num_inference_steps == 1 and bs.sigmas is None and terminal:
+            logger.warning(
+                "num_inference_steps=1 with the scheduler's shift_terminal (%s) stretches the one sigma by 0/0: the "
+                "images are NaN, as in the classic pipeline; pass 2 or more steps",
+                terminal,
             )
         transformer = getattr(components, "transformer", None)
         if transformer is not None and transformer.config.guidance_embeds and bs.guidance_scale is None:

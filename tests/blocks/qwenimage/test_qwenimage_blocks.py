@@ -226,3 +226,17 @@ def test_saved_indexes_name_the_peers_pipeline_class_per_blocks(qwen_pipe, qwen_
         pipe.save_pretrained(folder)
         index = json.loads((folder / "modular_model_index.json").read_text())
         assert (index["_class_name"], index["_blocks_class_name"]) == (expected, type(pipe.blocks).__name__)
+
+
+def test_one_step_with_a_terminal_shift_warns_of_nan(qwen_pipe, caplog):
+    """One step with the scheduler's shift_terminal stretches the one sigma by 0/0, in the classic pipeline too:
+    the check step warns and says to pass more steps; two steps do not warn."""
+    kwargs = {"prompt": "a cat", "height": SIZE, "width": SIZE, "output_type": "latent", "output": "images"}
+    with caplog.at_level("WARNING", logger="blocks.qwenimage.checks"):
+        latents = qwen_pipe(num_inference_steps=1, **kwargs)
+    assert torch.isnan(latents).all()
+    assert "shift_terminal (0.02) stretches the one sigma by 0/0" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="blocks.qwenimage.checks"):
+        assert not torch.isnan(qwen_pipe(num_inference_steps=2, **kwargs)).any()
+    assert "shift_terminal" not in caplog.text
