@@ -5,7 +5,7 @@ import torch
 from modular import ComponentsManager
 from offload import SimulatedDevice, module_nbytes
 
-from .conftest import QWEN_IMAGE, SIZE, load_edit_pipeline, make_image
+from .conftest import QWEN_IMAGE, SIZE, load_edit_pipeline, make_image, make_mask
 
 
 def _run(pipe, **extra):
@@ -46,16 +46,18 @@ def test_the_plan_lists_models_in_order_of_use(qwen_repo, qwen_edit_repo, monkey
 
 
 def test_offloaded_runs_equal_plain_runs(qwen_repo, qwen_edit_repo, small_edit_area):
-    """With a device budget that forces evictions, both workflows give bit-equal outputs."""
+    """With a device budget that forces evictions, text-to-image, edit and inpainting give bit-equal outputs."""
     cm = ComponentsManager()
     pipe, edit = _pipelines(qwen_repo, qwen_edit_repo, cm)
-    expected = [_run(pipe), _run(edit, image=make_image())]
+    inpaint = {"image": make_image(), "mask_image": make_mask(), "height": SIZE, "width": SIZE}
+    expected = [_run(pipe), _run(edit, image=make_image()), _run(pipe, **inpaint)]
     # Room for the largest model and a little: every switch to another model evicts.
     budget = max(module_nbytes(m) for m in (pipe.transformer, pipe.vae, pipe.text_encoder)) + 1024
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     try:
         assert _run(pipe).tobytes() == expected[0].tobytes()
         assert _run(edit, image=make_image()).tobytes() == expected[1].tobytes()
+        assert _run(pipe, **inpaint).tobytes() == expected[2].tobytes()
         assert any(entry.evicted for entry in cm.offload_log)
     finally:
         cm.disable_auto_cpu_offload()
