@@ -28,6 +28,7 @@ LAZY_PACKAGES = (
     "blocks.z_image",
     "blocks.flux2",
     "blocks.sd3",
+    "blocks.qwenimage",
 )
 
 
@@ -209,7 +210,7 @@ def test_an_unknown_name_is_an_attribute_error():
         modular.NoSuchThing  # noqa: B018
 
 
-FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "sd3")
+FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "sd3", "qwenimage")
 # What a family's blocks import only when a pipeline is composed, loaded or run: diffusers' and transformers'
 # models, diffusers' guiders and hooks, peft (seconds of imports, e.g. about 2 s for FluxTransformer2DModel).
 MODEL_MODULES = (

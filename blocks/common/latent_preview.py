@@ -28,6 +28,8 @@ __all__ = [
     "SDXL_LATENT_RGB",
     "SD3_LATENT_RGB",
     "SD_LATENT_RGB",
+    "QWEN_IMAGE_LATENT_RGB",
+    "WAN21_LATENT_RGB",
     "Z_IMAGE_LATENT_RGB",
     "LatentRGBMap",
     "check_latent_channels",
@@ -222,3 +224,31 @@ SD3_LATENT_RGB = LatentRGBMap(
 #: 0.1159, as FLUX.1-dev's), so its latents live in FLUX.1's space; ComfyUI's ``ZImage`` model (a ``Lumina2``)
 #: uses ``latent_formats.Flux`` too (comfy/supported_models.py). Unlike Flux, Z-Image's latents are not packed.
 Z_IMAGE_LATENT_RGB = attrs.evolve(FLUX_LATENT_RGB, name="Z-Image (FLUX.1's VAE)")
+
+#: Wan 2.1's 16-channel 3D causal VAE (ComfyUI's ``Wan21``), on one frame's normalized latents
+#: ((x - latents_mean) / latents_std, what the denoiser sees); Qwen-Image's VAE has Wan 2.1's latent space
+#: (ComfyUI's ``QwenImage`` model uses ``latent_formats.Wan21``, comfy/supported_models.py).
+WAN21_LATENT_RGB = LatentRGBMap(
+    "Wan 2.1",
+    factors=(
+        (-0.1299, -0.1692, 0.2932),
+        (0.0671, 0.0406, 0.0442),
+        (0.3568, 0.2548, 0.1747),
+        (0.0372, 0.2344, 0.1420),
+        (0.0313, 0.0189, -0.0328),
+        (0.0296, -0.0956, -0.0665),
+        (-0.3477, -0.4059, -0.2925),
+        (0.0166, 0.1902, 0.1975),
+        (-0.0412, 0.0267, -0.1364),
+        (-0.1293, 0.0740, 0.1636),
+        (0.0680, 0.3019, 0.1128),
+        (0.0032, 0.0581, 0.0639),
+        (-0.1251, 0.0927, 0.1699),
+        (0.0060, -0.0633, 0.0005),
+        (0.3477, 0.2275, 0.2950),
+        (0.1984, 0.0913, 0.1861),
+    ),
+    bias=(-0.1835, -0.0868, -0.3360),
+    source=f"{_COMFY}, Wan21.latent_rgb_factors and latent_rgb_factors_bias",
+)
+QWEN_IMAGE_LATENT_RGB = attrs.evolve(WAN21_LATENT_RGB, name="Qwen-Image (Wan 2.1's VAE)")

@@ -1,8 +1,10 @@
-"""Qwen-Image as modular blocks: text-to-image, and edit (Qwen-Image-Edit).
+"""Qwen-Image as modular blocks: text-to-image, image-to-image, inpainting, and edit (Qwen-Image-Edit).
 
-``QwenImageAutoBlocks`` serves ``QwenImagePipeline`` repos, ``QwenImageEditAutoBlocks`` serves
-``QwenImageEditPipeline`` repos (their index names the class, and they carry a ``processor``). ``FAMILY``
-registers both (entry point group ``modular.blocks``).
+``QwenImageAutoBlocks`` picks text-to-image, image-to-image (``image``) or inpainting (``image`` and
+``mask_image``) from the inputs and serves ``QwenImagePipeline``, ``QwenImageImg2ImgPipeline`` and
+``QwenImageInpaintPipeline`` repos; ``QwenImageEditAutoBlocks`` serves ``QwenImageEditPipeline`` repos (their
+index names the class, and they carry a ``processor``). ``FAMILY`` registers both (entry point group
+``modular.blocks``).
 """
 
 from collections.abc import Mapping
@@ -17,25 +19,49 @@ if TYPE_CHECKING:
         QwenImagePrepareLatentsStep,
         QwenImageSetTimestepsStep,
     )
-    from .checks import QwenImageCheckInputsStep, QwenImageEditCheckInputsStep
+    from .checks import (
+        QwenImageCheckInputsStep,
+        QwenImageEditCheckInputsStep,
+        QwenImageImg2ImgCheckInputsStep,
+        QwenImageInpaintCheckInputsStep,
+    )
     from .decoders import QwenImageDecodeStep
     from .denoise import (
         QwenImageDenoiseLoopWrapper,
         QwenImageDenoiseStep,
         QwenImageEditDenoiseStep,
         QwenImageEditLoopBeforeDenoiser,
+        QwenImageInpaintDenoiseStep,
+        QwenImageInpaintLoopAfterDenoiser,
         QwenImageLoopAfterDenoiser,
         QwenImageLoopBeforeDenoiser,
         QwenImageLoopDenoiser,
     )
     from .encoders import QwenImageEditTextEncoderStep, QwenImageTextEncoderStep
     from .encoders_edit import QwenImageEditResizeStep, QwenImageEditVaeEncoderStep
+    from .encoders_image import (
+        QwenImageInpaintMaskStep,
+        QwenImageInpaintVaeEncoderStep,
+        QwenImageVaeEncoderStep,
+    )
     from .inputs import QwenImageEditInputStep, QwenImageInputStep
     from .modular_blocks import (
+        QwenImageAutoBeforeDenoiseStep,
         QwenImageAutoBlocks,
+        QwenImageAutoCheckInputsStep,
+        QwenImageAutoDenoiseStep,
+        QwenImageAutoVaeEncoderStep,
         QwenImageBeforeDenoiseStep,
         QwenImageEditAutoBlocks,
         QwenImageEditBeforeDenoiseStep,
+        QwenImageImg2ImgBeforeDenoiseStep,
+        QwenImageInpaintBeforeDenoiseStep,
+        QwenImageInpaintVaeEncoderStage,
+    )
+    from .strength import (
+        QwenImageImg2ImgPrepareLatentsStep,
+        QwenImageImg2ImgSetTimestepsStep,
+        QwenImageInpaintPrepareLatentsStep,
     )
     from .tiny import make_tiny_edit_repo, make_tiny_repo, make_tiny_tokenizer
 
@@ -55,20 +81,30 @@ def _blocks_for_classic_index(index: Mapping[str, Any]) -> type:
 FAMILY = BlockFamily(
     name="qwen-image",
     blocks_class="blocks.qwenimage.modular_blocks.QwenImageAutoBlocks",
-    classic_pipelines=("QwenImagePipeline", *_EDIT_PIPELINES),
+    classic_pipelines=(
+        "QwenImagePipeline",
+        "QwenImageImg2ImgPipeline",
+        "QwenImageInpaintPipeline",
+        *_EDIT_PIPELINES,
+    ),
     # The classic default is 1024 px; the tiny repo's image is 32 px.
     tiny_repo_inputs={"height": 32, "width": 32},
     make_tiny_repo="blocks.qwenimage.tiny.make_tiny_repo",
     variants=("blocks.qwenimage.modular_blocks.QwenImageEditAutoBlocks",),
     choose_blocks=_blocks_for_classic_index,
     peer_pipeline_class="QwenImageModularPipeline",
+    peer_pipeline_classes={"QwenImageEditAutoBlocks": "QwenImageEditModularPipeline"},
     lora_loader="diffusers.loaders.QwenImageLoraLoaderMixin",
-    workflows=("text2image",),
+    workflows=("text2image", "image2image", "inpainting"),
 )
 
 __all__ = [
     "FAMILY",
+    "QwenImageAutoBeforeDenoiseStep",
     "QwenImageAutoBlocks",
+    "QwenImageAutoCheckInputsStep",
+    "QwenImageAutoDenoiseStep",
+    "QwenImageAutoVaeEncoderStep",
     "QwenImageBeforeDenoiseStep",
     "QwenImageCheckInputsStep",
     "QwenImageDecodeStep",
@@ -84,6 +120,18 @@ __all__ = [
     "QwenImageEditResizeStep",
     "QwenImageEditTextEncoderStep",
     "QwenImageEditVaeEncoderStep",
+    "QwenImageImg2ImgBeforeDenoiseStep",
+    "QwenImageImg2ImgCheckInputsStep",
+    "QwenImageImg2ImgPrepareLatentsStep",
+    "QwenImageImg2ImgSetTimestepsStep",
+    "QwenImageInpaintBeforeDenoiseStep",
+    "QwenImageInpaintCheckInputsStep",
+    "QwenImageInpaintDenoiseStep",
+    "QwenImageInpaintLoopAfterDenoiser",
+    "QwenImageInpaintMaskStep",
+    "QwenImageInpaintPrepareLatentsStep",
+    "QwenImageInpaintVaeEncoderStage",
+    "QwenImageInpaintVaeEncoderStep",
     "QwenImageInputStep",
     "QwenImageLoopAfterDenoiser",
     "QwenImageLoopBeforeDenoiser",
@@ -91,6 +139,7 @@ __all__ = [
     "QwenImagePrepareLatentsStep",
     "QwenImageSetTimestepsStep",
     "QwenImageTextEncoderStep",
+    "QwenImageVaeEncoderStep",
     "make_tiny_edit_repo",
     "make_tiny_repo",
     "make_tiny_tokenizer",

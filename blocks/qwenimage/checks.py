@@ -7,6 +7,7 @@ latents are packed, [batch, tokens, channels * 4], and must fit the size.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import PIL.Image
@@ -18,20 +19,39 @@ from blocks.common.checks import (
     check_counts,
     check_latent_memory,
     check_latents,
+    check_mask,
     check_one_per_prompt,
     check_prompt,
+    check_reference_image,
     check_size,
+    check_strength_and_steps,
     model_dtype,
 )
+from blocks.common.timesteps import flow_kept_steps
 from modular import BlockState, InputParam
 
 from .before_denoise import LATENTS, SIGMAS
 from .encoders import PROMPT_INPUTS
 from .encoders_edit import edit_image_size
 from .inputs import MAX_SEQUENCE_LENGTH_INPUT
-from .utils import MAX_SEQUENCE_LENGTH, MODEL_NAME, default_size, latent_size, qwen_vae_scale_factor
+from .strength import STRENGTH, STRENGTH_INPUT
+from .utils import (
+    GUIDANCE_SCALE_INPUT,
+    MAX_SEQUENCE_LENGTH,
+    MODEL_NAME,
+    default_size,
+    latent_size,
+    qwen_vae_scale_factor,
+)
 
-__all__ = ["QwenImageCheckInputsStep", "QwenImageEditCheckInputsStep"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "QwenImageCheckInputsStep",
+    "QwenImageImg2ImgCheckInputsStep",
+    "QwenImageInpaintCheckInputsStep",
+    "QwenImageEditCheckInputsStep",
+]
 
 
 class QwenImageCheckInputsStep(CheckInputsStep):
@@ -55,9 +75,7 @@ class QwenImageCheckInputsStep(CheckInputsStep):
     def inputs(self) -> list[InputParam]:
         return [
             *PROMPT_INPUTS,
-            InputParam(
-                "guidance_scale", type_hint=float, description="For a guidance-distilled transformer."
-            ),
+            GUIDANCE_SCALE_INPUT,
             InputParam.template("num_inference_steps"),
             SIGMAS,
             InputParam.template("num_images_per_prompt"),
@@ -80,6 +98,14 @@ class QwenImageCheckInputsStep(CheckInputsStep):
             problems.add(
                 f"max_sequence_length ({length}) must be in [1, {MAX_SEQUENCE_LENGTH}]; pass at most "
                 f"{MAX_SEQUENCE_LENGTH}"
+            )
+        config = getattr(getattr(components, "scheduler", None), "config", None)
+        terminal = config.get("shift_terminal") if config is not None else None
+        if bs.num_inference_steps == 1 and bs.sigmas is None and terminal:
+            logger.warning(
+                "num_inference_steps=1 with the scheduler's shift_terminal (%s) stretches the one sigma by 0/0: the "
+                "images are NaN, as in the classic pipeline; pass 2 or more steps",
+                terminal,
             )
         transformer = getattr(components, "transformer", None)
         if transformer is not None and transformer.config.guidance_embeds and bs.guidance_scale is None:
@@ -124,6 +150,50 @@ class QwenImageCheckInputsStep(CheckInputsStep):
                 )
 
 
+class QwenImageImg2ImgCheckInputsStep(QwenImageCheckInputsStep):
+    """Image-to-image: also check the image (RGB or latents, a count that divides the batch) and strength."""
+
+    description = (
+        "Checks the inputs of image-to-image before any model runs, and changes nothing: prompts, embeddings, "
+        "counts, output_type, size and latents as text-to-image (the image is resized to height x width, 1024 "
+        "x 1024 by default, as in the classic pipeline), the image (RGB, or the VAE's latent channels; a count "
+        "that divides the batch) and strength (in [0, 1], leaving at least one step)."
+    )
+
+    def workflow_inputs(self) -> list[InputParam]:
+        return [MAX_SEQUENCE_LENGTH_INPUT, InputParam.template("image"), STRENGTH_INPUT]
+
+    def check(self, components, block_state, problems):
+        super().check(components, block_state, problems)
+        vae = getattr(components, "vae", None)
+        _, total = batch_total(block_state)
+        latent_channels = vae.config.z_dim if vae is not None else None
+        check_reference_image(problems, "image", block_state.image, 3, latent_channels, total)
+        bs = block_state
+        custom = bs.sigmas is not None
+        check_strength_and_steps(
+            problems, bs.strength, STRENGTH, bs.num_inference_steps, flow_kept_steps, custom=custom
+        )
+
+
+class QwenImageInpaintCheckInputsStep(QwenImageImg2ImgCheckInputsStep):
+    """Inpainting: also check the mask (one channel, a count that divides the batch)."""
+
+    description = (
+        "Checks the inputs of inpainting before any model runs, and changes nothing: as image-to-image, and the "
+        "mask (one channel; a count that divides the batch)."
+    )
+
+    def workflow_inputs(self) -> list[InputParam]:
+        return [*super().workflow_inputs(), InputParam.template("mask_image")]
+
+    def check(self, components, block_state, problems):
+        super().check(components, block_state, problems)
+        _, total = batch_total(block_state)
+        if block_state.mask_image is not None and total is not None:
+            check_mask(problems, block_state.mask_image, total)
+
+
 class QwenImageEditCheckInputsStep(QwenImageCheckInputsStep):
     """Edit: also check the input image (one PIL image) and that the prompt is one text."""
 
@@ -135,7 +205,7 @@ class QwenImageEditCheckInputsStep(QwenImageCheckInputsStep):
     )
 
     def workflow_inputs(self) -> list[InputParam]:
-        return [InputParam.template("image", required=True)]
+        return [InputParam.template("image")]
 
     def size(self, components, bs):
         if not isinstance(bs.image, PIL.Image.Image):

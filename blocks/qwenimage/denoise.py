@@ -10,9 +10,11 @@ import torch
 
 from blocks.common import TimestepLoopBlocks
 from blocks.common.guidance import GuiderKindCheck, call_guider, check_guider, guided_prediction
+from blocks.common.latent_preview import QWEN_IMAGE_LATENT_RGB, check_latent_channels
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
+    GUIDANCE_SCALE_INPUT,
     GUIDER_SPEC,
     MODEL_NAME,
     SCHEDULER,
@@ -30,6 +32,8 @@ __all__ = [
     "QwenImageEditLoopBeforeDenoiser",
     "QwenImageLoopDenoiser",
     "QwenImageLoopAfterDenoiser",
+    "QwenImageInpaintLoopAfterDenoiser",
+    "QwenImageInpaintDenoiseStep",
     "QwenImageDenoiseLoopWrapper",
     "QwenImageDenoiseStep",
     "QwenImageEditDenoiseStep",
@@ -105,11 +109,7 @@ class QwenImageLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         embeds_input("negative_prompt_embeds"),
         mask_input("negative_prompt_embeds_mask"),
         true_cfg_scale_input(),
-        InputParam(
-            "guidance_scale",
-            type_hint=float,
-            description="The embedded guidance of a guidance-distilled transformer (guidance_embeds); else unused.",
-        ),
+        GUIDANCE_SCALE_INPUT,
         InputParam(
             "norm_rescale",
             type_hint=bool,
@@ -195,6 +195,36 @@ class QwenImageLoopAfterDenoiser(ModularPipelineBlocks):
         return components, block_state
 
 
+class QwenImageInpaintLoopAfterDenoiser(QwenImageLoopAfterDenoiser):
+    """Loop step for inpainting: the Euler step, then outside the mask the image latents noised to the next
+    timestep (the clean ones at the last step)."""
+
+    description = (
+        "Inside the loop: latents = scheduler.step(noise_pred, t, latents); then latents = (1 - mask) * image + "
+        "mask * latents, the image latents noised to the next timestep with the call's noise (clean at the last)."
+    )
+
+    inputs = [
+        InputParam(
+            "mask", type_hint=torch.Tensor, required=True, description="The packed mask (1: repaint)."
+        ),
+        InputParam(
+            "image_latents", type_hint=torch.Tensor, required=True, description="The packed image latents."
+        ),
+        InputParam("noise", type_hint=torch.Tensor, required=True, description="The packed noise."),
+    ]
+
+    def __call__(self, components, block_state, i, t):
+        components, block_state = super().__call__(components, block_state, i, t)
+        kept = block_state.image_latents
+        timesteps = block_state.timesteps
+        if i < len(timesteps) - 1:
+            kept = components.scheduler.scale_noise(kept, torch.tensor([timesteps[i + 1]]), block_state.noise)
+        mask = block_state.mask
+        block_state.latents = (1 - mask) * kept + mask * block_state.latents
+        return components, block_state
+
+
 class QwenImageDenoiseLoopWrapper(TimestepLoopBlocks):
     """The family's denoising loop: the shared timestep loop with its own denoiser and scheduler."""
 
@@ -220,6 +250,23 @@ class QwenImageDenoiseLoopWrapper(TimestepLoopBlocks):
     def loop_intermediate_outputs(self) -> list[OutputParam]:
         return [OutputParam("latents", type_hint=torch.Tensor, description="The denoised packed latents.")]
 
+    latent_rgb_map = QWEN_IMAGE_LATENT_RGB  # Wan 2.1's latent space, on the unpacked normalized latents
+
+    def check_previews(self, components: Any, decoder: Any = None) -> None:
+        """Before the run: the map or ``decoder`` reads latents of the loaded VAE's channels (its ``z_dim``).
+
+        Raises:
+            PreviewUnavailableError: they do not (the tiny test VAE has 4, Wan 2.1's map takes 16).
+        """
+        vae = getattr(components, "vae", None)
+        if vae is None:
+            return
+        if decoder is not None:
+            wanted, reader = getattr(decoder.config, "latent_channels", None), type(decoder).__name__
+        else:
+            wanted, reader = self.latent_rgb_map.channels, f"the {self.latent_rgb_map.name} latent-to-RGB map"
+        check_latent_channels(int(vae.config.z_dim), wanted, reader)
+
     def preview_latents(self, components, block_state) -> torch.Tensor:
         """The packed latents unpacked to the VAE's [B, C, H, W] (its one frame dropped)."""
         return unpack_latents(components, block_state.latents, block_state.height, block_state.width)[:, :, 0]
@@ -233,6 +280,18 @@ class QwenImageDenoiseStep(QwenImageDenoiseLoopWrapper):
     description = (
         "Denoises the packed latents over the timesteps. Each step runs: before_denoiser (transformer input), "
         "denoiser (transformer per condition, guider, norm rescale), after_denoiser (Euler step)."
+    )
+
+
+class QwenImageInpaintDenoiseStep(QwenImageDenoiseLoopWrapper):
+    """The inpainting denoising loop: the text-to-image step, then the blend outside the mask."""
+
+    block_classes = [QwenImageLoopBeforeDenoiser, QwenImageLoopDenoiser, QwenImageInpaintLoopAfterDenoiser]
+
+    description = (
+        "Denoises the packed latents over the timesteps. Each step runs: before_denoiser (transformer input), "
+        "denoiser (transformer per condition, guider, norm rescale), after_denoiser (Euler step, then the image "
+        "latents kept outside the mask)."
     )
 
 

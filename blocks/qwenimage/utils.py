@@ -19,6 +19,7 @@ __all__ = [
     "IMAGE_PROCESSOR",
     "GUIDER_SPEC",
     "TRUE_CFG_SCALE",
+    "GUIDANCE_SCALE_INPUT",
     "DEFAULT_SAMPLE_SIZE",
     "MAX_SEQUENCE_LENGTH",
     "qwen_vae_scale_factor",
@@ -75,8 +76,11 @@ def qwen_vae_scale_factor(components: Any) -> int:
 
 
 def image_processor_for_vae(components: Any) -> Any:
-    """The image processor, resizing to multiples of twice the loaded VAE's scale, as the classic pipelines."""
-    return processor_for_vae(components.image_processor, qwen_vae_scale_factor(components) * 2)
+    """The image processor, resizing to multiples of twice the loaded VAE's scale and taking an image of the
+    VAE's latent channels as latents, as the classic pipelines build theirs."""
+    vae = getattr(components, "vae", None)
+    settings = {} if vae is None else {"vae_latent_channels": vae.config.z_dim}
+    return processor_for_vae(components.image_processor, qwen_vae_scale_factor(components) * 2, **settings)
 
 
 def default_size(components: Any, height: int | None, width: int | None) -> tuple[int, int]:
@@ -146,6 +150,13 @@ def true_cfg_scale(components: Any, given: float | None) -> float:
 def guidance_on(scale: float, has_negative: bool) -> bool:
     """The classic rule: true classifier-free guidance runs for a scale above 1 with a negative prompt."""
     return scale > 1 and has_negative
+
+
+GUIDANCE_SCALE_INPUT = InputParam(
+    "guidance_scale",
+    type_hint=float,
+    description="The embedded guidance of a guidance-distilled transformer (guidance_embeds); else unused.",
+)
 
 
 def embeds_input(name: str, required: bool = False) -> InputParam:

@@ -17,6 +17,7 @@ from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
 import blocks.flux
 import blocks.flux2
+import blocks.qwenimage
 import blocks.sd3
 import blocks.stable_diffusion
 import blocks.stable_diffusion_xl
@@ -38,6 +39,7 @@ FAMILIES = (
     blocks.z_image,
     blocks.flux2,
     blocks.sd3,
+    blocks.qwenimage,
 )
 for _family in FAMILIES:
     modular.register_family(_family.FAMILY)

@@ -10,6 +10,7 @@ import torch
 
 import blocks.flux as flux
 import blocks.flux2 as flux2
+import blocks.qwenimage as qwenimage
 import blocks.sd3 as sd3
 import blocks.stable_diffusion as sd
 import blocks.stable_diffusion_xl as sdxl
@@ -26,6 +27,7 @@ FAMILIES = {
     "z_image": (z_image, z_image.ZImageAutoBlocks, {}),
     "flux2": (flux2, flux2.Flux2AutoBlocks, {}),
     "sd3": (sd3, sd3.StableDiffusion3AutoBlocks, {}),
+    "qwenimage": (qwenimage, qwenimage.QwenImageAutoBlocks, {}),
 }
 SHARED = ["sd", "sdxl", "flux", "z_image", "sd3"]  # the families the shared rules are run on
 # The check steps' names, the image side in pixels, the text-to-image size rule (8 for SD and SDXL, as
@@ -38,7 +40,7 @@ INFO = {
     "z_image": {"t2i": "ZImageCheckInputsStep", "i2i": "ZImageImg2ImgCheckInputsStep"},
     "sd3": {"t2i": "StableDiffusion3CheckInputsStep", "i2i": "StableDiffusion3Img2ImgCheckInputsStep"},
 }
-SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "sd3": 32}
+SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "sd3": 32, "qwenimage": 32}
 for _family, _values in {
     "sd": (8, 4),
     "sdxl": (8, 4),
@@ -425,6 +427,20 @@ OTHER_RULES = {
         "pass a positive number of denoising steps\n  - image[1] (32x32) must be at least 64 pixels a side; "
         "pass a larger image",
     ),
+    "qwenimage_latents_shape": (
+        "qwenimage",
+        {"latents": torch.zeros(1, 16, 4), "height": 32, "width": 32},
+        ValueError,
+        "QwenImageCheckInputsStep: latents (shape (1, 16, 4)) must have shape (1, 4, 16) for a batch of 1 "
+        "(prompts x num_images_per_prompt) at 32x32 pixels; pass latents of that shape, or none",
+    ),
+    "qwenimage_mask_shape": (
+        "qwenimage",
+        {"prompt": None, "prompt_embeds": torch.zeros(2, 5, 16), "prompt_embeds_mask": torch.ones(2, 4)},
+        ValueError,
+        "QwenImageCheckInputsStep: prompt_embeds_mask (shape (2, 4)) must have prompt_embeds's batch and length "
+        "(2, 5)",
+    ),
 }
 
 
@@ -436,7 +452,7 @@ def test_family_rules_refuse_before_any_model_runs(pipes, case):
     assert_refused(pipes(kind), kwargs, error, message)
 
 
-@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2", "sd3"])
+@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2", "sd3", "qwenimage"])
 def test_a_good_call_runs_every_model(pipes, kind):
     """The recorder sees the text encoder, the denoiser and the VAE of a good call (so zero means none ran)."""
     pipe = pipes(kind)
@@ -460,6 +476,8 @@ ALL_BLOCKS = [
     z_image.ZImageAutoBlocks,
     flux2.Flux2AutoBlocks,
     sd3.StableDiffusion3AutoBlocks,
+    qwenimage.QwenImageAutoBlocks,
+    qwenimage.QwenImageEditAutoBlocks,
 ]
 
 

@@ -1,4 +1,5 @@
-"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image, Flux.2 and SD3.
+"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image, Flux.2, SD3 and
+Qwen-Image.
 
 peer -> ours: the peer's pipeline on a tiny classic repo loads and saves; ours reads that folder, picks
 our family's blocks, takes every spec from the index, loads, and equals the classic pipeline.
@@ -20,6 +21,7 @@ from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
 import blocks.flux
 import blocks.flux2
+import blocks.qwenimage
 import blocks.sd3
 import blocks.stable_diffusion_xl
 import blocks.z_image
@@ -30,6 +32,7 @@ from ..modular.saved import saved_index
 from .flux.conftest import classic_from as flux_classic
 from .flux2.conftest import KLEIN
 from .flux2.conftest import classic_from as flux2_classic
+from .qwenimage.conftest import classic_from as qwenimage_classic
 from .sd3.conftest import classic_from as sd3_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
 from .z_image.conftest import classic_from as zimage_classic
@@ -115,6 +118,15 @@ def _check_sd3(pipe, peer, inputs):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
 
 
+def _check_qwen_image(pipe, peer, inputs):
+    """Qwen-Image: with a negative prompt (true CFG on in both) the peer's images equal ours bit for bit (as
+    tensors: the peer's decode step takes no output_type "latent")."""
+    inputs = {**inputs, "output_type": "pt"}
+    theirs = peer(generator=_generator(), output="images", **inputs)
+    ours = pipe(generator=_generator(), output="images", **inputs)
+    assert torch.equal(ours, theirs)
+
+
 @attrs.frozen
 class Case:
     family: modular.BlockFamily
@@ -137,6 +149,12 @@ CASES = {
         blocks.flux2.make_tiny_klein_repo,
     ),
     "sd3": Case(blocks.sd3.FAMILY, sd3_classic, {}, _check_sd3),
+    "qwenimage": Case(
+        blocks.qwenimage.FAMILY,
+        qwenimage_classic,
+        {"height": 32, "width": 32, "negative_prompt": "blurry"},
+        _check_qwen_image,
+    ),
 }
 for _case in CASES.values():
     modular.register_family(_case.family)

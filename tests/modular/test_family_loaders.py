@@ -4,6 +4,7 @@ import pytest
 from diffusers.loaders import (
     Flux2LoraLoaderMixin,
     FluxIPAdapterMixin,
+    QwenImageLoraLoaderMixin,
     SD3LoraLoaderMixin,
     StableDiffusionLoraLoaderMixin,
     ZImageLoraLoaderMixin,
@@ -11,6 +12,7 @@ from diffusers.loaders import (
 
 import blocks.flux
 import blocks.flux2
+import blocks.qwenimage
 import blocks.sd3
 import blocks.stable_diffusion
 import blocks.z_image
@@ -24,6 +26,7 @@ def test_the_families_loaders_resolve_to_diffusers_classes():
     assert blocks.z_image.FAMILY.loader("ip_adapter") is None
     assert blocks.flux2.FAMILY.loader("lora") is Flux2LoraLoaderMixin
     assert blocks.sd3.FAMILY.loader("lora") is SD3LoraLoaderMixin
+    assert blocks.qwenimage.FAMILY.loader("lora") is QwenImageLoraLoaderMixin
 
 
 def test_a_class_is_returned_as_it_is():

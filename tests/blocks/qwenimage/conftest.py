@@ -8,7 +8,12 @@ module at each call); test_edit_parity_at_the_real_area runs the real area once.
 
 import pytest
 import torch
-from diffusers import QwenImageEditPipeline, QwenImagePipeline
+from diffusers import (
+    QwenImageEditPipeline,
+    QwenImageImg2ImgPipeline,
+    QwenImageInpaintPipeline,
+    QwenImagePipeline,
+)
 from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit
 
 import modular
@@ -33,7 +38,11 @@ EDIT_AREA_SIDE = 64  # the edit's working image in the tests: 64 x 64 pixels, 16
 QWEN_IMAGE = ParityHarness(
     blocks_class=QwenImageAutoBlocks,
     make_tiny_repo=make_tiny_repo,
-    classic={"text2image": QwenImagePipeline},
+    classic={
+        "text2image": QwenImagePipeline,
+        "image2image": QwenImageImg2ImgPipeline,
+        "inpainting": QwenImageInpaintPipeline,
+    },
     components=("transformer", "vae", "text_encoder", "tokenizer", "scheduler"),
 )
 QWEN_IMAGE_EDIT = ParityHarness(
@@ -82,3 +91,8 @@ def small_edit_area(monkeypatch):
 def make_image(seed=0, size=SIZE, height=None):
     """A random RGB PIL image, the same for the same seed."""
     return helpers.make_image(seed, size, height)
+
+
+def make_mask(size=SIZE):
+    """A black mask with a white (repainted) square in the middle."""
+    return helpers.make_mask(size)

@@ -1,5 +1,7 @@
 """The Qwen-Image family: workflows, registration, loading, and bad input on both pipelines."""
 
+import json
+
 import pytest
 import torch
 
@@ -13,29 +15,51 @@ from blocks.qwenimage import (
 from modular import InputTypeError, ModularPipeline
 
 from .. import helpers
-from ..helpers import STEPS
-from .conftest import COMPONENTS, SIZE, make_image
+from ..helpers import STEPS, workflow_steps
+from .conftest import COMPONENTS, SIZE, make_image, make_mask
 
 # Edit reads text through the processor: the edit repo's tokenizer folder is not one of its components.
 EDIT_COMPONENTS = ("transformer", "vae", "text_encoder", "processor", "scheduler")
 
 
 def test_workflows_select_the_expected_blocks():
-    """Text-to-image runs its six stages; edit adds the resize and VAE encoder steps."""
-    prepare = ["prepare_latents", "set_timesteps"]
-    helpers.assert_workflows(
-        QwenImageAutoBlocks(),
-        {"text2image": ["check_inputs", "text_encoder", "input", *prepare, "denoise", "decode"]},
-        {"text2image": {"prompt": "a cat"}},
-    )
-    edit = ["check_inputs", "resize", "text_encoder", "input", "vae_encoder", *prepare, "denoise", "decode"]
+    """Each workflow runs the check, encoders, preparation and loop of its task; edit adds the resize step."""
+    img2img = ["set_timesteps", "prepare_latents"]
+    expected = {
+        "text2image": workflow_steps("check_inputs", prepare=("prepare_latents", "set_timesteps")),
+        "image2image": workflow_steps("img2img_check_inputs", ["img2img_vae_encoder"], prepare=img2img),
+        "inpainting": workflow_steps(
+            "inpaint_check_inputs", ["vae_encoder", "mask"], prepare=img2img, denoise="inpaint_denoise"
+        ),
+    }
+    chosen = {
+        "image2image": {"prompt": "a cat", "image": make_image()},
+        "inpainting": {"prompt": "a cat", "image": make_image(), "mask_image": make_image()},
+    }
+    helpers.assert_workflows(QwenImageAutoBlocks(), expected, chosen)
+    edit = [
+        "check_inputs",
+        "resize",
+        "text_encoder",
+        "input",
+        "vae_encoder",
+        "prepare_latents",
+        "set_timesteps",
+    ]
+    edit += ["denoise", "decode"]
     helpers.assert_workflows(QwenImageEditAutoBlocks(), {"edit": edit}, {"edit": {"prompt": "a", "image": 1}})
 
 
 def test_family_is_registered():
-    """FAMILY is known by name, serves both classic classes, and knows the edit blocks as a variant."""
+    """FAMILY is known by name, serves the four classic classes, and knows the edit blocks as a variant."""
     helpers.assert_family(FAMILY, "qwen-image", QwenImageAutoBlocks, make_tiny_repo)
-    assert set(FAMILY.classic_pipelines) == {"QwenImagePipeline", "QwenImageEditPipeline"}
+    classic = {
+        "QwenImagePipeline",
+        "QwenImageImg2ImgPipeline",
+        "QwenImageInpaintPipeline",
+        "QwenImageEditPipeline",
+    }
+    assert set(FAMILY.classic_pipelines) == classic
     assert FAMILY.variants == (QwenImageEditAutoBlocks,)
 
 
@@ -56,6 +80,8 @@ def test_doc_lists_components_inputs_and_workflows():
         "the guider's own (4.0 for the default guider)",
         "max_sequence_length (int, default: 512)",
         "text2image: prompt",
+        "inpainting: mask_image, image, prompt",
+        "strength (float, default: 0.6)",
     )
     helpers.assert_doc_names(
         QwenImageEditAutoBlocks().doc, (*EDIT_COMPONENTS, "image_processor"), "edit: image, prompt"
@@ -123,6 +149,18 @@ BAD_CALLS = {
         "a list of generators needs one per image (got 3 for a batch of 1",
     ),
     "prompt_type": ({"prompt": 3}, InputTypeError, "input 'prompt' must be"),
+    **{
+        name: call
+        for name, call in helpers.common_bad_calls(
+            "QwenImage", image=make_image(), no_steps_strength=0.0
+        ).items()
+        if name not in ("output_type", "generators")  # as above, with this family's wording
+    },
+    "mask_count": (
+        {"prompt": ["a cat", "a dog"], "image": make_image(), "mask_image": [make_mask()] * 3},
+        ValueError,
+        "QwenImageInpaintCheckInputsStep: mask_image holds 3 images for a batch of 2",
+    ),
 }
 
 
@@ -175,3 +213,30 @@ def test_a_text2image_repo_saved_by_us_loads_back_with_its_blocks(qwen_pipe, tmp
         torch.from_numpy(helpers.reference(again, **kwargs)),
         torch.from_numpy(helpers.reference(qwen_pipe, **kwargs)),
     )
+
+
+def test_saved_indexes_name_the_peers_pipeline_class_per_blocks(qwen_pipe, qwen_edit_pipe, tmp_path):
+    """A saved index names the peer's pipeline class of its blocks: QwenImageModularPipeline for text-to-image,
+    QwenImageEditModularPipeline for edit, so diffusers' modular system builds the class its blocks need."""
+    for pipe, expected in (
+        (qwen_pipe, "QwenImageModularPipeline"),
+        (qwen_edit_pipe, "QwenImageEditModularPipeline"),
+    ):
+        folder = tmp_path / expected
+        pipe.save_pretrained(folder)
+        index = json.loads((folder / "modular_model_index.json").read_text())
+        assert (index["_class_name"], index["_blocks_class_name"]) == (expected, type(pipe.blocks).__name__)
+
+
+def test_one_step_with_a_terminal_shift_warns_of_nan(qwen_pipe, caplog):
+    """One step with the scheduler's shift_terminal stretches the one sigma by 0/0, in the classic pipeline too:
+    the check step warns and says to pass more steps; two steps do not warn."""
+    kwargs = {"prompt": "a cat", "height": SIZE, "width": SIZE, "output_type": "latent", "output": "images"}
+    with caplog.at_level("WARNING", logger="blocks.qwenimage.checks"):
+        latents = qwen_pipe(num_inference_steps=1, **kwargs)
+    assert torch.isnan(latents).all()
+    assert "shift_terminal (0.02) stretches the one sigma by 0/0" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="blocks.qwenimage.checks"):
+        assert not torch.isnan(qwen_pipe(num_inference_steps=2, **kwargs)).any()
+    assert "shift_terminal" not in caplog.text

@@ -1,4 +1,4 @@
-"""Step callbacks on both Qwen-Image workflows: the classic pipelines' tensors (packed latents, prompt_embeds) in
+"""Step callbacks on every Qwen-Image workflow: the classic pipelines' tensors (packed latents, prompt_embeds) in
 their layout, replacements taken back, and the interrupt flag, bit for bit equal to the classic pipelines given
 the same callback."""
 
@@ -7,18 +7,31 @@ import torch
 
 from ..callback_recording import CLASSIC, OURS, RecordingCallback, assert_same_calls
 from ..helpers import assert_identical, seeded
-from .conftest import SIZE, classic_from, edit_classic_from, make_image, run_both, run_both_edit
+from .conftest import SIZE, classic_from, edit_classic_from, make_image, make_mask, run_both, run_both_edit
 
 STEPS = 3  # so that a change at step 1 has a step before and after it
 NAMES = ["latents", "prompt_embeds"]  # QwenImagePipeline._callback_tensor_inputs, and the edit pipeline's
 BASE = {"prompt": "a cat", "negative_prompt": "blurry", "num_inference_steps": STEPS}
 
 
-@pytest.fixture(params=["text2image", "edit"])
+IMAGE_INPUTS = {
+    "text2image": {"height": SIZE, "width": SIZE},
+    "image2image": {"image": make_image(), "strength": 1.0, "height": SIZE, "width": SIZE},
+    "inpainting": {
+        "image": make_image(),
+        "mask_image": make_mask(),
+        "strength": 1.0,
+        "height": SIZE,
+        "width": SIZE,
+    },
+}
+
+
+@pytest.fixture(params=[*IMAGE_INPUTS, "edit"])
 def workflow(request, qwen_pipe, qwen_edit_pipe):
     """Each workflow: (its name, our pipeline, its run_both, its own inputs, its classic_from)."""
-    if request.param == "text2image":
-        return "text2image", qwen_pipe, run_both, {"height": SIZE, "width": SIZE}, classic_from
+    if request.param in IMAGE_INPUTS:
+        return request.param, qwen_pipe, run_both, IMAGE_INPUTS[request.param], classic_from
     request.getfixturevalue("small_edit_area")
     return "edit", qwen_edit_pipe, run_both_edit, {"image": make_image()}, edit_classic_from
 

@@ -2,14 +2,22 @@
 
 The default guider (ClassifierFreeGuidance, scale 4.0, the Imagen formulation neg + scale * (pos - neg)) keeps
 the classic parity suite bit for bit (test_qwenimage_parity.py). Here: the default itself, swapping it, the
-norm rescale, and guiders that perturb the transformer (PAG).
+norm rescale, and guiders that perturb the transformer (PAG, skip-layer guidance) against diffusers' own modular
+Qwen-Image pipeline: both run one pass per condition, so they agree bit for bit.
 """
 
 import logging
 
 import pytest
 import torch
-from diffusers.guiders import ClassifierFreeGuidance, LTX2Guidance, PerturbedAttentionGuidance
+from diffusers.guiders import (
+    ClassifierFreeGuidance,
+    LTX2Guidance,
+    PerturbedAttentionGuidance,
+    SkipLayerGuidance,
+)
+from diffusers.hooks import LayerSkipConfig
+from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
 from ..helpers import STEPS, hooked_modules, seeded
 from .conftest import SIZE
@@ -66,21 +74,43 @@ def test_norm_rescale_off_gives_the_plain_guided_prediction(pipe):
     assert torch.equal(run(pipe, norm_rescale=False, **unguided), run(pipe, **unguided))
 
 
-def test_pag_perturbs_the_transformer_and_leaves_no_hooks(pipe):
-    """PerturbedAttentionGuidance runs one pass per condition with its hooks on the transformer's first block:
-    a result other than plain CFG's, and the hooks are off the transformer afterwards."""
-    plain = run(pipe)
-    pipe.update_components(
-        guider=PerturbedAttentionGuidance(
-            guidance_scale=4.0,
-            perturbed_guidance_scale=2.0,
-            perturbed_guidance_start=-1.0,
-            perturbed_guidance_stop=1.0,
-            perturbed_guidance_layers=[0],
-        )
+def _pag():
+    return PerturbedAttentionGuidance(
+        guidance_scale=4.0,
+        perturbed_guidance_scale=2.0,
+        perturbed_guidance_start=-1.0,
+        perturbed_guidance_stop=1.0,
+        perturbed_guidance_layers=[0],
     )
-    ours = run(pipe)
-    assert (ours - plain).abs().max() > 1e-3
+
+
+def _slg():
+    config = LayerSkipConfig(
+        indices=[0], fqn="transformer_blocks", skip_attention=False, skip_attention_scores=True, skip_ff=False
+    )
+    return SkipLayerGuidance(
+        guidance_scale=4.0,
+        skip_layer_guidance_scale=2.0,
+        skip_layer_guidance_start=0.0,
+        skip_layer_guidance_stop=1.0,
+        skip_layer_config=config,
+    )
+
+
+@pytest.mark.parametrize("make", [_pag, _slg], ids=["pag", "slg"])
+def test_guiders_that_perturb_the_transformer_equal_the_peers_pipeline(pipe, qwen_repo, make):
+    """PAG and skip-layer guidance: one pass per condition with the guider's hooks, bit for bit diffusers' modular
+    Qwen-Image on the same components; another result than plain CFG's, and no hooks left on the transformer."""
+    plain = run(pipe)
+    peer = PeerPipeline.from_pretrained(str(qwen_repo))
+    names = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+    peer.update_components(guider=make(), **{name: getattr(pipe, name) for name in names})
+    peer.set_progress_bar_config(disable=True)
+    theirs = peer(generator=seeded(0), output="images", output_type="pt", num_inference_steps=STEPS, **INPUTS)
+    pipe.update_components(guider=make())
+    ours = pipe(generator=seeded(0), output="images", output_type="pt", num_inference_steps=STEPS, **INPUTS)
+    assert torch.equal(ours, theirs)
+    assert (run(pipe) - plain).abs().max() > 1e-3
     assert hooked_modules(pipe.transformer) == []
 
 

@@ -5,6 +5,7 @@ from diffusers import QwenImagePipeline
 
 from blocks.qwenimage import FAMILY
 
+from ..helpers import assert_identical, seeded
 from ..lora_helpers import (
     CASES,
     DENOISER_TARGETS,
@@ -14,7 +15,7 @@ from ..lora_helpers import (
     loras_fixture,
     text2image_inputs,
 )
-from .conftest import QWEN_IMAGE, SIZE
+from .conftest import QWEN_IMAGE, SIZE, edit_classic_from, load_edit_pipeline, make_image
 
 INPUTS = text2image_inputs(height=SIZE, width=SIZE, negative_prompt="blurry")
 
@@ -43,3 +44,23 @@ def test_a_lora_scale_matches_the_classic_pipeline(qwen_repo, loras, scale):
     """attention_kwargs={"scale": s} scales the transformer's LoRA: the classic images, and the layers' scales
     are as before after the call."""
     assert_scale_matches_classic(QWEN_IMAGE, qwen_repo, loras[0], "attention_kwargs", scale, INPUTS)
+
+
+def test_a_lora_on_the_edit_pipeline_matches_the_classic(qwen_edit_repo, loras, small_edit_area):
+    """The same LoRA file loaded into our edit pipeline and into QwenImageEditPipeline (each on its own load of the
+    edit repo, whose transformer is the text-to-image repo's) gives the same edited images, other than without it."""
+    ours = load_edit_pipeline(qwen_edit_repo)
+    classic = edit_classic_from(load_edit_pipeline(qwen_edit_repo), "edit")
+    inputs = {
+        "image": make_image(),
+        "prompt": "make it red",
+        "negative_prompt": "blurry",
+        "output_type": "np",
+    }
+    inputs["num_inference_steps"] = 2
+    before = ours(generator=seeded(0), output="images", **inputs)
+    for pipe in (ours, classic):
+        pipe.load_lora_weights(loras[0], adapter_name="a")
+    mine = ours(generator=seeded(0), output="images", **inputs)
+    assert_identical(mine, classic(generator=seeded(0), **inputs).images)
+    assert not (mine == before).all()

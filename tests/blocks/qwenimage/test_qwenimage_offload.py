@@ -5,11 +5,11 @@ import torch
 from modular import ComponentsManager
 from offload import SimulatedDevice, module_nbytes
 
-from .conftest import QWEN_IMAGE, SIZE, load_edit_pipeline, make_image
+from .conftest import QWEN_IMAGE, SIZE, load_edit_pipeline, make_image, make_mask
 
 
 def _run(pipe, **extra):
-    size = {} if "image" in extra else {"height": SIZE, "width": SIZE}
+    size = {} if "image" in extra else {"height": SIZE, "width": SIZE}  # edit sizes from its image
     return pipe(
         prompt="a cat",
         negative_prompt="blurry",
@@ -31,28 +31,33 @@ def _pipelines(repo, edit_repo, cm):
 
 
 def test_the_plan_lists_models_in_order_of_use(qwen_repo, qwen_edit_repo, monkeypatch, small_edit_area):
-    """Text-to-image uses text encoder, transformer, VAE; edit encodes the image with the VAE before denoising."""
+    """Text-to-image uses text encoder, transformer, VAE; image-to-image and edit encode the image with the VAE
+    before denoising."""
     cm = ComponentsManager()
     pipe, edit = _pipelines(qwen_repo, qwen_edit_repo, cm)
     seen = []
     monkeypatch.setattr(cm, "set_execution_plan", lambda objs: seen.append(list(objs)))
     _run(pipe)
+    _run(pipe, image=make_image(), height=SIZE, width=SIZE)
     _run(edit, image=make_image())
     assert seen[0] == [pipe.text_encoder, pipe.transformer, pipe.vae]
-    assert seen[1] == [edit.text_encoder, edit.vae, edit.transformer, edit.vae]
+    assert seen[1] == [pipe.text_encoder, pipe.vae, pipe.transformer, pipe.vae]
+    assert seen[2] == [edit.text_encoder, edit.vae, edit.transformer, edit.vae]
 
 
 def test_offloaded_runs_equal_plain_runs(qwen_repo, qwen_edit_repo, small_edit_area):
-    """With a device budget that forces evictions, both workflows give bit-equal outputs."""
+    """With a device budget that forces evictions, text-to-image, edit and inpainting give bit-equal outputs."""
     cm = ComponentsManager()
     pipe, edit = _pipelines(qwen_repo, qwen_edit_repo, cm)
-    expected = [_run(pipe), _run(edit, image=make_image())]
+    inpaint = {"image": make_image(), "mask_image": make_mask(), "height": SIZE, "width": SIZE}
+    expected = [_run(pipe), _run(edit, image=make_image()), _run(pipe, **inpaint)]
     # Room for the largest model and a little: every switch to another model evicts.
     budget = max(module_nbytes(m) for m in (pipe.transformer, pipe.vae, pipe.text_encoder)) + 1024
     cm.enable_auto_cpu_offload(device=SimulatedDevice(budget), memory_reserve_margin=0)
     try:
         assert _run(pipe).tobytes() == expected[0].tobytes()
         assert _run(edit, image=make_image()).tobytes() == expected[1].tobytes()
+        assert _run(pipe, **inpaint).tobytes() == expected[2].tobytes()
         assert any(entry.evicted for entry in cm.offload_log)
     finally:
         cm.disable_auto_cpu_offload()
