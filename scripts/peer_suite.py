@@ -311,7 +311,7 @@ def extract_definitions(source: str, names: Iterable[str]) -> str:
     """A module of ``source``'s absolute imports (each allowed to fail) and the top-level definitions of
     ``names``, with the top-level definitions they use."""
     tree = ast.parse(source)
-    defined = {}
+    defined: dict[str, ast.stmt] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined[node.name] = node
@@ -522,11 +522,19 @@ def build_tree(
 
 
 def make_repos(families: Sequence[PeerFamily], folder: Path) -> dict[str, str]:
-    """Our tiny repo of each family, written under ``folder``."""
+    """A modular repo per family, written under ``folder``: like the hub's ``tiny-*-modular`` test repos, a
+    ``modular_model_index.json`` alone whose entries name another repo, here our family's tiny repo."""
+    import modular
+
     repos = {}
     for family in families:
         module = importlib.import_module(family.package)
-        repos[family.name] = str(module.FAMILY.make_tiny_repo(folder / family.name))
+        tiny = module.FAMILY.make_tiny_repo(folder / family.name)
+        index_only = folder / f"{family.name}-modular"
+        modular.ModularPipeline.from_pretrained(tiny).save_pretrained(
+            index_only, overwrite_modular_index=False
+        )
+        repos[family.name] = str(index_only)
     return repos
 
 
