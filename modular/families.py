@@ -58,6 +58,9 @@ class BlockFamily:
         peer_pipeline_class: The pipeline class diffusers' modular system builds for this family
             (``"FluxModularPipeline"``). Saved indexes name it as ``_class_name``, so the peer builds
             the class that carries what its own blocks need and can run what we save.
+        peer_pipeline_classes: Per blocks class name, the peer's pipeline class where the family's blocks
+            classes map to different ones (Wan: ``{"Wan22Blocks": "Wan22ModularPipeline", ...}``); a blocks
+            class not named here gets ``peer_pipeline_class``.
         demo: ``demo(folder) -> modular.batch.jobs.Demo``: the family's built-in scenario, its repos written
             under ``folder``; ``modular run`` without a repo runs the first family's that has one. A
             function or its path.
@@ -82,6 +85,7 @@ class BlockFamily:
     _variants: tuple[type | str, ...] = attrs.field(default=(), converter=_types, alias="variants")
     choose_blocks: Callable[[Mapping[str, Any]], type] | None = None
     peer_pipeline_class: str = "ModularPipeline"
+    peer_pipeline_classes: Mapping[str, str] = attrs.field(factory=dict, converter=_inputs)
     _demo: Callable[[Path], Any] | str | None = attrs.field(default=None, alias="demo")
     lora_loader: type | str | None = None
     ip_adapter_loader: type | str | None = None
@@ -101,6 +105,11 @@ class BlockFamily:
             msg = f"family {self.name!r}: {what} {value!r} names no {'class' if want_class else 'function'}"
             raise TypeError(msg)
         return found
+
+    def peer_pipeline_class_for(self, blocks_class_name: str) -> str:
+        """The peer's pipeline class for one of the family's blocks classes (``peer_pipeline_classes``, else
+        ``peer_pipeline_class``)."""
+        return self.peer_pipeline_classes.get(blocks_class_name, self.peer_pipeline_class)
 
     def loader(self, kind: Literal["lora", "ip_adapter"]) -> type | None:
         """The family's ``lora_loader`` or ``ip_adapter_loader`` class, imported if given by its path."""

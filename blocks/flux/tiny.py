@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from blocks.common.tiny import (
-    TINY_WORDS,
     make_tiny_clip_tokenizer,
+    make_tiny_t5_tokenizer,
     tiny_clip_config,
+    tiny_t5,
     tiny_vae,
     write_variant_weights,
 )
@@ -29,7 +30,6 @@ from blocks.common.tiny_ip_adapter import IPAttentionLayer, write_tiny_ip_adapte
 __all__ = ["make_tiny_ip_adapter", "make_tiny_repo", "make_tiny_t5_tokenizer"]
 
 LATENT_CHANNELS = 4
-_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
 
 # The scheduler config FLUX.1-dev ships: resolution-dependent shift (mu) from the image sequence length.
 _SCHEDULER_CONFIG = {
@@ -43,29 +43,6 @@ _SCHEDULER_CONFIG = {
 }
 
 _MODEL_FOLDERS = ("transformer", "vae", "text_encoder", "text_encoder_2")
-
-
-def make_tiny_t5_tokenizer(folder: str | Path):
-    """Write a small Unigram T5 tokenizer (whole words, single characters, specials) into `folder`.
-
-    Args:
-        folder: where ``tokenizer.json`` and ``tokenizer_config.json`` go (created if missing).
-
-    Returns:
-        The ``transformers.T5Tokenizer`` (tokenizers-backed, the fast one) read back from the files.
-    """
-    from transformers import T5Tokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Ids 0-2 are pad, eos and unk as in T5; whole words score above single characters.
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    # The T5 tokenizer knows the CLIP one's whole words.
-    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(TINY_WORDS)]
-    vocab += [("\u2581", -5.0)] + [(char, -8.0) for char in _CHARS]
-    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=512)
-    tokenizer.save_pretrained(folder)
-    return T5Tokenizer.from_pretrained(folder)
 
 
 def _vae(
@@ -85,25 +62,6 @@ def _vae(
         use_post_quant_conv=False,
         shift_factor=0.0609,
         scaling_factor=1.5035,
-    )
-
-
-def _t5(d_model: int, d_kv: int, d_ff: int, num_layers: int, num_heads: int):
-    """A T5 encoder over the tiny T5 tokenizer's 64 ids."""
-    from transformers import T5Config, T5EncoderModel
-
-    return T5EncoderModel(
-        T5Config(
-            vocab_size=64,
-            d_model=d_model,
-            d_kv=d_kv,
-            d_ff=d_ff,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            relative_attention_num_buckets=8,
-            pad_token_id=0,
-            eos_token_id=1,
-        )
     )
 
 
@@ -144,7 +102,7 @@ def _tiny_models(control: bool, seed: int, latent_channels: int = LATENT_CHANNEL
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(tiny_clip_config())
     torch.manual_seed(seed + 3)
-    text_encoder_2 = _t5(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)
+    text_encoder_2 = tiny_t5(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)
     return {
         "transformer": transformer.eval(),
         "vae": vae.eval(),
@@ -239,7 +197,7 @@ def _seed_scale_shared_models(seed: int) -> dict[str, Any]:
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(tiny_clip_config(num_hidden_layers=4))
     torch.manual_seed(seed + 3)
-    text_encoder_2 = _t5(d_model=128, d_kv=16, d_ff=2000, num_layers=4, num_heads=8)
+    text_encoder_2 = tiny_t5(d_model=128, d_kv=16, d_ff=2000, num_layers=4, num_heads=8)
     return {
         "vae": vae.eval(),
         "text_encoder": text_encoder.eval(),

@@ -111,7 +111,8 @@ class JobResult:
     Attributes:
         job: The job.
         pipeline: Its pipeline (components loaded).
-        images: The output, ``[N, H, W, 3]`` float32 in [0, 1].
+        images: The output, ``[N, H, W, 3]`` float32 in [0, 1]; a video family's (one that outputs ``videos``)
+            ``[N, frames, H, W, 3]``.
         derived: The inputs ``job.derive`` made.
         loaded: Component names this job loaded; ``reused``: those the manager held already.
         started, finished: ``time.perf_counter()`` around the pipeline call (loading is before it).
@@ -285,6 +286,9 @@ def check_job_inputs(pipe: ModularPipeline, job: Job, input_flags: Mapping[str, 
         raise MissingInputError(msg)
 
 
+VIDEOS = "videos"  # the output of a video family's blocks, [N, frames, H, W, 3] as numpy
+
+
 def call_job(
     pipe: ModularPipeline,
     job: Job,
@@ -295,13 +299,14 @@ def call_job(
     """Call ``pipe`` with the job's inputs (and ``extra``), a CPU generator seeded with ``job.seed`` and
     numpy output, watching ``cancel`` when one is given (and the other watching keywords of ``pipe(...)`` in
     ``watch``: ``on_progress``, ``preview_every``, ``on_preview``...); returns the images, ``[N, H, W, 3]``
-    float32 in [0, 1]."""
+    float32 in [0, 1], or for blocks that output ``videos`` (Wan) the videos, ``[N, frames, H, W, 3]``."""
     inputs = {**job.inputs, **(extra or {})}
     if job.seed is not None:
         inputs["generator"] = torch.Generator("cpu").manual_seed(job.seed)
     if "output_type" in known_inputs(pipe.blocks):
         inputs["output_type"] = "np"
-    return _as_array(pipe(output="images", cancel=cancel, **watch, **inputs))
+    output = VIDEOS if VIDEOS in pipe.blocks.intermediate_output_names else "images"
+    return _as_array(pipe(output=output, cancel=cancel, **watch, **inputs))
 
 
 def _as_array(images: Any) -> np.ndarray:

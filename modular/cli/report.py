@@ -14,6 +14,7 @@ import numpy as np
 import PIL.Image
 
 from modular.batch.jobs import JobResult
+from modular.batch.video import VIDEO_SUFFIX, export_video
 from modular.cli.memory_plot import Band, matplotlib_available, plot_memory
 from offload.devices.units import KiB, column_unit, format_in
 from offload.engine.replay import ReplayResult, UseRecorder, replay
@@ -143,8 +144,8 @@ def _png(array: np.ndarray) -> PIL.Image.Image:
 
 
 def save_job(result: JobResult, folder: Path, prefix: str, overwrite: bool = False) -> list[Path]:
-    """Save the job's images (``<prefix>-seed<seed>-<n>.png``) and the images it derived
-    (``<job>-<input>.png``, ``control_image`` as ``control``); returns the paths.
+    """Save the job's images (``<prefix>-seed<seed>-<n>.png``; a video as ``<prefix>-seed<seed>-<n>.mp4``) and the
+    images it derived (``<job>-<input>.png``, ``control_image`` as ``control``); returns the paths.
 
     A file of that name is kept unless ``overwrite``: the new one is numbered (``...-run2.png``).
     """
@@ -152,8 +153,12 @@ def save_job(result: JobResult, folder: Path, prefix: str, overwrite: bool = Fal
     seed = result.job.seed
     paths = []
     for number, array in enumerate(result.images):
-        path = _free(folder / f"{prefix}-seed{seed}-{number}.png", overwrite)
-        _png(array).save(path)
+        if array.ndim == 4:  # frames [F, H, W, 3]
+            path = _free(folder / f"{prefix}-seed{seed}-{number}{VIDEO_SUFFIX}", overwrite)
+            export_video(np.clip(array, 0.0, 1.0), path)
+        else:
+            path = _free(folder / f"{prefix}-seed{seed}-{number}.png", overwrite)
+            _png(array).save(path)
         paths.append(path)
     for name, value in result.derived.items():
         if isinstance(value, PIL.Image.Image):

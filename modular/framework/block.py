@@ -51,6 +51,10 @@ class ModularPipelineBlocks:
     """
 
     model_name: str | None = None
+    #: Components this block runs without when the repo has none (its index lists them as ``[null, null]``,
+    #: ``ModularPipeline.absent_component_names``): the plan leaves them out, and the block finds ``None``.
+    #: A component that is only not loaded yet is still an error.
+    optional_components: tuple[str, ...] = ()
     _workflow_map: dict[str, dict[str, Any]] | None = None
     #: Where a block loaded by :meth:`from_pretrained` came from (repo, revision, commit, content hash).
     source: BlockSource | None = None

@@ -182,14 +182,20 @@ def _short(value: Any) -> str:
 
 
 def plan_call(
-    blocks: ModularPipelineBlocks, given: Mapping[str, Any] | Iterable[str], components: Mapping[str, Any]
+    blocks: ModularPipelineBlocks,
+    given: Mapping[str, Any] | Iterable[str],
+    components: Mapping[str, Any],
+    absent: frozenset[str] = frozenset(),
 ) -> CallPlan:
-    """The plan for these input values (a mapping) or names; raises for missing inputs and unloaded components."""
+    """The plan for these input values (a mapping) or names; raises for missing inputs and unloaded components.
+
+    A component in `absent` (the repo has none) that a step lists in its ``optional_components`` is planned
+    without: it is not among the plan's uses, so offload never places it."""
     known = Known.of(given)
     steps = tuple(blocks.execution_steps(known))
     produced: set[str] = set()
     uses: list[str] = []
-    _check_steps(steps, known.given, produced, uses, components)
+    _check_steps(steps, known.given, produced, uses, components, absent)
     return CallPlan(steps, tuple(uses), frozenset(produced | known.given), known.needs_values)
 
 
@@ -199,6 +205,7 @@ def _check_steps(
     produced: set[str],
     uses: list[str],
     components: Mapping[str, Any],
+    absent: frozenset[str],
 ) -> None:
     for step in steps:
         block = step.block
@@ -212,6 +219,15 @@ def _check_steps(
                     raise MissingInputError(msg)
         produced.update(block.intermediate_output_names)
         for spec in step.uses:
+            if components.get(spec.name) is None and spec.name in absent:
+                if spec.name in block.optional_components:
+                    continue  # the repo has none, and the block runs without it
+                msg = (
+                    f"block {step.name!r} ({type(block).__name__}) needs component {spec.name!r}, which this "
+                    f"repo does not have (its index lists {spec.name!r} as [null, null]); give the pipeline one "
+                    f"with pipe.update_components({spec.name}=...), or use a repo that has it"
+                )
+                raise ComponentNotLoadedError(msg)
             if components.get(spec.name) is None:
                 msg = (
                     f"block {step.name!r} ({type(block).__name__}) needs component {spec.name!r}, which is not "
@@ -220,7 +236,7 @@ def _check_steps(
                 )
                 raise ComponentNotLoadedError(msg)
             uses.append(spec.name)
-        _check_steps(step.body, given, produced, uses, components)
+        _check_steps(step.body, given, produced, uses, components, absent)
 
 
 def check_output(output: Any, plan: CallPlan, given: Iterable[str] = ()) -> None:
@@ -271,14 +287,18 @@ class PlanCache:
         return plans.params
 
     def plan(
-        self, blocks: ModularPipelineBlocks, given: Mapping[str, Any], components: Mapping[str, Any]
+        self,
+        blocks: ModularPipelineBlocks,
+        given: Mapping[str, Any],
+        components: Mapping[str, Any],
+        absent: frozenset[str] = frozenset(),
     ) -> CallPlan:
         """The plan for the names given a value, made once per set of names (with the values when it needs them)."""
         plans = self._current()
         names = frozenset(name for name, value in given.items() if value is not None)
         plan = plans.by_names.get(names)
         if plan is None:
-            plan = plans.by_names[names] = plan_call(blocks, names, components)
+            plan = plans.by_names[names] = plan_call(blocks, names, components, absent)
         if plan.needs_values:
-            return plan_call(blocks, given, components)
+            return plan_call(blocks, given, components, absent)
         return plan

@@ -37,6 +37,7 @@ class ComponentMethods:
     _specs: dict[str, ComponentSpec]
     _config: dict[str, Any]
     _components: dict[str, Any]
+    _absent: set[str]
 
     @property
     def components(self) -> dict[str, Any]:
@@ -53,6 +54,12 @@ class ComponentMethods:
     @property
     def null_component_names(self) -> list[str]:
         return [name for name, obj in self._components.items() if obj is None]
+
+    @property
+    def absent_component_names(self) -> list[str]:
+        """Components the repo has none of (its index lists them as ``[null, null]``), until one is given: blocks
+        that run without them (``optional_components``) are planned without them."""
+        return [name for name in self._specs if name in self._absent]
 
     @property
     def pretrained_component_names(self) -> list[str]:
@@ -115,6 +122,7 @@ class ComponentMethods:
         for name, (spec, obj) in loaded.items():
             self._specs[name] = spec
             self._components[name] = obj
+            self._absent.discard(name)
         self._plans.forget()
 
     def update_components(self, **kwargs: Any) -> None:
@@ -133,6 +141,7 @@ class ComponentMethods:
                 continue
             if value is not None:
                 self._specs[name] = _spec_for(self._specs[name], value)
+                self._absent.discard(name)
             self._set_component(name, value)
         self._plans.forget()
 

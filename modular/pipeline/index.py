@@ -26,6 +26,7 @@ from modular.pipeline.index_checks import CLASSIC_INDEX, ENTRY_FIELDS, MODULAR_I
 
 __all__ = [
     "CLASSIC_INDEX",
+    "absent_components",
     "ENTRY_FIELDS",
     "MODULAR_INDEX",
     "check_index",
@@ -175,6 +176,27 @@ def specs_from_index(
             revision=revision if here else fields.get("revision"),
         )
     return specs, config
+
+
+def absent_components(kind: str, index: dict[str, Any]) -> list[str]:
+    """The components an index says the repo does not have: ``[null, null]`` entries (Wan 2.1's
+    ``transformer_2``, Wan 2.2's ``image_encoder``), and in a modular index ``[null, null, {...}]`` entries that
+    name no repo and no subfolder to load from."""
+    names = []
+    for name, value in index.items():
+        if (
+            name.startswith("_")
+            or not _is_component_entry(value)
+            or value[0] is not None
+            or value[1] is not None
+        ):
+            continue
+        fields = _loading_fields(value[2] if len(value) == 3 else None)
+        if kind == CLASSIC_INDEX or not (
+            fields.get("pretrained_model_name_or_path") or fields.get("subfolder")
+        ):
+            names.append(name)
+    return names
 
 
 def _loading_fields(fields: dict[str, Any] | None) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def index_dict(
 def _peer_pipeline_class_name(blocks_class_name: str) -> str:
     """The pipeline class diffusers' modular system should build for these blocks (the family says)."""
     family = family_of_blocks(blocks_class_name)
-    return family.peer_pipeline_class if family is not None else "ModularPipeline"
+    return family.peer_pipeline_class_for(blocks_class_name) if family is not None else "ModularPipeline"
 
 
 def _blocks_origin(pipe: ModularPipeline) -> tuple[str, str | None]:

@@ -66,6 +66,8 @@ class ParityHarness:
     classic: Mapping[str, type]  # workflow -> classic pipeline class
     components: tuple[str, ...]  # what the classic pipelines take from ours
     classic_options: Mapping[str, Any] = attrs.field(factory=dict)  # fixed classic keywords
+    output: str = "images"  # our output's name; the classic output's attribute is `classic_output`
+    classic_output: str = "images"
 
     def load_pipeline(self, repo, blocks_class=None):
         """Our pipeline on `repo`, every component loaded in float32, progress bars off."""
@@ -92,9 +94,9 @@ class ParityHarness:
             pipe if classic_on is None else classic_on, workflow, **(classic_config or {})
         )
         generator = {} if seed is None else {"generator": seeded(seed)}
-        theirs = classic(**generator, **copy.deepcopy(kwargs)).images
+        theirs = getattr(classic(**generator, **copy.deepcopy(kwargs)), self.classic_output)
         generator = {} if seed is None else {"generator": seeded(seed)}
-        ours = pipe(**generator, output="images", **copy.deepcopy(kwargs))
+        ours = pipe(**generator, output=self.output, **copy.deepcopy(kwargs))
         return ours, theirs
 
     def repo_fixture(self, folder, doc, **options):

@@ -29,7 +29,7 @@ def test_inspect_shows_blocks_and_components_without_loading(capsys):
 
 
 def test_run_works_for_every_installed_family(tmp_path):
-    """`modular run --family X` generates an image for each family registered by entry point."""
+    """`modular run --family X` generates an image (a video for Wan) for each family registered by entry point."""
     from modular import available_families
 
     for name, family in available_families().items():
@@ -37,7 +37,7 @@ def test_run_works_for_every_installed_family(tmp_path):
             continue
         out = tmp_path / name
         assert main(["run", "--family", name, "--out", str(out), "--quiet", "--steps", "1"]) == 0
-        assert len(list(out.glob("*.png"))) == 1, name
+        assert len([*out.glob("*.png"), *out.glob("*.mp4")]) == 1, name  # an image, or a video family's video
 
 
 def test_missing_repo_is_one_line_on_stderr_and_status_2(tmp_path, capsys):

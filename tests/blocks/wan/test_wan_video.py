@@ -1,0 +1,80 @@
+"""Videos out: mp4 files through diffusers' export_to_video, `modular run` on the tiny repo, and the clear errors
+when the video extra (ftfy, imageio, imageio-ffmpeg) is missing."""
+
+import importlib.util
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+
+from blocks.wan import export_video
+from blocks.wan.utils import clean_prompts
+from modular.cli.main import main
+
+from ..helpers import STEPS, seeded
+from .conftest import VIDEO
+
+
+def test_export_video_writes_the_frames_as_mp4(wan22_pipe, tmp_path):
+    """An 'np' video's frames, and the same video as PIL frames, each make an mp4 of 5 32x32 frames."""
+    videos = wan22_pipe(
+        prompt="a cat", generator=seeded(0), num_inference_steps=STEPS, output="videos", **VIDEO
+    )
+    path = export_video(videos[0], tmp_path / "cat.mp4")
+    assert path == tmp_path / "cat.mp4"
+    frames = iio.imread(path)
+    assert frames.shape == (5, 32, 32, 3)
+    pil = wan22_pipe(
+        prompt="a cat",
+        generator=seeded(0),
+        num_inference_steps=STEPS,
+        output="videos",
+        output_type="pil",
+        **VIDEO,
+    )
+    assert export_video(pil[0], tmp_path / "pil.mp4", fps=8).stat().st_size > 0
+
+
+def test_export_video_refuses_no_frames(tmp_path):
+    """An empty list of frames is refused, naming the file."""
+    with pytest.raises(ValueError, match="export_video: no frames to write to '.*empty.mp4'"):
+        export_video([], tmp_path / "empty.mp4")
+
+
+def _without(monkeypatch, missing):
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in missing else found(name, *a)
+    )
+
+
+def test_missing_imageio_says_to_install_the_video_extra(monkeypatch, tmp_path):
+    """Without imageio-ffmpeg the error names it and the extra to install; nothing is written."""
+    _without(monkeypatch, {"imageio_ffmpeg"})
+    with pytest.raises(ImportError) as error:
+        export_video(np.zeros((5, 32, 32, 3)), tmp_path / "v.mp4")
+    assert str(error.value) == (
+        'writing a video needs imageio_ffmpeg, which is not installed; install the video extra: pip install ".[video]"'
+    )
+    assert not (tmp_path / "v.mp4").exists()
+
+
+def test_missing_ftfy_says_to_install_the_video_extra(monkeypatch):
+    """Prompt cleaning without ftfy raises (the classic pipeline would skip its fixes silently)."""
+    _without(monkeypatch, {"ftfy"})
+    with pytest.raises(ImportError, match=r'needs the ftfy package.*pip install "\.\[video\]"'):
+        clean_prompts(["a cat"])
+
+
+def test_prompts_are_cleaned_as_the_classic_pipeline_cleans_them():
+    """HTML entities are unescaped and runs of whitespace collapsed."""
+    assert clean_prompts(["  a &amp; b\n\n c  "]) == ["a & b c"]
+
+
+def test_modular_run_writes_the_tiny_video(tmp_path, capsys):
+    """`modular run --family wan` makes the tiny repo's video and saves it as an mp4."""
+    out = tmp_path / "out"
+    assert main(["run", "--family", "wan", "--output", str(out), "--quiet", "--steps", "2"]) == 0
+    assert [path.name for path in out.iterdir()] == ["tiny-repo-seed0-0.mp4"]
+    assert f"saved {out / 'tiny-repo-seed0-0.mp4'}" in capsys.readouterr().out
+    assert iio.imread(out / "tiny-repo-seed0-0.mp4").shape == (5, 32, 32, 3)
