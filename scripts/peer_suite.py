@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import importlib
 import importlib.util
 import os
@@ -33,9 +34,10 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,6 +68,9 @@ class PeerFamily:
     package: str
     peer_folder: str
     names: Mapping[str, str] = field(default_factory=dict)
+    #: A peer test repo id -> (our tiny-repo builder's dotted path, its keywords), where the family's
+    #: ``FAMILY.make_tiny_repo`` with no keywords does not fit (another workflow's or model version's repo).
+    repos: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
 
 
 FAMILIES: tuple[PeerFamily, ...] = (
@@ -98,14 +103,15 @@ FAMILIES: tuple[PeerFamily, ...] = (
             "ZImageModularPipeline": "modular.ModularPipeline",
         },
     ),
-    # Families being added: fill in our names when they land (a family with no names is skipped).
+    # Added after the first three: our names filled in as each landed. A peer class left out (no counterpart
+    # here yet) is the peer's, and the test classes built on it are skipped, saying so.
     PeerFamily(
         "sd3",
         "blocks.sd3",
         "stable_diffusion_3",
         {
-            # "StableDiffusion3AutoBlocks": "blocks.sd3.",
-            # "StableDiffusion3ModularPipeline": "modular.ModularPipeline",
+            "StableDiffusion3AutoBlocks": "blocks.sd3.SD3AutoBlocks",
+            "StableDiffusion3ModularPipeline": "modular.ModularPipeline",
         },
     ),
     PeerFamily(
@@ -113,12 +119,12 @@ FAMILIES: tuple[PeerFamily, ...] = (
         "blocks.flux2",
         "flux2",
         {
-            # "Flux2AutoBlocks": "blocks.flux2.",
-            # "Flux2ModularPipeline": "modular.ModularPipeline",
-            # "Flux2KleinAutoBlocks": "blocks.flux2.",
-            # "Flux2KleinModularPipeline": "modular.ModularPipeline",
-            # "Flux2KleinBaseAutoBlocks": "blocks.flux2.",
-            # "Flux2KleinBaseModularPipeline": "modular.ModularPipeline",
+            "Flux2AutoBlocks": "blocks.flux2.Flux2AutoBlocks",
+            "Flux2ModularPipeline": "modular.ModularPipeline",
+            # "Flux2KleinAutoBlocks": no counterpart (Flux.2 Klein)
+            # "Flux2KleinModularPipeline": no counterpart
+            # "Flux2KleinBaseAutoBlocks": no counterpart
+            # "Flux2KleinBaseModularPipeline": no counterpart
         },
     ),
     PeerFamily(
@@ -126,12 +132,18 @@ FAMILIES: tuple[PeerFamily, ...] = (
         "blocks.qwenimage",
         "qwen",
         {
-            # "QwenImageAutoBlocks": "blocks.qwenimage.",
-            # "QwenImageModularPipeline": "modular.ModularPipeline",
-            # "QwenImageEditAutoBlocks": "blocks.qwenimage.",
-            # "QwenImageEditModularPipeline": "modular.ModularPipeline",
-            # "QwenImageEditPlusAutoBlocks": "blocks.qwenimage.",
-            # "QwenImageEditPlusModularPipeline": "modular.ModularPipeline",
+            "QwenImageAutoBlocks": "blocks.qwenimage.QwenImageAutoBlocks",
+            "QwenImageModularPipeline": "modular.ModularPipeline",
+            "QwenImageEditAutoBlocks": "blocks.qwenimage.QwenImageEditAutoBlocks",
+            "QwenImageEditModularPipeline": "modular.ModularPipeline",
+            # "QwenImageEditPlusAutoBlocks": no counterpart (Qwen-Image-Edit-Plus)
+            # "QwenImageEditPlusModularPipeline": no counterpart
+        },
+        repos={
+            "hf-internal-testing/tiny-qwenimage-edit-modular": (
+                "blocks.qwenimage.tiny.make_tiny_edit_repo",
+                {},
+            ),
         },
     ),
     PeerFamily(
@@ -139,8 +151,14 @@ FAMILIES: tuple[PeerFamily, ...] = (
         "blocks.wan",
         "wan",
         {
-            # "WanBlocks": "blocks.wan.",
-            # "WanModularPipeline": "modular.ModularPipeline",
+            "WanBlocks": "blocks.wan.WanBlocks",
+            "WanModularPipeline": "modular.ModularPipeline",
+        },
+        repos={
+            "hf-internal-testing/tiny-wan-modular-pipe": (
+                "blocks.wan.tiny.make_tiny_repo",
+                {"kind": "wan2.1"},
+            )
         },
     ),
 )
@@ -269,9 +287,10 @@ def rewrite_imports(source: str, names: Mapping[str, str]) -> Rewrite:
     return result
 
 
-def substitute_repos(source: str, repo: str) -> tuple[str, int]:
-    """Every class attribute ``pretrained_model_name_or_path = "<str>"`` set to ``repo``; and how many."""
-    spans = []
+def substitute_repos(source: str, repo_for: Callable[[str], str]) -> tuple[str, list[tuple[str, str]]]:
+    """Every class attribute ``pretrained_model_name_or_path = "<id>"`` set to ``repo_for(id)``; and the
+    (id, repo) pairs substituted."""
+    spans, done = [], []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.ClassDef):
             continue
@@ -284,11 +303,13 @@ def substitute_repos(source: str, repo: str) -> tuple[str, int]:
                 and isinstance(statement.value, ast.Constant)
                 and isinstance(statement.value.value, str)
             ):
+                repo = repo_for(statement.value.value)
+                done.append((statement.value.value, repo))
                 line = source.splitlines()[statement.lineno - 1]
                 indent = line[: statement.col_offset]
                 text = f"{indent}pretrained_model_name_or_path = {repo!r}\n"
                 spans.append((statement.lineno, statement.end_lineno or statement.lineno, text))
-    return _replace_lines(source, spans), len(spans)
+    return _replace_lines(source, spans), done
 
 
 def helper_imports(source: str, path: str) -> dict[str, set[str]]:
@@ -468,10 +489,10 @@ def write_file(folder: Path, path: str, text: str) -> None:
 
 
 def build_tree(
-    peer: PeerSource, folder: Path, families: Sequence[PeerFamily], repos: Mapping[str, str]
+    peer: PeerSource, folder: Path, families: Sequence[PeerFamily], repo_for: Callable[[PeerFamily, str], str]
 ) -> list[str]:
-    """Write the peer's shared test files and the families' folders under ``folder``, rewritten; returns
-    notes (names left to the peer, substitutions)."""
+    """Write the peer's shared test files and the families' folders under ``folder``, rewritten, each config's
+    repo id replaced by ``repo_for(family, id)``; returns notes (names left to the peer, substitutions)."""
     notes: list[str] = []
     shared = [*SHARED_FILES, *peer.listdir(SHARED_FOLDER)]
     if not any(p.endswith("/__init__.py") for p in shared if p.startswith(SHARED_FOLDER)):
@@ -493,14 +514,15 @@ def build_tree(
             text = peer.read(path) or ""
             if path.endswith(".py") and Path(path).name.startswith("test_"):
                 done = rewrite_imports(text, family.names)
-                text, count = substitute_repos(done.source, repos[family.name])
+                text, substituted = substitute_repos(done.source, functools.partial(repo_for, family))
                 for module, names in helper_imports(text, path).items():
                     helpers[module] |= names
                 if done.unmapped:
                     notes.append(
                         f"{family.name}: left to the peer in {path}: {', '.join(sorted(set(done.unmapped)))}"
                     )
-                notes.append(f"{family.name}: {count} pretrained_model_name_or_path -> {repos[family.name]}")
+                for repo_id, repo in sorted(set(substituted)):
+                    notes.append(f"{family.name}: {repo_id} -> {repo}")
             write_file(folder, path, text)
     for module, names in sorted(helpers.items()):
         if (folder / module).exists():
@@ -521,21 +543,33 @@ def build_tree(
     return notes
 
 
-def make_repos(families: Sequence[PeerFamily], folder: Path) -> dict[str, str]:
-    """A modular repo per family, written under ``folder``: like the hub's ``tiny-*-modular`` test repos, a
-    ``modular_model_index.json`` alone whose entries name another repo, here our family's tiny repo."""
-    import modular
+class TinyRepos:
+    """Our tiny repo for a peer test repo id, made on first use under ``folder``: like the hub's
+    ``tiny-*-modular`` test repos, a ``modular_model_index.json`` alone whose entries name another repo,
+    here the tiny repo that the family's ``repos`` entry for that id (or ``FAMILY.make_tiny_repo``) writes."""
 
-    repos = {}
-    for family in families:
-        module = importlib.import_module(family.package)
-        tiny = module.FAMILY.make_tiny_repo(folder / family.name)
-        index_only = folder / f"{family.name}-modular"
-        modular.ModularPipeline.from_pretrained(tiny).save_pretrained(
-            index_only, overwrite_modular_index=False
-        )
-        repos[family.name] = str(index_only)
-    return repos
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.made: dict[tuple[str, str, str], str] = {}
+
+    def __call__(self, family: PeerFamily, repo_id: str) -> str:
+        builder, kwargs = family.repos.get(repo_id, ("", {}))
+        key = (family.name, builder, repr(sorted(kwargs.items())))
+        if key not in self.made:
+            import modular
+
+            if builder:
+                module_name, _, function = builder.rpartition(".")
+                make = getattr(importlib.import_module(module_name), function)
+            else:
+                make = importlib.import_module(family.package).FAMILY.make_tiny_repo
+            name = f"{family.name}-{len(self.made)}"
+            tiny = make(self.folder / name, **kwargs)
+            index_only = self.folder / f"{name}-modular"
+            pipe = modular.ModularPipeline.from_pretrained(tiny)
+            pipe.save_pretrained(index_only, overwrite_modular_index=False)
+            self.made[key] = str(index_only)
+        return self.made[key]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -563,8 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         peer = PeerSource(args.diffusers, args.rev)
-        repos = make_repos(families, folder / "repos")
-        for note in build_tree(peer, folder, families, repos):
+        for note in build_tree(peer, folder, families, TinyRepos(folder / "repos")):
             print(note)
         targets = [f"tests/modular_pipelines/{family.peer_folder}" for family in families]
         junit = folder / "report.xml"

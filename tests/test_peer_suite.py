@@ -106,8 +106,12 @@ def test_a_file_without_peer_imports_is_unchanged(suite):
 
 
 def test_repo_substitution_sets_each_config_class_attribute(suite):
-    source, count = suite.substitute_repos(PEER_TEST, "/tmp/repos/foo-modular")
-    assert count == 2
+    ours = {"hf-internal-testing/tiny-foo": "/tmp/repos/foo-modular"}
+    source, done = suite.substitute_repos(PEER_TEST, lambda repo_id: ours.get(repo_id, "/tmp/repos/other"))
+    assert done == [
+        ("hf-internal-testing/tiny-foo", "/tmp/repos/foo-modular"),
+        ("hf-internal-testing/tiny-foo-img2img", "/tmp/repos/other"),
+    ]
     tree = ast.parse(source)
     values = [
         (cls.name, statement.value.value)
@@ -116,7 +120,7 @@ def test_repo_substitution_sets_each_config_class_attribute(suite):
         for statement in cls.body
         if isinstance(statement, ast.Assign) and statement.targets[0].id == "pretrained_model_name_or_path"
     ]
-    assert values == [("FooConfig", "/tmp/repos/foo-modular"), ("FooImg2ImgConfig", "/tmp/repos/foo-modular")]
+    assert values == [("FooConfig", "/tmp/repos/foo-modular"), ("FooImg2ImgConfig", "/tmp/repos/other")]
     assert '"kept: not a class attribute"' in source  # a local variable of a method is not a config
 
 
@@ -241,8 +245,8 @@ def test_a_synthetic_peer_tree_runs_and_is_counted_per_family(suite, tmp_path):
         suite.PeerFamily("bar", "json", "bar", {"BarAutoBlocks": "json.JSONDecoder"}),
     ]
     tree = tmp_path / "tree"
-    notes = suite.build_tree(peer, tree, families, {"foo": "REPO", "bar": "REPO"})
-    assert "foo: 1 pretrained_model_name_or_path -> REPO" in notes
+    notes = suite.build_tree(peer, tree, families, lambda family, repo_id: "REPO")
+    assert "foo: hf-internal-testing/tiny-foo -> REPO" in notes
     assert "helper tests/models/helpers.py: answer extracted" in notes
     assert (tree / "tests/models/__init__.py").exists()  # the extracted helper's package
 
