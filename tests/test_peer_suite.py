@@ -267,6 +267,22 @@ def test_a_synthetic_peer_tree_runs_and_is_counted_per_family(suite, tmp_path):
     assert "  FAIL TestFoo::test_fails: AssertionError: the answer is 42" in printed
 
 
+def test_a_family_whose_tiny_repo_fails_is_left_out_saying_why(suite, tmp_path):
+    _write(tmp_path / "diffusers", FAKE_PEER)
+    peer = suite.PeerSource(tmp_path / "diffusers")
+
+    def repo_for(family, repo_id):
+        raise ValueError("no installed family serves 'FooPipeline'\nmore")
+
+    families = [suite.PeerFamily("foo", "collections", "foo", {"FooAutoBlocks": "collections.OrderedDict"})]
+    notes = suite.build_tree(peer, tmp_path / "tree", families, repo_for)
+    assert notes == [
+        "foo: skipped, its tiny repo could not be made: ValueError: no installed family serves 'FooPipeline'"
+    ]
+    assert not (tmp_path / "tree/tests/modular_pipelines/foo").exists()
+    assert (tmp_path / "tree/tests/modular_pipelines/testing_utils/common.py").exists()
+
+
 def test_a_checkout_is_read_from_disk(suite, tmp_path):
     _write(tmp_path, {"tests/modular_pipelines/testing_utils/__init__.py": "", "tests/x.py": "x = 1\n"})
     peer = suite.PeerSource(tmp_path)
