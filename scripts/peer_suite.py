@@ -456,9 +456,16 @@ def report(counts: Mapping[str, Counts]) -> str:
     return "\n".join(lines)
 
 
-def run_pytest(folder: Path, targets: Sequence[str], extra: Sequence[str], junit: Path) -> int:
-    """pytest on ``targets`` under ``folder`` with this project's Python, offline, this checkout importable."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+def run_pytest(
+    folder: Path,
+    targets: Sequence[str],
+    extra: Sequence[str],
+    junit: Path,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """pytest on ``targets`` under ``folder`` with this project's Python, offline, this checkout importable
+    (``env``: more environment variables)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), str(ROOT), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "pytest", "--rootdir", str(folder), "-c", str(folder / "pytest.ini")]
     command += [f"--junitxml={junit}", *targets, *extra]
