@@ -580,6 +580,11 @@ class TinyRepos:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.made: dict[tuple[str, str, str], str] = {}
+        from diffusers.utils import logging as diffusers_logging
+        from transformers.utils import logging as transformers_logging
+
+        diffusers_logging.disable_progress_bar()  # the builders' saves; the tests' own bars are pytest's
+        transformers_logging.disable_progress_bar()
 
     def __call__(self, family: PeerFamily, repo_id: str) -> str:
         builder, kwargs = family.repos.get(repo_id, ("", {}))
