@@ -384,6 +384,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 '''
 
+MARKER = ".peer-suite"  # in every tree this script writes: --keep empties only such a folder
 PYTEST_INI = "[pytest]\naddopts = -p no:cacheprovider\n"
 
 
@@ -627,13 +628,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not families:
         return 0
     folder = args.keep or Path(tempfile.mkdtemp(prefix="peer-suite-"))
-    if args.keep and folder.exists():
+    if args.keep and folder.exists() and any(folder.iterdir()):
+        if not (folder / MARKER).exists():  # never empty a folder this script did not write
+            parser.error(f"--keep {folder}: not empty and not a tree of this script's; name a new folder")
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text("written by scripts/peer_suite.py\n")
     try:
         peer = PeerSource(args.diffusers, args.rev)
-        for note in build_tree(peer, folder, families, TinyRepos(folder / "repos")):
+        tree_notes = build_tree(peer, folder, families, TinyRepos(folder / "repos"))
+        for note in tree_notes:
             print(note)
+        notes += [note for note in tree_notes if "left to the peer" in note or "skipped" in note]
         families = [f for f in families if (folder / "tests/modular_pipelines" / f.peer_folder).is_dir()]
         if not families:
             return 0
@@ -645,6 +651,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report(parse_junit(junit, {f.name: f.peer_folder for f in families})))
         else:
             print("no report: pytest did not run the tests")
+        for note in notes:
+            print(note)
     finally:
         if args.keep is None:
             shutil.rmtree(folder, ignore_errors=True)

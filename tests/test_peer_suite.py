@@ -313,3 +313,17 @@ def test_families_left_out_say_why(suite, monkeypatch):
     ]
     _, notes = suite.choose_families(["nope"])
     assert notes == ["nope: skipped, no row in scripts/peer_suite.py FAMILIES"]
+
+
+def test_keep_never_empties_a_folder_the_script_did_not_write(suite, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        suite, "FAMILIES", (suite.PeerFamily("ready", "json", "ready", {"R": "json.JSONDecoder"}),)
+    )
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as exit_info:
+        suite.main(["--diffusers", str(tmp_path / "nowhere"), "--keep", str(mine)])
+    assert exit_info.value.code == 2
+    assert "not empty and not a tree of this script's" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep me"
