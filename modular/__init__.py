@@ -25,6 +25,7 @@ from modular.errors import (
     SaveTargetInUseError,
     UnknownInputError,
     UnknownOutputError,
+    UnknownWorkflowError,
 )
 from offload.lazy_exports import lazy_exports
 
@@ -80,6 +81,7 @@ __all__ = [
     "SequentialPipelineBlocks",
     "UnknownInputError",
     "UnknownOutputError",
+    "UnknownWorkflowError",
     "available_families",
     "register_family",
 ]

@@ -10,6 +10,7 @@ __all__ = [
     "InputTypeError",
     "UnknownInputError",
     "UnknownOutputError",
+    "UnknownWorkflowError",
     "ComponentNotLoadedError",
     "IndexFileError",
     "SaveTargetInUseError",
@@ -44,6 +45,14 @@ class UnknownInputError(TypeError):
 
 class UnknownOutputError(KeyError):
     """``output=`` names a value that the pipeline call does not produce."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class UnknownWorkflowError(KeyError, ValueError):
+    """A workflow name the blocks do not declare. A ``KeyError`` (a name not found) and, as the peer raises, a
+    ``ValueError``."""
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0])

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from components import ComponentSpec, ConfigSpec
-from modular.errors import MissingInputError
+from modular.errors import MissingInputError, UnknownWorkflowError
 from modular.framework.params import InputParam, OutputParam
 from modular.framework.state import BlockState, PipelineState
 from modular.framework.steps import Known, Step
@@ -147,8 +147,8 @@ class ModularPipelineBlocks:
         if workflow_name not in workflows:
             close = difflib.get_close_matches(str(workflow_name), workflows, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            msg = f"{type(self).__name__} has no workflow {workflow_name!r}{hint}; available workflows: {workflows}"
-            raise KeyError(msg)
+            msg = f"{type(self).__name__} has no workflow {workflow_name!r}{hint}. Available workflows: {workflows}"
+            raise UnknownWorkflowError(msg)
         assert self._workflow_map is not None  # available_workflows raised otherwise
         return self.get_execution_blocks(**self._workflow_map[workflow_name])
 

@@ -94,8 +94,11 @@ class ComponentMethods:
             cm.add(name, obj, owner=owner)
         # Otherwise the object is tracked already (perhaps under another name) and is used as it is.
 
-    def load_components(self, names: list[str] | str | None = None, **kwargs: Any) -> None:
-        """Load components (all with a repo when ``names`` is None).
+    def load_components(
+        self, names: list[str] | str | None = None, workflow: str | None = None, **kwargs: Any
+    ) -> None:
+        """Load components (all with a repo when ``names`` is None; ``workflow=``: those of them that the
+        named workflow's blocks use, as the peer's ``load_components(workflow=...)``).
 
         Each keyword is a value for every component or a dict per component name with an optional
         ``"default"`` key, e.g. ``torch_dtype={"unet": torch.float16, "default": torch.float32}``.
@@ -107,7 +110,15 @@ class ComponentMethods:
         from modular.pipeline.loading import load_all
 
         pipe = cast("ModularPipeline", self)  # the one class that mixes these methods in
-        loaded = load_all(pipe, names_to_load(pipe, kwargs) if names is None else names, kwargs)
+        if workflow is not None and names is not None:
+            raise ValueError("load_components(): pass names or workflow=, not both")
+        if names is None:
+            names = names_to_load(pipe, kwargs)
+            if workflow is not None:
+                blocks = self._blocks.get_workflow(workflow)
+                used = {spec.name for spec in blocks.expected_components} if blocks is not None else set()
+                names = [name for name in names if name in used]
+        loaded = load_all(pipe, names, kwargs)
         for name, (spec, obj) in loaded.items():
             self._specs[name] = spec
             self._components[name] = obj

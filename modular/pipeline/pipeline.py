@@ -204,6 +204,12 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
     def doc(self) -> str:
         return self._blocks.doc
 
+    @property
+    def default_call_parameters(self) -> dict[str, Any]:
+        """Each named input of the blocks with its default (``None`` for a required one or a default by
+        branch), as the peer's property of this name."""
+        return {param.name: param.default for param in self._blocks.inputs if param.name}
+
     def set_progress_bar_config(self, **kwargs: Any) -> None:
         """Configure the progress bars of every loop in the blocks (``disable=True`` hides them)."""
         if hasattr(self._blocks, "set_progress_bar_config"):

@@ -350,7 +350,7 @@ def test_unknown_workflow_is_one_line_listing_the_workflows(seed_repos, capsys):
     assert main(["run", str(seed_repos[0]), "--workflow", "nope", "--quiet"]) == 2
     _one_error_line(
         capsys,
-        "modular: error: KeyError: FluxAutoBlocks has no workflow 'nope'; available workflows: "
+        "modular: error: UnknownWorkflowError: FluxAutoBlocks has no workflow 'nope'. Available workflows: "
         "['text2image', 'image2image', 'control']",
     )
 

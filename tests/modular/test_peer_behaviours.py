@@ -381,6 +381,31 @@ def test_a_component_without_a_repo_is_skipped(tiny_repo):
     assert pipe.extra is None and pipe.vae is not None
 
 
+def test_load_components_of_one_workflow(tiny_repo):
+    """load_components(workflow=...) loads what that workflow's blocks use, as a pipeline of those blocks
+    would; with names too it is a ValueError, and an unknown workflow one that lists the workflows."""
+    pipe = ModularPipeline.from_pretrained(tiny_repo)
+    pipe.load_components(workflow="text2image")
+    ref = pipe.blocks.get_workflow("text2image").init_pipeline(tiny_repo)
+    ref.load_components()
+    loaded = {name for name in pipe.pretrained_component_names if pipe.components[name] is not None}
+    assert loaded == {name for name in ref.pretrained_component_names if ref.components[name] is not None}
+    assert loaded
+    with pytest.raises(ValueError, match="not both"):
+        pipe.load_components(names="unet", workflow="text2image")
+    with pytest.raises(ValueError, match=r"Available workflows: \['text2image', "):
+        pipe.load_components(workflow="nope")
+
+
+def test_default_call_parameters_name_each_input_with_its_default(tiny_repo):
+    """The peer's pipe.default_call_parameters: every named input of the blocks and its default."""
+    pipe = ModularPipeline.from_pretrained(tiny_repo)
+    defaults = pipe.default_call_parameters
+    assert defaults == {param.name: param.default for param in pipe.blocks.inputs if param.name}
+    assert {"num_inference_steps", "num_images_per_prompt", "latents", "output_type"} <= set(defaults)
+    assert defaults["num_inference_steps"] == 50
+
+
 # ----- a workflow's pipeline round-trips -----
 
 
