@@ -56,7 +56,11 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
         block_state = self.get_block_state(state)
         denoisers = [getattr(components, spec.name, None) for spec in self.loop_expected_components]
         values = block_state.__dict__
-        attention_kwargs = values.get("cross_attention_kwargs") or values.get("joint_attention_kwargs")
+        attention_kwargs = (
+            values.get("cross_attention_kwargs")
+            or values.get("joint_attention_kwargs")
+            or values.get("attention_kwargs")  # Wan's name
+        )
         watch = watch_of(components)  # None unless the call asked for callbacks, cancel, progress or previews
         if watch is not None:
             watch.loop_started(self, len(block_state.timesteps), block_state)

@@ -132,7 +132,8 @@ class WanPrepareLatentsStep(ModularPipelineBlocks):
         "with the generator, or takes `latents` as given."
     )
 
-    expected_components = [TRANSFORMER, VAE]
+    # Reads the VAE's scale factors without declaring it: the plan lists the models in the order they run.
+    expected_components = [TRANSFORMER]
 
     inputs = _batch_inputs()
 
@@ -169,7 +170,8 @@ class WanImage2VideoPrepareLatentsStep(ModularPipelineBlocks):
         "first frame's latents alone, with first_frame_mask (0 on the first latent frame, 1 elsewhere)."
     )
 
-    expected_components = [TRANSFORMER, VAE, VIDEO_PROCESSOR]
+    # Reads the transformer's config without declaring it: the plan lists the models in the order they run.
+    expected_components = [VAE, VIDEO_PROCESSOR]
     expected_configs = [EXPAND_TIMESTEPS]
 
     inputs = [

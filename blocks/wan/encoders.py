@@ -139,11 +139,8 @@ class WanImageEncoderStep(ModularPipelineBlocks):
         "(listed as absent in their index) and skip this."
     )
 
-    expected_components = [
-        IMAGE_ENCODER,
-        IMAGE_PROCESSOR,
-        ComponentSpec("transformer", "diffusers.WanTransformer3DModel"),
-    ]
+    # Reads the transformer's config (image_dim) without declaring it: the plan lists models in the order they run.
+    expected_components = [IMAGE_ENCODER, IMAGE_PROCESSOR]
     optional_components = ("image_encoder", "image_processor")
 
     inputs = [

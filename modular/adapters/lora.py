@@ -305,13 +305,15 @@ def _loader(pipe: ModularPipeline, what: str) -> Any:
 def _models(pipe: ModularPipeline, loader: Any, what: str | None) -> dict[str, torch.nn.Module | None]:
     """The pipeline's models the loader loads into, by name (``None`` when the pipeline has no such one).
 
-    With ``what``, a model the pipeline declares but has not loaded is an error: diffusers would fail on it.
+    With ``what``, a model the pipeline declares but has not loaded is an error: diffusers would fail on it. One the
+    repo has none of (``absent_component_names``: Wan 2.1's ``transformer_2``) is left out, as a pipeline without it.
     """
     components = pipe.components
+    absent = set(pipe.absent_component_names)
     models: dict[str, torch.nn.Module | None] = {}
     for key in loader._lora_loadable_modules:
         obj = components.get(key)
-        if key in components and obj is None and what is not None:
+        if key in components and obj is None and what is not None and key not in absent:
             msg = f"{what}: component {key!r} is not loaded; call pipe.load_components() first"
             raise ValueError(msg)
         models[key] = obj if isinstance(obj, torch.nn.Module) else None
