@@ -26,6 +26,7 @@ LAZY_PACKAGES = (
     "blocks.stable_diffusion_xl",
     "blocks.flux",
     "blocks.z_image",
+    "blocks.wan",
 )
 
 
@@ -204,7 +205,7 @@ def test_an_unknown_name_is_an_attribute_error():
         modular.NoSuchThing  # noqa: B018
 
 
-FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image")
+FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "wan")
 # What a family's blocks import only when a pipeline is composed, loaded or run: diffusers' and transformers'
 # models, diffusers' guiders and hooks, peft (seconds of imports, e.g. about 2 s for FluxTransformer2DModel).
 MODEL_MODULES = (

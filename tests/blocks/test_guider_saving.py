@@ -18,6 +18,7 @@ from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 import blocks.flux
 import blocks.stable_diffusion
 import blocks.stable_diffusion_xl
+import blocks.wan
 import blocks.z_image
 import modular
 from components import ComponentsManager
@@ -29,7 +30,7 @@ from modular.pipeline.index import MODULAR_INDEX
 from ..modular.saved import saved_index
 from .helpers import seeded
 
-FAMILIES = (blocks.stable_diffusion, blocks.stable_diffusion_xl, blocks.flux, blocks.z_image)
+FAMILIES = (blocks.stable_diffusion, blocks.stable_diffusion_xl, blocks.flux, blocks.z_image, blocks.wan)
 for _family in FAMILIES:
     modular.register_family(_family.FAMILY)
 logging.getLogger("diffusers.guiders").setLevel(logging.ERROR)  # "guiders are experimental", per guider made

@@ -1,10 +1,16 @@
 """A family names its LoRA and IP-Adapter loaders by class or by dotted path, imported when first needed."""
 
 import pytest
-from diffusers.loaders import FluxIPAdapterMixin, StableDiffusionLoraLoaderMixin, ZImageLoraLoaderMixin
+from diffusers.loaders import (
+    FluxIPAdapterMixin,
+    StableDiffusionLoraLoaderMixin,
+    WanLoraLoaderMixin,
+    ZImageLoraLoaderMixin,
+)
 
 import blocks.flux
 import blocks.stable_diffusion
+import blocks.wan
 import blocks.z_image
 from modular import BlockFamily, SequentialPipelineBlocks
 
@@ -14,6 +20,7 @@ def test_the_families_loaders_resolve_to_diffusers_classes():
     assert blocks.flux.FAMILY.loader("ip_adapter") is FluxIPAdapterMixin
     assert blocks.z_image.FAMILY.loader("lora") is ZImageLoraLoaderMixin
     assert blocks.z_image.FAMILY.loader("ip_adapter") is None
+    assert blocks.wan.FAMILY.loader("lora") is WanLoraLoaderMixin
 
 
 def test_a_class_is_returned_as_it_is():
