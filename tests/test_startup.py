@@ -26,6 +26,7 @@ LAZY_PACKAGES = (
     "blocks.stable_diffusion_xl",
     "blocks.flux",
     "blocks.z_image",
+    "blocks.flux2",
     "blocks.wan",
 )
 
@@ -139,7 +140,10 @@ print(json.dumps({"names": sorted(found), "before": before, "after": after}))
     assert {"flux", "stable-diffusion", "stable-diffusion-xl", "z-image"} <= set(done["names"])
     assert done["before"] == []
     assert "blocks.flux.modular_blocks" in done["after"]
-    assert not any(name.startswith(("blocks.stable_diffusion.", "blocks.z_image.")) for name in done["after"])
+    assert not any(
+        name.startswith(("blocks.stable_diffusion.", "blocks.z_image.", "blocks.flux2."))
+        for name in done["after"]
+    )
 
 
 def test_the_declared_workflows_are_the_blocks_own():
@@ -205,7 +209,7 @@ def test_an_unknown_name_is_an_attribute_error():
         modular.NoSuchThing  # noqa: B018
 
 
-FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "wan")
+FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "wan")
 # What a family's blocks import only when a pipeline is composed, loaded or run: diffusers' and transformers'
 # models, diffusers' guiders and hooks, peft (seconds of imports, e.g. about 2 s for FluxTransformer2DModel).
 MODEL_MODULES = (

@@ -26,6 +26,7 @@ from modular.errors import PreviewUnavailableError
 __all__ = [
     "FLUX_LATENT_RGB",
     "SDXL_LATENT_RGB",
+    "SD3_LATENT_RGB",
     "SD_LATENT_RGB",
     "Z_IMAGE_LATENT_RGB",
     "LatentRGBMap",
@@ -190,6 +191,31 @@ FLUX_LATENT_RGB = LatentRGBMap(
     ),
     bias=(-0.0329, -0.0718, -0.0851),
     source=f"{_COMFY}, Flux.latent_rgb_factors and latent_rgb_factors_bias",
+)
+
+#: Stable Diffusion 3 / 3.5's 16-channel VAE (ComfyUI's ``SD3``), another latent space than FLUX.1's.
+SD3_LATENT_RGB = LatentRGBMap(
+    "Stable Diffusion 3",
+    factors=(
+        (-0.0922, -0.0175, 0.0749),
+        (0.0311, 0.0633, 0.0954),
+        (0.1994, 0.0927, 0.0458),
+        (0.0856, 0.0339, 0.0902),
+        (0.0587, 0.0272, -0.0496),
+        (-0.0006, 0.1104, 0.0309),
+        (0.0978, 0.0306, 0.0427),
+        (-0.0042, 0.1038, 0.1358),
+        (-0.0194, 0.0020, 0.0669),
+        (-0.0488, 0.0130, -0.0268),
+        (0.0922, 0.0988, 0.0951),
+        (-0.0278, 0.0524, -0.0542),
+        (0.0332, 0.0456, 0.0895),
+        (-0.0069, -0.0030, -0.0810),
+        (-0.0596, -0.0465, -0.0293),
+        (-0.1448, -0.1463, -0.1189),
+    ),
+    bias=(0.2394, 0.2135, 0.1925),
+    source=f"{_COMFY}, SD3.latent_rgb_factors and latent_rgb_factors_bias",
 )
 
 #: Z-Image decodes with FLUX.1's VAE (Z-Image-Turbo's vae/config.json: 16 latent channels, scaling 0.3611, shift

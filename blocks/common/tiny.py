@@ -1,4 +1,4 @@
-"""What the families' tiny-repo builders share: the CLIP and T5 tokenizers, the CLIP text config, the VAE, variant files.
+"""What the families' tiny-repo builders share: the CLIP and T5 tokenizers and text models, the VAE, variant files.
 
 Each family's ``tiny.py`` writes a real diffusers-layout folder of tiny random models; the pieces
 here are the ones two or more families build the same way, so that their tiny repos stay alike.
@@ -23,6 +23,7 @@ __all__ = [
     "make_tiny_clip_tokenizer",
     "make_tiny_t5_tokenizer",
     "tiny_clip_config",
+    "tiny_t5",
     "tiny_vae",
     "write_bpe_files",
     "write_variant_weights",
@@ -46,6 +47,8 @@ TINY_WORDS = (
     "blue",
     "blurry",
 )
+
+_T5_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
 
 VARIANT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 """The dtype of a weights variant's files; float32 for any other variant name."""
@@ -109,6 +112,48 @@ def make_tiny_clip_tokenizer(folder: str | Path):
     return CLIPTokenizer.from_pretrained(folder)
 
 
+def make_tiny_t5_tokenizer(folder: str | Path):
+    """Write a small Unigram T5 tokenizer (whole words, single characters, specials) into `folder`.
+
+    Args:
+        folder: where ``tokenizer.json`` and ``tokenizer_config.json`` go (created if missing).
+
+    Returns:
+        The ``transformers.T5Tokenizer`` (tokenizers-backed, the fast one) read back from the files.
+    """
+    from transformers import T5Tokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Ids 0-2 are pad, eos and unk as in T5; whole words score above single characters.
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    # The T5 tokenizer knows the CLIP one's whole words.
+    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(TINY_WORDS)]
+    vocab += [("\u2581", -5.0)] + [(char, -8.0) for char in _T5_CHARS]
+    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=512)
+    tokenizer.save_pretrained(folder)
+    return T5Tokenizer.from_pretrained(folder)
+
+
+def tiny_t5(d_model: int, d_kv: int, d_ff: int, num_layers: int, num_heads: int):
+    """A T5 encoder over the tiny T5 tokenizer's 64 ids."""
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(
+        T5Config(
+            vocab_size=64,
+            d_model=d_model,
+            d_kv=d_kv,
+            d_ff=d_ff,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            relative_attention_num_buckets=8,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
+
+
 def tiny_clip_config(**overrides: Any):
     """The config of the tiny CLIP text model the families use (5 layers of width 32), with `overrides`."""
     from transformers import CLIPTextConfig
@@ -166,29 +211,3 @@ def write_variant_weights(
             model.to(dtype).save_pretrained(scratch, safe_serialization=True, variant=variant)
             for weights in Path(scratch).glob(f"*.{variant}.safetensors"):
                 shutil.copyfile(weights, Path(folder) / name / weights.name)
-
-
-_T5_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789,.!?'-"
-
-
-def make_tiny_t5_tokenizer(folder: str | Path):
-    """Write a small Unigram T5 tokenizer (whole words, single characters, specials) into `folder`.
-
-    Args:
-        folder: where ``tokenizer.json`` and ``tokenizer_config.json`` go (created if missing).
-
-    Returns:
-        The ``transformers.T5Tokenizer`` (tokenizers-backed, the fast one) read back from the files.
-    """
-    from transformers import T5Tokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Ids 0-2 are pad, eos and unk as in T5; whole words score above single characters.
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    # The T5 tokenizer knows the CLIP one's whole words.
-    vocab += [(f"\u2581{word}", -1.0 - index / 100) for index, word in enumerate(TINY_WORDS)]
-    vocab += [("\u2581", -5.0)] + [(char, -8.0) for char in _T5_CHARS]
-    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=512)
-    tokenizer.save_pretrained(folder)
-    return T5Tokenizer.from_pretrained(folder)

@@ -21,6 +21,7 @@ from blocks.common.tiny import (
     make_tiny_clip_tokenizer,
     make_tiny_t5_tokenizer,
     tiny_clip_config,
+    tiny_t5,
     tiny_vae,
     write_variant_weights,
 )
@@ -64,25 +65,6 @@ def _vae(
     )
 
 
-def _t5(d_model: int, d_kv: int, d_ff: int, num_layers: int, num_heads: int):
-    """A T5 encoder over the tiny T5 tokenizer's 64 ids."""
-    from transformers import T5Config, T5EncoderModel
-
-    return T5EncoderModel(
-        T5Config(
-            vocab_size=64,
-            d_model=d_model,
-            d_kv=d_kv,
-            d_ff=d_ff,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            relative_attention_num_buckets=8,
-            pad_token_id=0,
-            eos_token_id=1,
-        )
-    )
-
-
 def _transformer(control: bool, latent_channels: int = LATENT_CHANNELS, **sizes: Any):
     """A FluxTransformer2DModel over packed latents (a control one reads twice the channels), with guidance."""
     from diffusers import FluxTransformer2DModel
@@ -120,7 +102,7 @@ def _tiny_models(control: bool, seed: int, latent_channels: int = LATENT_CHANNEL
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(tiny_clip_config())
     torch.manual_seed(seed + 3)
-    text_encoder_2 = _t5(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)
+    text_encoder_2 = tiny_t5(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)
     return {
         "transformer": transformer.eval(),
         "vae": vae.eval(),
@@ -215,7 +197,7 @@ def _seed_scale_shared_models(seed: int) -> dict[str, Any]:
     torch.manual_seed(seed + 2)
     text_encoder = CLIPTextModel(tiny_clip_config(num_hidden_layers=4))
     torch.manual_seed(seed + 3)
-    text_encoder_2 = _t5(d_model=128, d_kv=16, d_ff=2000, num_layers=4, num_heads=8)
+    text_encoder_2 = tiny_t5(d_model=128, d_kv=16, d_ff=2000, num_layers=4, num_heads=8)
     return {
         "vae": vae.eval(),
         "text_encoder": text_encoder.eval(),

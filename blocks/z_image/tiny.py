@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from blocks.common.bpe import bytes_to_unicode
+from blocks.common.qwen2_tokenizer import make_tiny_qwen2_tokenizer
 from blocks.common.tiny import tiny_vae, write_variant_weights
 
 __all__ = ["make_tiny_repo", "make_tiny_tokenizer", "CHAT_TEMPLATE"]
@@ -45,26 +45,6 @@ CHAT_TEMPLATE = (
 _SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}
 
 
-def _vocab_and_merges() -> tuple[dict[str, int], list[str]]:
-    """A ~300-token byte-level vocabulary: specials, every byte, and merges for a few words."""
-    vocab: dict[str, int] = {token: index for index, token in enumerate(_SPECIALS)}
-    for char in bytes_to_unicode():
-        vocab.setdefault(char, len(vocab))
-    merges: list[str] = []
-    space = bytes_to_unicode()[ord(" ")]  # "Ġ": a word after a space starts with it
-    for word in _WORDS:
-        # Merge left to right: ((c a) t); each merge's result becomes a token. Then the word after a
-        # space: "Ġ" + "cat" (merging the word first keeps the space from splitting it).
-        current = word[0]
-        for nxt in [*word[1:], None]:
-            merge = f"{space} {word}" if nxt is None else f"{current} {nxt}"
-            current = space + word if nxt is None else current + nxt
-            if merge not in merges:
-                merges.append(merge)
-            vocab.setdefault(current, len(vocab))
-    return vocab, merges
-
-
 def make_tiny_tokenizer(folder: str | Path):
     """Build a Qwen2Tokenizer from a small vocabulary and merges, with a chat template, and save it.
 
@@ -74,22 +54,7 @@ def make_tiny_tokenizer(folder: str | Path):
     Returns:
         The ``transformers.Qwen2Tokenizer`` read back from `folder`.
     """
-    from transformers import Qwen2Tokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab, merges = _vocab_and_merges()
-    # The BPE model takes merges as pairs (transformers' annotation says strings).
-    pairs: Any = [tuple(merge.split(" ")) for merge in merges]
-    tokenizer = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=pairs,
-        additional_special_tokens=list(_SPECIALS[1:]),
-        model_max_length=512,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return Qwen2Tokenizer.from_pretrained(folder)
+    return make_tiny_qwen2_tokenizer(folder, _SPECIALS, _WORDS, chat_template=CHAT_TEMPLATE)
 
 
 def _tiny_models(seed: int) -> dict[str, Any]:

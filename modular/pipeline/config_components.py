@@ -42,13 +42,23 @@ def changed_config_components(pipe: ModularPipeline) -> list[str]:
         saves_config = isinstance(obj, ConfigMixin)  # a flag: diffusers' classes are Any to the type checker
         if spec.default_creation_method != "from_config" or default is None or not saves_config:
             continue
-        if _public(obj.config) != _made_config(default) or type(obj) is not default.type_hint:
+        made = _made_config(default)
+        if _public(obj.config, made) != made or type(obj) is not default.type_hint:
             changed.append(name)
     return changed
 
 
-def _public(config: Any) -> dict[str, Any]:
-    return {key: value for key, value in dict(config).items() if not key.startswith("_")}
+def _public(config: Any, made: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config's public keys; with `made`, without those it took as defaults that `made` does not name: a
+    base class registers them, not the class's own signature (Flux2ImageProcessor's resample, from
+    VaeImageProcessor), so no spec can set them."""
+    config = dict(config)
+    defaulted = set(config.get("_use_default_values", ())) if made is not None else set()
+    return {
+        key: value
+        for key, value in config.items()
+        if not key.startswith("_") and not (key in defaulted and key not in (made or {}))
+    }
 
 
 def _made_config(spec: ComponentSpec) -> dict[str, Any]:

@@ -131,7 +131,7 @@ class RoutedJobs:
 
     # -- the JobService -------------------------------------------------------------------------
     def submit(self, data: Any, uploads: Mapping[str, Path] | None = None) -> dict[str, Any]:
-        """Check a request as one machine's server does and send it to a replica; the job as described.
+        """Check a request as one machine's server does and send it to a replica; the job as it was queued.
 
         Raises:
             QueueFullError: ``max_queue`` jobs are unfinished.
@@ -158,9 +158,11 @@ class RoutedJobs:
             if held:
                 self._held.append(job)
         self.events.publish("queued", job.id, workflow=job.workflow, priority=job.priority, seeds=job.seeds)
+        # Described before it is sent: a replica may take it (and the description change) before _send returns.
+        queued = job.describe()
         if not held:
             self._send(job)
-        return job.describe()
+        return queued
 
     def describe(self, job_id: str) -> dict[str, Any]:
         return self._job(job_id).describe()

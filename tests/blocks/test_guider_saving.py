@@ -16,6 +16,7 @@ from diffusers.hooks import LayerSkipConfig
 from diffusers.modular_pipelines import ModularPipeline as PeerPipeline
 
 import blocks.flux
+import blocks.flux2
 import blocks.stable_diffusion
 import blocks.stable_diffusion_xl
 import blocks.wan
@@ -30,7 +31,14 @@ from modular.pipeline.index import MODULAR_INDEX
 from ..modular.saved import saved_index
 from .helpers import seeded
 
-FAMILIES = (blocks.stable_diffusion, blocks.stable_diffusion_xl, blocks.flux, blocks.z_image, blocks.wan)
+FAMILIES = (
+    blocks.stable_diffusion,
+    blocks.stable_diffusion_xl,
+    blocks.flux,
+    blocks.z_image,
+    blocks.flux2,
+    blocks.wan,
+)
 for _family in FAMILIES:
     modular.register_family(_family.FAMILY)
 logging.getLogger("diffusers.guiders").setLevel(logging.ERROR)  # "guiders are experimental", per guider made

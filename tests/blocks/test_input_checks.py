@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import blocks.flux as flux
+import blocks.flux2 as flux2
 import blocks.stable_diffusion as sd
 import blocks.stable_diffusion_xl as sdxl
 import blocks.z_image as z_image
@@ -22,6 +23,7 @@ FAMILIES = {
     "flux": (flux, flux.FluxAutoBlocks, {}),
     "flux_control": (flux, flux.FluxAutoBlocks, {"control": True}),
     "z_image": (z_image, z_image.ZImageAutoBlocks, {}),
+    "flux2": (flux2, flux2.Flux2AutoBlocks, {}),
 }
 SHARED = ["sd", "sdxl", "flux", "z_image"]  # the families the shared rules are run on
 # The check steps' names, the image side in pixels, the text-to-image size rule (8 for SD and SDXL, as
@@ -33,7 +35,7 @@ INFO = {
     "flux": {"t2i": "FluxCheckInputsStep", "i2i": "FluxImg2ImgCheckInputsStep"},
     "z_image": {"t2i": "ZImageCheckInputsStep", "i2i": "ZImageImg2ImgCheckInputsStep"},
 }
-SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32}
+SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32}
 for _family, _values in {"sd": (8, 4), "sdxl": (8, 4), "flux": (4, 4), "z_image": (4, 16)}.items():
     INFO[_family].update(m=_values[0], latent_channels=_values[1])
 
@@ -391,6 +393,21 @@ OTHER_RULES = {
         "ZImageImg2ImgCheckInputsStep: height (48) must be the image's height (32, a multiple of 4): the image "
         "is not resized; leave height and width unset to use the image's size, or resize the image",
     ),
+    "flux2_latents_shape": (
+        "flux2",
+        {"latents": torch.zeros(1, 16, 4, 4), "height": 32, "width": 32},
+        ValueError,
+        "Flux2CheckInputsStep: latents (shape (1, 16, 4, 4)) must have shape (1, 16, 8, 8) for a batch of 1 "
+        "(prompts x num_images_per_prompt) at 32x32 pixels; pass latents of that shape, or none",
+    ),
+    "flux2_reference_image_size": (
+        "flux2",
+        {"image": [make_image(64), make_image(32)], "num_inference_steps": 0},
+        ValueError,
+        "Flux2EditCheckInputsStep: 2 problems with the inputs:\n  - num_inference_steps (0) must be at least 1; "
+        "pass a positive number of denoising steps\n  - image[1] (32x32) must be at least 64 pixels a side; "
+        "pass a larger image",
+    ),
 }
 
 
@@ -402,7 +419,7 @@ def test_family_rules_refuse_before_any_model_runs(pipes, case):
     assert_refused(pipes(kind), kwargs, error, message)
 
 
-@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image"])
+@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2"])
 def test_a_good_call_runs_every_model(pipes, kind):
     """The recorder sees the text encoder, the denoiser and the VAE of a good call (so zero means none ran)."""
     pipe = pipes(kind)
@@ -424,6 +441,7 @@ ALL_BLOCKS = [
     sdxl.StableDiffusionXLRefinerBlocks,
     flux.FluxAutoBlocks,
     z_image.ZImageAutoBlocks,
+    flux2.Flux2AutoBlocks,
 ]
 
 

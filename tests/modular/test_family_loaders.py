@@ -2,6 +2,7 @@
 
 import pytest
 from diffusers.loaders import (
+    Flux2LoraLoaderMixin,
     FluxIPAdapterMixin,
     StableDiffusionLoraLoaderMixin,
     WanLoraLoaderMixin,
@@ -9,6 +10,7 @@ from diffusers.loaders import (
 )
 
 import blocks.flux
+import blocks.flux2
 import blocks.stable_diffusion
 import blocks.wan
 import blocks.z_image
@@ -20,6 +22,7 @@ def test_the_families_loaders_resolve_to_diffusers_classes():
     assert blocks.flux.FAMILY.loader("ip_adapter") is FluxIPAdapterMixin
     assert blocks.z_image.FAMILY.loader("lora") is ZImageLoraLoaderMixin
     assert blocks.z_image.FAMILY.loader("ip_adapter") is None
+    assert blocks.flux2.FAMILY.loader("lora") is Flux2LoraLoaderMixin
     assert blocks.wan.FAMILY.loader("lora") is WanLoraLoaderMixin
 
 

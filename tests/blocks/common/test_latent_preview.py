@@ -10,6 +10,7 @@ from diffusers.models.autoencoders.vae import DecoderOutput
 
 from blocks.common.latent_preview import (
     FLUX_LATENT_RGB,
+    SD3_LATENT_RGB,
     SD_LATENT_RGB,
     SDXL_LATENT_RGB,
     Z_IMAGE_LATENT_RGB,
@@ -18,7 +19,7 @@ from blocks.common.latent_preview import (
     rgb_images,
 )
 
-MAPS = [SD_LATENT_RGB, SDXL_LATENT_RGB, FLUX_LATENT_RGB, Z_IMAGE_LATENT_RGB]
+MAPS = [SD_LATENT_RGB, SDXL_LATENT_RGB, FLUX_LATENT_RGB, Z_IMAGE_LATENT_RGB, SD3_LATENT_RGB]
 
 
 def _pixel(value: float) -> int:
@@ -41,8 +42,8 @@ def test_a_latent_of_one_channel_shows_that_channel_s_colour(rgb_map):
 
 
 def test_the_maps_have_the_channels_of_their_latent_spaces():
-    """SD 1.x/2.x and SDXL read 4 channels, FLUX.1 and Z-Image 16; each map says where its numbers come from."""
-    assert [rgb_map.channels for rgb_map in MAPS] == [4, 4, 16, 16]
+    """SD 1.x/2.x and SDXL read 4 channels, FLUX.1, Z-Image and SD3 16; each map says where its numbers come from."""
+    assert [rgb_map.channels for rgb_map in MAPS] == [4, 4, 16, 16, 16]
     assert all("comfy/latent_formats.py" in rgb_map.source for rgb_map in MAPS)
 
 
