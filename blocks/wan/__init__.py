@@ -74,6 +74,7 @@ FAMILY = BlockFamily(
         "Wan22Image2VideoBlocks": "Wan22Image2VideoModularPipeline",
     },
     lora_loader="diffusers.loaders.WanLoraLoaderMixin",
+    lora_options=("load_into_transformer_2",),  # a LoRA for the low-noise expert
     workflows=("text2video",),
 )
 

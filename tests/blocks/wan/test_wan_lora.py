@@ -50,3 +50,17 @@ def test_a_lora_matches_the_classic_loader(request, lora, kind):
     assert not same(videos[0], baseline)
     assert same(videos[1], baseline) and same(videos[2], videos[0])
     assert same(videos[3], baseline) and not same(videos[5], videos[4])
+
+
+def test_a_lora_for_the_low_noise_expert_matches_the_classic_loader(wan22_repo, lora):
+    """load_into_transformer_2=True (a family option of WanLoraLoaderMixin) puts the LoRA into transformer_2 alone,
+    as the classic loader does: the same videos, and transformer keeps no adapter."""
+    ours, classic = _pipe(wan22_repo), classic_from(_pipe(wan22_repo))
+    baseline = _videos(ours)
+    for pipe in (ours, classic):
+        pipe.load_lora_weights(lora, adapter_name="low", load_into_transformer_2=True)
+    assert list(ours.transformer_2.peft_config) == ["low"]
+    assert not hasattr(ours.transformer, "peft_config")
+    mine = _videos(ours)
+    assert_identical(mine, _videos(classic))
+    assert not same(mine, baseline)
