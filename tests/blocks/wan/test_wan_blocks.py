@@ -1,5 +1,8 @@
 """The Wan family: workflows, registration, the blocks each repo layout gets, the experts, and bad input."""
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -243,3 +246,19 @@ def test_unloaded_component_is_named(wan22_repo):
     pipe = ModularPipeline.from_pretrained(wan22_repo)
     with pytest.raises(ComponentNotLoadedError, match="needs component 'text_encoder', which is not loaded"):
         pipe(prompt="a cat")
+
+
+def test_a_wan21_repo_that_predates_transformer_2_runs_with_one_transformer(wan21_repo, wan21_pipe, tmp_path):
+    """The published Wan 2.1 repos' model_index.json lists no transformer_2 at all: absent as a [null, null]
+    entry is, and the video equals the one of the repo that lists it."""
+    older = tmp_path / "older"
+    shutil.copytree(wan21_repo, older)
+    index = json.loads((older / "model_index.json").read_text())
+    del index["transformer_2"], index["boundary_ratio"], index["expand_timesteps"]
+    (older / "model_index.json").write_text(json.dumps(index))
+    pipe = ModularPipeline.from_pretrained(older)
+    assert type(pipe.blocks) is WanBlocks
+    assert pipe.absent_component_names == ["transformer_2"]
+    pipe.load_components(torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    assert np.array_equal(_reference(pipe), _reference(wan21_pipe))
