@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
@@ -13,6 +14,7 @@ from blocks.common.params import BATCH_SIZE, DTYPE, INITIAL_LATENTS_OUTPUT, tens
 from blocks.common.vae import processor_for_vae
 from modular import InputParam, ModularPipelineBlocks, OutputParam
 
+from .encoders import FIRST_FRAME, LAST_FRAME
 from .inputs import NUM_VIDEOS_PER_PROMPT
 from .utils import (
     DEFAULT_FRAMES,
@@ -175,10 +177,8 @@ class WanImage2VideoPrepareLatentsStep(ModularPipelineBlocks):
     expected_configs = [EXPAND_TIMESTEPS]
 
     inputs = [
-        InputParam.template("image", required=True, description="The first frame of the video."),
-        InputParam.template(
-            "image", name="last_image", description="The last frame of the video (optional)."
-        ),
+        attrs.evolve(FIRST_FRAME, required=True),
+        LAST_FRAME,
         *_batch_inputs(),
         DTYPE,
     ]

@@ -12,6 +12,7 @@ import blocks.flux as flux
 import blocks.flux2 as flux2
 import blocks.stable_diffusion as sd
 import blocks.stable_diffusion_xl as sdxl
+import blocks.wan as wan
 import blocks.z_image as z_image
 from modular import SequentialPipelineBlocks
 
@@ -24,6 +25,7 @@ FAMILIES = {
     "flux_control": (flux, flux.FluxAutoBlocks, {"control": True}),
     "z_image": (z_image, z_image.ZImageAutoBlocks, {}),
     "flux2": (flux2, flux2.Flux2AutoBlocks, {}),
+    "wan": (wan, wan.Wan22Blocks, {}),
 }
 SHARED = ["sd", "sdxl", "flux", "z_image"]  # the families the shared rules are run on
 # The check steps' names, the image side in pixels, the text-to-image size rule (8 for SD and SDXL, as
@@ -35,7 +37,7 @@ INFO = {
     "flux": {"t2i": "FluxCheckInputsStep", "i2i": "FluxImg2ImgCheckInputsStep"},
     "z_image": {"t2i": "ZImageCheckInputsStep", "i2i": "ZImageImg2ImgCheckInputsStep"},
 }
-SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32}
+SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "wan": 32}
 for _family, _values in {"sd": (8, 4), "sdxl": (8, 4), "flux": (4, 4), "z_image": (4, 16)}.items():
     INFO[_family].update(m=_values[0], latent_channels=_values[1])
 
@@ -408,6 +410,13 @@ OTHER_RULES = {
         "pass a positive number of denoising steps\n  - image[1] (32x32) must be at least 64 pixels a side; "
         "pass a larger image",
     ),
+    "wan_frames_and_width": (
+        "wan",
+        {"num_frames": 0, "height": 32, "width": 30},
+        ValueError,
+        "WanCheckInputsStep: 2 problems with the inputs:\n  - num_frames (0) must be at least 1; pass a positive "
+        "number of frames\n  - width (30) must be divisible by 16; pass a multiple of 16 such as 16 or 32",
+    ),
 }
 
 
@@ -419,11 +428,12 @@ def test_family_rules_refuse_before_any_model_runs(pipes, case):
     assert_refused(pipes(kind), kwargs, error, message)
 
 
-@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2"])
+@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2", "wan"])
 def test_a_good_call_runs_every_model(pipes, kind):
     """The recorder sees the text encoder, the denoiser and the VAE of a good call (so zero means none ran)."""
     pipe = pipes(kind)
-    kwargs = call_kwargs(kind, "t2i", num_inference_steps=1, output_type="np")
+    frames = {"num_frames": 5} if kind == "wan" else {}
+    kwargs = call_kwargs(kind, "t2i", num_inference_steps=1, output_type="np", **frames)
     with model_calls(pipe) as calls:
         pipe(**kwargs)
     denoiser = "unet" if kind.startswith("sd") else "transformer"
@@ -442,6 +452,8 @@ ALL_BLOCKS = [
     flux.FluxAutoBlocks,
     z_image.ZImageAutoBlocks,
     flux2.Flux2AutoBlocks,
+    wan.WanBlocks,
+    wan.Wan22Image2VideoBlocks,
 ]
 
 
