@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER = "import diffusers.modular_pipelines"
-FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "sd3", "qwenimage")
+FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "sd3", "qwenimage", "wan")
 TARGETS = {"modular --help": 0.1, "import blocks.flux": 1.0, "import blocks.flux + its blocks": 1.0}
 FROM_PRETRAINED = "first from_pretrained"
 

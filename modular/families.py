@@ -69,6 +69,8 @@ class BlockFamily:
             ``ModularPipeline.load_lora_weights`` drives it (``modular/adapters/lora.py``). A class, or its dotted
             path (``"diffusers.loaders.FluxLoraLoaderMixin"``), imported when first needed: diffusers'
             loader modules are slow to import and some log warnings when they are.
+        lora_options: Keywords of ``lora_loader``'s own ``load_lora_weights`` that a call may pass through, as
+            given (Wan's ``load_into_transformer_2``: the LoRA goes into the low-noise expert).
         ip_adapter_loader: The diffusers pipeline mixin whose ``load_ip_adapter`` reads this family's
             IP-Adapter files (``ModularIPAdapterMixin``, ``FluxIPAdapterMixin``); ``None``: the family takes
             none. ``ModularPipeline.load_ip_adapter`` drives it (``modular/adapters/ip_adapter.py``). A class or its
@@ -88,6 +90,7 @@ class BlockFamily:
     peer_pipeline_classes: Mapping[str, str] = attrs.field(factory=dict, converter=_inputs)
     _demo: Callable[[Path], Any] | str | None = attrs.field(default=None, alias="demo")
     lora_loader: type | str | None = None
+    lora_options: tuple[str, ...] = attrs.field(default=(), converter=_names)
     ip_adapter_loader: type | str | None = None
     _workflows: tuple[str, ...] | None = attrs.field(
         default=None, converter=attrs.converters.optional(_names), alias="workflows"

@@ -10,7 +10,10 @@ from components.quiet_imports import _DropMessages, install_filters
 
 
 def test_importing_every_family_prints_nothing():
-    code = "import modular, blocks.stable_diffusion, blocks.stable_diffusion_xl, blocks.flux, blocks.z_image, blocks.flux2, blocks.sd3, blocks.qwenimage"
+    code = (
+        "import modular, blocks.stable_diffusion, blocks.stable_diffusion_xl, blocks.flux, blocks.z_image, "
+        "blocks.flux2, blocks.sd3, blocks.qwenimage, blocks.wan"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == ""
     assert result.stderr == ""

@@ -29,6 +29,7 @@ LAZY_PACKAGES = (
     "blocks.flux2",
     "blocks.sd3",
     "blocks.qwenimage",
+    "blocks.wan",
 )
 
 
@@ -210,7 +211,7 @@ def test_an_unknown_name_is_an_attribute_error():
         modular.NoSuchThing  # noqa: B018
 
 
-FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "sd3", "qwenimage")
+FAMILIES = ("stable_diffusion", "stable_diffusion_xl", "flux", "z_image", "flux2", "sd3", "qwenimage", "wan")
 # What a family's blocks import only when a pipeline is composed, loaded or run: diffusers' and transformers'
 # models, diffusers' guiders and hooks, peft (seconds of imports, e.g. about 2 s for FluxTransformer2DModel).
 MODEL_MODULES = (

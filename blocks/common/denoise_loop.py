@@ -59,7 +59,7 @@ class TimestepLoopBlocks(LoopSequentialPipelineBlocks):
         attention_kwargs = (
             values.get("cross_attention_kwargs")
             or values.get("joint_attention_kwargs")
-            or values.get("attention_kwargs")  # Qwen-Image's name for them
+            or values.get("attention_kwargs")  # Qwen-Image's and Wan's name for them
         )
         watch = watch_of(components)  # None unless the call asked for callbacks, cancel, progress or previews
         if watch is not None:

@@ -16,18 +16,19 @@ from offload.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from .before_denoise import WanImage2VideoPrepareLatentsStep, WanPrepareLatentsStep
     from .checks import WanCheckInputsStep, WanImage2VideoCheckInputsStep
-    from .decoders import WanDecodeStep
+    from .decoders import WanDecodeStep, WanImage2VideoDecodeStep
     from .denoise import (
         WanDenoiseLoopWrapper,
         WanDenoiseStep,
         WanImage2VideoDenoiseStep,
         WanImage2VideoLoopBeforeDenoiser,
+        WanImage2VideoLoopDenoiser,
         WanLoopAfterDenoiser,
         WanLoopBeforeDenoiser,
         WanLoopDenoiser,
     )
     from .encoders import WanImageEncoderStep, WanTextEncoderStep
-    from .inputs import WanInputStep
+    from .inputs import WanImage2VideoInputStep, WanInputStep
     from .modular_blocks import (
         Wan22Blocks,
         Wan22Image2VideoBlocks,
@@ -74,6 +75,7 @@ FAMILY = BlockFamily(
         "Wan22Image2VideoBlocks": "Wan22Image2VideoModularPipeline",
     },
     lora_loader="diffusers.loaders.WanLoraLoaderMixin",
+    lora_options=("load_into_transformer_2",),  # a LoRA for the low-noise expert
     workflows=("text2video",),
 )
 
@@ -90,8 +92,11 @@ __all__ = [
     "WanImage2VideoAutoBlocks",
     "WanImage2VideoBeforeDenoiseStep",
     "WanImage2VideoCheckInputsStep",
+    "WanImage2VideoDecodeStep",
     "WanImage2VideoDenoiseStep",
+    "WanImage2VideoInputStep",
     "WanImage2VideoLoopBeforeDenoiser",
+    "WanImage2VideoLoopDenoiser",
     "WanImage2VideoPrepareLatentsStep",
     "WanImageEncoderStep",
     "WanInputStep",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
@@ -13,6 +14,7 @@ from blocks.common.params import BATCH_SIZE, DTYPE, INITIAL_LATENTS_OUTPUT, tens
 from blocks.common.vae import processor_for_vae
 from modular import InputParam, ModularPipelineBlocks, OutputParam
 
+from .encoders import FIRST_FRAME, LAST_FRAME
 from .inputs import NUM_VIDEOS_PER_PROMPT
 from .utils import (
     DEFAULT_FRAMES,
@@ -132,7 +134,8 @@ class WanPrepareLatentsStep(ModularPipelineBlocks):
         "with the generator, or takes `latents` as given."
     )
 
-    expected_components = [TRANSFORMER, VAE]
+    # Reads the VAE's scale factors without declaring it: the plan lists the models in the order they run.
+    expected_components = [TRANSFORMER]
 
     inputs = _batch_inputs()
 
@@ -169,14 +172,13 @@ class WanImage2VideoPrepareLatentsStep(ModularPipelineBlocks):
         "first frame's latents alone, with first_frame_mask (0 on the first latent frame, 1 elsewhere)."
     )
 
-    expected_components = [TRANSFORMER, VAE, VIDEO_PROCESSOR]
+    # Reads the transformer's config without declaring it: the plan lists the models in the order they run.
+    expected_components = [VAE, VIDEO_PROCESSOR]
     expected_configs = [EXPAND_TIMESTEPS]
 
     inputs = [
-        InputParam.template("image", required=True, description="The first frame of the video."),
-        InputParam.template(
-            "image", name="last_image", description="The last frame of the video (optional)."
-        ),
+        attrs.evolve(FIRST_FRAME, required=True),
+        LAST_FRAME,
         *_batch_inputs(),
         DTYPE,
     ]

@@ -26,8 +26,8 @@ from modular import BlockState, InputParam
 from .before_denoise import SIZE_INPUTS
 from .decoders import OUTPUT_TYPE
 from .denoise import GUIDANCE_SCALE_2
-from .encoders import PROMPT_INPUTS
-from .inputs import NUM_VIDEOS_PER_PROMPT
+from .encoders import FIRST_FRAME, LAST_FRAME, PROMPT_INPUTS
+from .inputs import IMAGE_EMBEDS, NUM_VIDEOS_PER_PROMPT
 from .utils import BOUNDARY_RATIO, MODEL_NAME, do_classifier_free_guidance, guidance_scale
 
 __all__ = ["WanCheckInputsStep", "WanImage2VideoCheckInputsStep"]
@@ -121,11 +121,7 @@ class WanImage2VideoCheckInputsStep(WanCheckInputsStep):
     )
 
     def workflow_inputs(self) -> list[InputParam]:
-        return [
-            InputParam.template("image"),
-            InputParam.template("image", name="last_image"),
-            InputParam("image_embeds", type_hint=torch.Tensor, description="Precomputed CLIP hidden states."),
-        ]
+        return [FIRST_FRAME, LAST_FRAME, IMAGE_EMBEDS]
 
     def check_workflow(self, components: Any, bs: BlockState, problems: InputProblems) -> None:
         for name in ("image", "last_image"):

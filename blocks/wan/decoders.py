@@ -11,7 +11,7 @@ from modular import InputParam, ModularPipelineBlocks, OutputParam
 from .before_denoise import denormalize_latents
 from .utils import MODEL_NAME, VAE, VIDEO_PROCESSOR, scale_factors
 
-__all__ = ["OUTPUT_TYPE", "VIDEOS_OUTPUT", "WanDecodeStep"]
+__all__ = ["OUTPUT_TYPE", "VIDEOS_OUTPUT", "WanDecodeStep", "WanImage2VideoDecodeStep"]
 
 # The classic pipelines' default: frames as numpy arrays.
 OUTPUT_TYPE = InputParam.template(
@@ -35,10 +35,9 @@ class WanDecodeStep(ModularPipelineBlocks):
     model_name = MODEL_NAME
 
     description = (
-        "With expand_timesteps (Wan 2.2 TI2V image-to-video) first puts the image's latents back on the first "
-        "latent frame. Then, unless output_type is 'latent', decodes latents * std + mean (the VAE's per-channel "
-        "statistics) with the VAE and post-processes the video to output_type: 'np' [videos, frames, height, "
-        "width, 3], 'pt' [videos, frames, 3, height, width], 'pil' (a list of PIL frames per video)."
+        "Unless output_type is 'latent', decodes latents * std + mean (the VAE's per-channel statistics) with the "
+        "VAE and post-processes the video to output_type: 'np' [videos, frames, height, width, 3], 'pt' [videos, "
+        "frames, 3, height, width], 'pil' (a list of PIL frames per video)."
     )
 
     expected_components = [VAE, VIDEO_PROCESSOR]
@@ -46,15 +45,13 @@ class WanDecodeStep(ModularPipelineBlocks):
     inputs = [
         InputParam("latents", type_hint=torch.Tensor, required=True, description="The denoised latents."),
         OUTPUT_TYPE,
-        InputParam(
-            "first_frame_mask", type_hint=torch.Tensor, description="expand_timesteps: 0 on the first frame."
-        ),
-        InputParam(
-            "image_condition_latents", type_hint=torch.Tensor, description="The image-to-video condition."
-        ),
     ]
 
     intermediate_outputs = [VIDEOS_OUTPUT]
+
+    def final_latents(self, block_state) -> torch.Tensor:
+        """The latents to decode (or return): the loop's."""
+        return block_state.latents
 
     @torch.no_grad()
     def __call__(self, components, state):
@@ -63,9 +60,7 @@ class WanDecodeStep(ModularPipelineBlocks):
         if problem:
             msg = f"{type(self).__name__}: {problem}"
             raise ValueError(msg)
-        latents = bs.latents
-        if bs.first_frame_mask is not None:
-            latents = (1 - bs.first_frame_mask) * bs.image_condition_latents + bs.first_frame_mask * latents
+        latents = self.final_latents(bs)
         if bs.output_type == "latent":
             bs.videos = latents
         else:
@@ -76,3 +71,28 @@ class WanDecodeStep(ModularPipelineBlocks):
             bs.videos = processor.postprocess_video(video, output_type=bs.output_type)
         self.set_block_state(state, bs)
         return components, state
+
+
+class WanImage2VideoDecodeStep(WanDecodeStep):
+    """Image-to-video's decode: with expand_timesteps the image's latents go back on the first latent frame first."""
+
+    description = (
+        "With expand_timesteps (Wan 2.2 TI2V) first puts the image's latents back on the first latent frame, as "
+        "the classic pipeline does. " + WanDecodeStep.description
+    )
+
+    inputs = [
+        *WanDecodeStep.inputs,
+        InputParam(
+            "first_frame_mask", type_hint=torch.Tensor, description="expand_timesteps: 0 on the first frame."
+        ),
+        InputParam(
+            "image_condition_latents", type_hint=torch.Tensor, description="The image-to-video condition."
+        ),
+    ]
+
+    def final_latents(self, block_state) -> torch.Tensor:
+        mask = block_state.first_frame_mask
+        if mask is None:
+            return block_state.latents
+        return (1 - mask) * block_state.image_condition_latents + mask * block_state.latents

@@ -17,6 +17,7 @@ from blocks.common.guidance import (
 )
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks
 
+from .inputs import IMAGE_EMBEDS
 from .utils import (
     BOUNDARY_RATIO,
     EXPAND_TIMESTEPS,
@@ -38,6 +39,7 @@ __all__ = [
     "WanDenoiseStep",
     "WanImage2VideoDenoiseStep",
     "WanImage2VideoLoopBeforeDenoiser",
+    "WanImage2VideoLoopDenoiser",
     "WanLoopAfterDenoiser",
     "WanLoopBeforeDenoiser",
     "WanLoopDenoiser",
@@ -160,9 +162,6 @@ class WanLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
     inputs = [
         InputParam.template("prompt_embeds", required=True),
         InputParam.template("negative_prompt_embeds"),
-        InputParam(
-            "image_embeds", type_hint=torch.Tensor, description="Wan 2.1 image-to-video: CLIP hidden states."
-        ),
         guidance_scale_input(),
         InputParam(
             "attention_kwargs", type_hint=dict, description="Extra kwargs for the attention processors."
@@ -220,7 +219,7 @@ class WanLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
                             hidden_states=block_state.model_input,
                             timestep=block_state.model_timestep,
                             encoder_hidden_states=embeds,
-                            encoder_hidden_states_image=block_state.image_embeds,
+                            encoder_hidden_states_image=self.image_embeds(block_state),
                             attention_kwargs=block_state.attention_kwargs,
                             return_dict=False,
                         )[0]
@@ -231,6 +230,19 @@ class WanLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
             guider, model, inputs, predict, unconditional_first=False
         ).pred
         return components, block_state
+
+    def image_embeds(self, block_state) -> torch.Tensor | None:
+        """What the transformer reads as encoder_hidden_states_image: nothing for text-to-video."""
+        return None
+
+
+class WanImage2VideoLoopDenoiser(WanLoopDenoiser):
+    """Loop step for image-to-video: the same passes, with Wan 2.1's image embeddings."""
+
+    inputs = [*WanLoopDenoiser.inputs, IMAGE_EMBEDS]
+
+    def image_embeds(self, block_state) -> torch.Tensor | None:
+        return block_state.image_embeds
 
 
 class WanLoopAfterDenoiser(ModularPipelineBlocks):
@@ -278,7 +290,7 @@ class WanDenoiseStep(WanDenoiseLoopWrapper):
 class WanImage2VideoDenoiseStep(WanDenoiseLoopWrapper):
     """The image-to-video denoising loop."""
 
-    block_classes = [WanImage2VideoLoopBeforeDenoiser, WanLoopDenoiser, WanLoopAfterDenoiser]
+    block_classes = [WanImage2VideoLoopBeforeDenoiser, WanImage2VideoLoopDenoiser, WanLoopAfterDenoiser]
 
     description = (
         "Denoises the latents over the timesteps beside the image condition. Each step runs: before_denoiser "

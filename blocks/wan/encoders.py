@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from blocks.common.prompts import as_list, check_prompt_or_embeds
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
+from .inputs import IMAGE_EMBEDS
 from .utils import (
     MODEL_NAME,
     clean_prompts,
@@ -16,7 +18,7 @@ from .utils import (
     guidance_scale_input,
 )
 
-__all__ = ["PROMPT_INPUTS", "WanImageEncoderStep", "WanTextEncoderStep"]
+__all__ = ["FIRST_FRAME", "LAST_FRAME", "PROMPT_INPUTS", "WanImageEncoderStep", "WanTextEncoderStep"]
 
 # What the prompt encoding reads, as the check-inputs step declares it too.
 PROMPT_INPUTS = (
@@ -25,6 +27,12 @@ PROMPT_INPUTS = (
     InputParam.template("prompt_embeds", note="[batch, seq_len, dim], zero past each prompt's tokens"),
     InputParam.template("negative_prompt_embeds"),
     guidance_scale_input(),
+)
+
+# The frames image-to-video starts from, as every step that reads them declares them.
+FIRST_FRAME = InputParam.template("image", description="The first frame of the video.")
+LAST_FRAME = InputParam.template(
+    "image", name="last_image", description="The last frame of the video (optional)."
 )
 
 IMAGE_ENCODER = ComponentSpec(
@@ -139,24 +147,11 @@ class WanImageEncoderStep(ModularPipelineBlocks):
         "(listed as absent in their index) and skip this."
     )
 
-    expected_components = [
-        IMAGE_ENCODER,
-        IMAGE_PROCESSOR,
-        ComponentSpec("transformer", "diffusers.WanTransformer3DModel"),
-    ]
+    # Reads the transformer's config (image_dim) without declaring it: the plan lists models in the order they run.
+    expected_components = [IMAGE_ENCODER, IMAGE_PROCESSOR]
     optional_components = ("image_encoder", "image_processor")
 
-    inputs = [
-        InputParam.template("image", required=True, description="The first frame of the video."),
-        InputParam.template(
-            "image", name="last_image", description="The last frame of the video (optional)."
-        ),
-        InputParam(
-            "image_embeds",
-            type_hint=torch.Tensor,
-            description="Precomputed CLIP hidden states of the image(s): [images, seq_len, dim].",
-        ),
-    ]
+    inputs = [attrs.evolve(FIRST_FRAME, required=True), LAST_FRAME, IMAGE_EMBEDS]
 
     intermediate_outputs = [
         OutputParam("image_embeds", type_hint=torch.Tensor, description="CLIP hidden states of the frame(s).")

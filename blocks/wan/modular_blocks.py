@@ -16,10 +16,10 @@ from modular import SequentialPipelineBlocks
 
 from .before_denoise import WanImage2VideoPrepareLatentsStep, WanPrepareLatentsStep
 from .checks import WanCheckInputsStep, WanImage2VideoCheckInputsStep
-from .decoders import WanDecodeStep
+from .decoders import WanDecodeStep, WanImage2VideoDecodeStep
 from .denoise import WanDenoiseStep, WanImage2VideoDenoiseStep
 from .encoders import WanImageEncoderStep, WanTextEncoderStep
-from .inputs import WanInputStep
+from .inputs import WanImage2VideoInputStep, WanInputStep
 from .timesteps import WanSetTimestepsStep
 
 __all__ = [
@@ -98,10 +98,10 @@ class WanImage2VideoAutoBlocks(FamilyBlocks):
         WanImage2VideoCheckInputsStep,
         WanTextEncoderStep,
         WanImageEncoderStep,
-        WanInputStep,
+        WanImage2VideoInputStep,
         WanImage2VideoBeforeDenoiseStep,
         WanImage2VideoDenoiseStep,
-        WanDecodeStep,
+        WanImage2VideoDecodeStep,
     ]
     block_names = [
         "check_inputs",

@@ -110,7 +110,8 @@ class LoraMixin:
             weight_name: The file in the folder or repo; ``None``: its only LoRA file.
             adapter_name: The adapter's name; ``None``: ``default_<n>``, the first free in every model.
             **hub_kwargs: ``subfolder``, ``revision``, ``token``, ``local_files_only``, ``cache_dir`` and
-                ``use_pickle`` (``.bin`` files are refused without it), as for components.
+                ``use_pickle`` (``.bin`` files are refused without it), as for components; and the options of
+                the family's loader it names in ``BlockFamily.lora_options`` (Wan: ``load_into_transformer_2``).
 
         Raises:
             ValueError: the pipeline's family loads no LoRA, a model is not loaded, keys that match no
@@ -119,6 +120,9 @@ class LoraMixin:
         pipe = _pipe(self)
         loader = _loader(pipe, "load_lora_weights")
         models = _models(pipe, loader, "load_lora_weights")
+        family = family_of_blocks(pipe.blocks_class_name)
+        own = family.lora_options if family is not None else ()
+        loader_options = {key: hub_kwargs.pop(key) for key in list(hub_kwargs) if key in own}
         source = find_lora(pretrained_model_name_or_path_or_dict, weight_name, hub_kwargs)
         name = new_adapter_name(adapter_name, models)
         before = {key: set(adapters_of(model)) for key, model in models.items() if model is not None}
@@ -127,7 +131,7 @@ class LoraMixin:
         argument, options = source.loader_arguments()
         changed = [model for model in models.values() if model is not None]
         try:
-            target.load_lora_weights(argument, adapter_name=name, **options)
+            target.load_lora_weights(argument, adapter_name=name, **options, **loader_options)
         except BaseException:
             _undo_load(loader, models, name, before)
             raise
@@ -305,13 +309,15 @@ def _loader(pipe: ModularPipeline, what: str) -> Any:
 def _models(pipe: ModularPipeline, loader: Any, what: str | None) -> dict[str, torch.nn.Module | None]:
     """The pipeline's models the loader loads into, by name (``None`` when the pipeline has no such one).
 
-    With ``what``, a model the pipeline declares but has not loaded is an error: diffusers would fail on it.
+    With ``what``, a model the pipeline declares but has not loaded is an error: diffusers would fail on it. One the
+    repo has none of (``absent_component_names``: Wan 2.1's ``transformer_2``) is left out, as a pipeline without it.
     """
     components = pipe.components
+    absent = set(pipe.absent_component_names)
     models: dict[str, torch.nn.Module | None] = {}
     for key in loader._lora_loadable_modules:
         obj = components.get(key)
-        if key in components and obj is None and what is not None:
+        if key in components and obj is None and what is not None and key not in absent:
             msg = f"{what}: component {key!r} is not loaded; call pipe.load_components() first"
             raise ValueError(msg)
         models[key] = obj if isinstance(obj, torch.nn.Module) else None

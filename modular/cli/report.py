@@ -18,6 +18,7 @@ from modular.batch.video import VIDEO_SUFFIX, export_video
 from modular.cli.memory_plot import Band, matplotlib_available, plot_memory
 from offload.devices.units import KiB, column_unit, format_in
 from offload.engine.replay import ReplayResult, UseRecorder, replay
+from offload.errors import ModelTooLargeError
 from offload.strategies.smallest_set import SmallestSufficientSet
 from offload.strategies.strategy import strategy_name
 
@@ -102,8 +103,14 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
         peak_resident_bytes=engine.peak_resident_bytes,
         shrinks=log.total_shrinks,
     )
-    peer = replay(recorder.events, recorder.sizes, budget, margin, SmallestSufficientSet(), copies_back=True)
     unit = unit_for(budget)
+    try:
+        peer: ReplayResult | None = replay(
+            recorder.events, recorder.sizes, budget, margin, SmallestSufficientSet(), copies_back=True
+        )
+    except ModelTooLargeError:
+        peer = None  # the peer's rule moves whole models only; ours streamed one larger than the device
+    results = [("ours", ours)] + ([("the peer's rule", peer)] if peer is not None else [])
     rows = [
         ("", "to device", "copied back", "left the device", "peak"),
         *(
@@ -114,9 +121,11 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
                 f"{r.left_device} ({r.evictions} whole, {r.shrinks} shrunk)",
                 size_text(r.peak_resident_bytes, unit),
             )
-            for name, r in (("ours", ours), ("the peer's rule", peer))
+            for name, r in results
         ),
     ]
+    if peer is None:
+        rows.append(("the peer's rule", "cannot run", "-", "-", "-"))
     widths = [max(len(row[k]) for row in rows) for k in range(5)]
     table = [
         "  "
@@ -130,11 +139,17 @@ def offload_summary(manager: Any, recorder: UseRecorder, budget: int, margin: in
         f"Offload over the run ({len(log)} decisions, {uses} model uses):",
         *table,
         *_prose(
-            f"Ours is {ours.strategy}; the peer's rule is {peer.strategy}, replayed on the same model uses "
-            f"with the same budget ({size_text(budget, unit)}) and margin ({size_text(margin, unit)}). "
-            "Left the device: victims evicted whole, or shrunk to a resident prefix (only their tail left). "
-            'The peer\'s rule moves each victim back with module.to("cpu"), so every evicted byte is copied '
-            "back; ours keeps a host copy instead."
+            f"Ours is {ours.strategy}; the peer's rule is {strategy_name(SmallestSufficientSet())}, replayed on "
+            f"the same model uses with the same budget ({size_text(budget, unit)}) and margin "
+            f"({size_text(margin, unit)}). Left the device: victims evicted whole, or shrunk to a resident prefix "
+            "(only their tail left). "
+            + (
+                'The peer\'s rule moves each victim back with module.to("cpu"), so every evicted byte is copied '
+                "back; ours keeps a host copy instead."
+                if peer is not None
+                else "The peer's rule cannot run this: it moves whole models, and a model is larger than the "
+                "device (ours streamed it)."
+            )
         ),
     ]
 

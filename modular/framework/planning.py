@@ -186,16 +186,19 @@ def plan_call(
     given: Mapping[str, Any] | Iterable[str],
     components: Mapping[str, Any],
     absent: frozenset[str] = frozenset(),
+    unlisted: frozenset[str] = frozenset(),
 ) -> CallPlan:
     """The plan for these input values (a mapping) or names; raises for missing inputs and unloaded components.
 
     A component in `absent` (the repo has none) that a step lists in its ``optional_components`` is planned
-    without: it is not among the plan's uses, so offload never places it."""
+    without: it is not among the plan's uses, so offload never places it. Those of them in `unlisted` are absent
+    because a classic index does not list them (not by a ``[null, null]`` entry): a step that needs one is told
+    to load it, as for any component not loaded."""
     known = Known.of(given)
     steps = tuple(blocks.execution_steps(known))
     produced: set[str] = set()
     uses: list[str] = []
-    _check_steps(steps, known.given, produced, uses, components, absent)
+    _check_steps(steps, known.given, produced, uses, components, absent, unlisted)
     return CallPlan(steps, tuple(uses), frozenset(produced | known.given), known.needs_values)
 
 
@@ -206,6 +209,7 @@ def _check_steps(
     uses: list[str],
     components: Mapping[str, Any],
     absent: frozenset[str],
+    unlisted: frozenset[str],
 ) -> None:
     for step in steps:
         block = step.block
@@ -222,6 +226,7 @@ def _check_steps(
             if components.get(spec.name) is None and spec.name in absent:
                 if spec.name in block.optional_components:
                     continue  # the repo has none, and the block runs without it
+            if components.get(spec.name) is None and spec.name in absent and spec.name not in unlisted:
                 msg = (
                     f"block {step.name!r} ({type(block).__name__}) needs component {spec.name!r}, which this "
                     f"repo does not have (its index lists {spec.name!r} as [null, null]); give the pipeline one "
@@ -236,7 +241,7 @@ def _check_steps(
                 )
                 raise ComponentNotLoadedError(msg)
             uses.append(spec.name)
-        _check_steps(step.body, given, produced, uses, components, absent)
+        _check_steps(step.body, given, produced, uses, components, absent, unlisted)
 
 
 def check_output(output: Any, plan: CallPlan, given: Iterable[str] = ()) -> None:
@@ -292,13 +297,14 @@ class PlanCache:
         given: Mapping[str, Any],
         components: Mapping[str, Any],
         absent: frozenset[str] = frozenset(),
+        unlisted: frozenset[str] = frozenset(),
     ) -> CallPlan:
         """The plan for the names given a value, made once per set of names (with the values when it needs them)."""
         plans = self._current()
         names = frozenset(name for name, value in given.items() if value is not None)
         plan = plans.by_names.get(names)
         if plan is None:
-            plan = plans.by_names[names] = plan_call(blocks, names, components, absent)
+            plan = plans.by_names[names] = plan_call(blocks, names, components, absent, unlisted)
         if plan.needs_values:
-            return plan_call(blocks, given, components, absent)
+            return plan_call(blocks, given, components, absent, unlisted)
         return plan

@@ -38,6 +38,7 @@ class ComponentMethods:
     _config: dict[str, Any]
     _components: dict[str, Any]
     _absent: set[str]
+    _unlisted: set[str]
 
     @property
     def components(self) -> dict[str, Any]:
@@ -57,8 +58,9 @@ class ComponentMethods:
 
     @property
     def absent_component_names(self) -> list[str]:
-        """Components the repo has none of (its index lists them as ``[null, null]``), until one is given: blocks
-        that run without them (``optional_components``) are planned without them."""
+        """Components the repo has none of (its index lists them as ``[null, null]``, or a classic
+        ``model_index.json`` does not list them), until one is given: blocks that run without them
+        (``optional_components``) are planned without them."""
         return [name for name in self._specs if name in self._absent]
 
     @property
@@ -123,6 +125,7 @@ class ComponentMethods:
             self._specs[name] = spec
             self._components[name] = obj
             self._absent.discard(name)
+            self._unlisted.discard(name)
         self._plans.forget()
 
     def update_components(self, **kwargs: Any) -> None:
@@ -142,6 +145,7 @@ class ComponentMethods:
             if value is not None:
                 self._specs[name] = _spec_for(self._specs[name], value)
                 self._absent.discard(name)
+                self._unlisted.discard(name)
             self._set_component(name, value)
         self._plans.forget()
 

@@ -25,7 +25,7 @@ from modular.pipeline.call_components import CallComponents, fresh_state
 from modular.pipeline.component_methods import LIVE_PIPELINES, ComponentMethods
 from modular.pipeline.config_components import config_spec_from_index
 from modular.pipeline.devices import DeviceMethods
-from modular.pipeline.index import absent_components, read_index, specs_from_index
+from modular.pipeline.index import CLASSIC_INDEX, absent_components, read_index, specs_from_index
 from modular.pipeline.outputs import call_result
 from modular.pipeline.replacement import check_replacements
 from modular.watch.events import Preview, ProgressEvent
@@ -74,6 +74,7 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
         self._config: dict[str, Any] = {spec.name: spec.default for spec in blocks.expected_configs}
         self._components: dict[str, Any] = dict.fromkeys(self._specs)
         self._absent: set[str] = set()  # components the repo's index says it has none of
+        self._unlisted: set[str] = set()  # of those, the ones a classic index does not list at all
         LIVE_PIPELINES.add(self)
         self._blocks_class_name = type(blocks).__name__
         self._workflow: str | None = None
@@ -90,6 +91,17 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
                 if name in self._config:
                     self._config[name] = value
             self._absent = {name for name in absent_components(kind, index) if name in self._specs}
+            if kind == CLASSIC_INDEX:
+                # As diffusers' classic loading: a component the index does not list is None (older Wan 2.1
+                # repos predate transformer_2; Wan 2.2 TI2V's has no image_encoder).
+                self._unlisted = {
+                    name
+                    for name, spec in self._specs.items()
+                    if name not in index
+                    and spec.default_creation_method == "from_pretrained"
+                    and not spec.pretrained_model_name_or_path
+                }
+                self._absent |= self._unlisted
         made = {n: s.create() for n, s in self._specs.items() if s.default_creation_method == "from_config"}
         check_replacements(blocks, self._specs, made)  # e.g. a saved guider the blocks cannot serve
         for name, obj in made.items():
@@ -367,7 +379,8 @@ class ModularPipeline(ComponentMethods, DeviceMethods, LoraMixin, IPAdapterMetho
         check_inputs(type(self).__name__, params, kwargs, self._blocks)
         inputs = tagged_inputs(params, kwargs)  # a group given as one dict is spread into its members
         given = {**(state.values if state is not None else {}), **{k: v for k, (v, _) in inputs.items()}}
-        return self._plans.plan(self._blocks, given, self._components, frozenset(self._absent)), inputs
+        absent, unlisted = frozenset(self._absent), frozenset(self._unlisted)
+        return self._plans.plan(self._blocks, given, self._components, absent, unlisted), inputs
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}(blocks={type(self._blocks).__name__}"]

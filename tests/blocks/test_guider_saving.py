@@ -21,6 +21,7 @@ import blocks.qwenimage
 import blocks.sd3
 import blocks.stable_diffusion
 import blocks.stable_diffusion_xl
+import blocks.wan
 import blocks.z_image
 import modular
 from components import ComponentsManager
@@ -40,6 +41,7 @@ FAMILIES = (
     blocks.flux2,
     blocks.sd3,
     blocks.qwenimage,
+    blocks.wan,
 )
 for _family in FAMILIES:
     modular.register_family(_family.FAMILY)

@@ -14,6 +14,7 @@ import blocks.qwenimage as qwenimage
 import blocks.sd3 as sd3
 import blocks.stable_diffusion as sd
 import blocks.stable_diffusion_xl as sdxl
+import blocks.wan as wan
 import blocks.z_image as z_image
 from modular import SequentialPipelineBlocks
 
@@ -28,6 +29,7 @@ FAMILIES = {
     "flux2": (flux2, flux2.Flux2AutoBlocks, {}),
     "sd3": (sd3, sd3.StableDiffusion3AutoBlocks, {}),
     "qwenimage": (qwenimage, qwenimage.QwenImageAutoBlocks, {}),
+    "wan": (wan, wan.Wan22Blocks, {}),
 }
 SHARED = ["sd", "sdxl", "flux", "z_image", "sd3"]  # the families the shared rules are run on
 # The check steps' names, the image side in pixels, the text-to-image size rule (8 for SD and SDXL, as
@@ -40,7 +42,7 @@ INFO = {
     "z_image": {"t2i": "ZImageCheckInputsStep", "i2i": "ZImageImg2ImgCheckInputsStep"},
     "sd3": {"t2i": "StableDiffusion3CheckInputsStep", "i2i": "StableDiffusion3Img2ImgCheckInputsStep"},
 }
-SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "sd3": 32, "qwenimage": 32}
+SIZE = {"sd": 64, "sdxl": 64, "flux": 32, "z_image": 32, "flux2": 32, "sd3": 32, "qwenimage": 32, "wan": 32}
 for _family, _values in {
     "sd": (8, 4),
     "sdxl": (8, 4),
@@ -441,6 +443,13 @@ OTHER_RULES = {
         "QwenImageCheckInputsStep: prompt_embeds_mask (shape (2, 4)) must have prompt_embeds's batch and length "
         "(2, 5)",
     ),
+    "wan_frames_and_width": (
+        "wan",
+        {"num_frames": 0, "height": 32, "width": 30},
+        ValueError,
+        "WanCheckInputsStep: 2 problems with the inputs:\n  - num_frames (0) must be at least 1; pass a positive "
+        "number of frames\n  - width (30) must be divisible by 16; pass a multiple of 16 such as 16 or 32",
+    ),
 }
 
 
@@ -452,11 +461,12 @@ def test_family_rules_refuse_before_any_model_runs(pipes, case):
     assert_refused(pipes(kind), kwargs, error, message)
 
 
-@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2", "sd3", "qwenimage"])
+@pytest.mark.parametrize("kind", ["sd", "sdxl", "flux", "z_image", "flux2", "sd3", "qwenimage", "wan"])
 def test_a_good_call_runs_every_model(pipes, kind):
     """The recorder sees the text encoder, the denoiser and the VAE of a good call (so zero means none ran)."""
     pipe = pipes(kind)
-    kwargs = call_kwargs(kind, "t2i", num_inference_steps=1, output_type="np")
+    frames = {"num_frames": 5} if kind == "wan" else {}
+    kwargs = call_kwargs(kind, "t2i", num_inference_steps=1, output_type="np", **frames)
     with model_calls(pipe) as calls:
         pipe(**kwargs)
     denoiser = "unet" if kind in ("sd", "sdxl") else "transformer"
@@ -478,6 +488,8 @@ ALL_BLOCKS = [
     sd3.StableDiffusion3AutoBlocks,
     qwenimage.QwenImageAutoBlocks,
     qwenimage.QwenImageEditAutoBlocks,
+    wan.WanBlocks,
+    wan.Wan22Image2VideoBlocks,
 ]
 
 

@@ -1,5 +1,5 @@
-"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image, Flux.2, SD3 and
-Qwen-Image.
+"""Index files round-trip with the peer (diffusers' modular pipelines) for SDXL, Flux, Z-Image, Flux.2, SD3,
+Qwen-Image and Wan.
 
 peer -> ours: the peer's pipeline on a tiny classic repo loads and saves; ours reads that folder, picks
 our family's blocks, takes every spec from the index, loads, and equals the classic pipeline.
@@ -24,6 +24,7 @@ import blocks.flux2
 import blocks.qwenimage
 import blocks.sd3
 import blocks.stable_diffusion_xl
+import blocks.wan
 import blocks.z_image
 import modular
 from components.load_id import LOAD_ID_FIELDS
@@ -35,6 +36,7 @@ from .flux2.conftest import classic_from as flux2_classic
 from .qwenimage.conftest import classic_from as qwenimage_classic
 from .sd3.conftest import classic_from as sd3_classic
 from .stable_diffusion_xl.conftest import classic_from as sdxl_classic
+from .wan.conftest import classic_from as wan_classic
 from .z_image.conftest import classic_from as zimage_classic
 
 
@@ -127,6 +129,19 @@ def _check_qwen_image(pipe, peer, inputs):
     assert torch.equal(ours, theirs)
 
 
+def _check_wan(pipe, peer, inputs):
+    """Wan 2.2: the peer with both guiders at the classic scale (5.0; its own defaults are 4.0 and 3.0) equals ours
+    bit for bit. Both run the conditional and unconditional passes one after the other, as the classic pipeline."""
+    peer.update_components(
+        guider=ClassifierFreeGuidance(guidance_scale=5.0), guider_2=ClassifierFreeGuidance(guidance_scale=5.0)
+    )
+    # The peer's Wan decoder takes no output_type 'latent': it decodes, and its latents are asked for.
+    peer_inputs = {name: value for name, value in inputs.items() if name != "output_type"}
+    theirs = peer(generator=_generator(), output="latents", **peer_inputs)
+    ours = pipe(generator=_generator(), output="videos", **inputs)
+    assert torch.equal(ours, theirs)
+
+
 @attrs.frozen
 class Case:
     family: modular.BlockFamily
@@ -134,6 +149,9 @@ class Case:
     inputs: dict[str, Any]  # text-to-image inputs that suit the tiny repo
     check_peer: Callable[[Any, Any, dict[str, Any]], None]  # the peer's output against ours
     make_repo: Callable[..., Path] | None = None  # the tiny repo, when not the family's default one
+    workflow: str = "text2image"  # the classic pipeline's workflow the inputs are for
+    output: str = "images"  # our output's name, and the classic output's attribute
+    classic_output: str = "images"
 
 
 CASES = {
@@ -154,6 +172,15 @@ CASES = {
         qwenimage_classic,
         {"height": 32, "width": 32, "negative_prompt": "blurry"},
         _check_qwen_image,
+    ),
+    "wan": Case(
+        blocks.wan.FAMILY,
+        wan_classic,
+        {"height": 32, "width": 32, "num_frames": 5},
+        _check_wan,
+        workflow="text2video",
+        output="videos",
+        classic_output="frames",
     ),
 }
 for _case in CASES.values():
@@ -244,8 +271,9 @@ def test_components_from_the_peers_index_load_and_equal_the_classic_pipeline(cas
     assert pipe.null_component_names == []
     for name in pipe.pretrained_component_names:
         assert _type_entry(type(pipe.components[name])) == entries[name][0:2], name
-    ours = pipe(generator=_generator(), output="images", **_inputs(case))
-    theirs = case.classic_from(pipe, "text2image")(generator=_generator(), **_inputs(case)).images
+    ours = pipe(generator=_generator(), output=case.output, **_inputs(case))
+    classic = case.classic_from(pipe, case.workflow)(generator=_generator(), **_inputs(case))
+    theirs = getattr(classic, case.classic_output)
     assert torch.equal(ours, theirs)
 
 

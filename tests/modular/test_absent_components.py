@@ -34,6 +34,9 @@ class NeedsModel(UsesOptionalModel):
     optional_components = ()
 
 
+LISTED = ["diffusers", "DDIMScheduler"]  # an entry the repo could load (its folder is never read here)
+
+
 def _repo(folder, entry):
     """`folder` with a classic index that lists `model` as `entry` (None: not listed at all)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -44,13 +47,17 @@ def _repo(folder, entry):
     return folder
 
 
-def test_a_null_entry_is_recorded_as_absent(tmp_path):
-    """A [null, null] entry is an absent component; an unlisted one is only not loaded."""
-    absent = UsesOptionalModel().init_pipeline(_repo(tmp_path / "a", [None, None]))
-    unlisted = UsesOptionalModel().init_pipeline(_repo(tmp_path, None))
-    assert absent.absent_component_names == ["model"]
-    assert unlisted.absent_component_names == []
-    assert absent.null_component_names == unlisted.null_component_names == ["model"]
+def test_a_null_entry_or_none_is_recorded_as_absent(tmp_path):
+    """A [null, null] entry, and in a classic index no entry (as diffusers' loading reads it), is an absent
+    component; an entry naming a class is only not loaded yet."""
+    null = UsesOptionalModel().init_pipeline(_repo(tmp_path / "null", [None, None]))
+    unlisted = UsesOptionalModel().init_pipeline(_repo(tmp_path / "unlisted", None))
+    listed = UsesOptionalModel().init_pipeline(_repo(tmp_path / "listed", LISTED))
+    assert null.absent_component_names == unlisted.absent_component_names == ["model"]
+    assert listed.absent_component_names == []
+    assert (
+        null.null_component_names == unlisted.null_component_names == listed.null_component_names == ["model"]
+    )
 
 
 def test_an_optional_absent_component_is_planned_without(tmp_path):
@@ -62,10 +69,19 @@ def test_an_optional_absent_component_is_planned_without(tmp_path):
 
 
 def test_a_component_not_loaded_yet_is_still_an_error(tmp_path):
-    """Without a null entry the same block refuses to run: the model is only not loaded, not absent."""
-    pipe = UsesOptionalModel().init_pipeline(_repo(tmp_path, None))
+    """With an entry naming a class the same block refuses to run: the model is only not loaded, not absent."""
+    pipe = UsesOptionalModel().init_pipeline(_repo(tmp_path, LISTED))
     with pytest.raises(ComponentNotLoadedError, match="needs component 'model', which is not loaded"):
         pipe(x=3, output="y")
+
+
+def test_an_unlisted_component_is_planned_without_or_asked_to_be_loaded(tmp_path):
+    """A component a classic index does not list: a block that can run without it does (older Wan 2.1 repos
+    predate transformer_2); one that needs it is told to load it, as for any component not loaded."""
+    repo = _repo(tmp_path, None)
+    assert UsesOptionalModel().init_pipeline(repo)(x=3, output="y") == 3
+    with pytest.raises(ComponentNotLoadedError, match="needs component 'model', which is not loaded"):
+        NeedsModel().init_pipeline(repo)(x=3, output="y")
 
 
 def test_a_block_that_needs_an_absent_component_names_the_repo(tmp_path):

@@ -7,6 +7,7 @@ from diffusers.loaders import (
     QwenImageLoraLoaderMixin,
     SD3LoraLoaderMixin,
     StableDiffusionLoraLoaderMixin,
+    WanLoraLoaderMixin,
     ZImageLoraLoaderMixin,
 )
 
@@ -15,6 +16,7 @@ import blocks.flux2
 import blocks.qwenimage
 import blocks.sd3
 import blocks.stable_diffusion
+import blocks.wan
 import blocks.z_image
 from modular import BlockFamily, SequentialPipelineBlocks
 
@@ -27,6 +29,7 @@ def test_the_families_loaders_resolve_to_diffusers_classes():
     assert blocks.flux2.FAMILY.loader("lora") is Flux2LoraLoaderMixin
     assert blocks.sd3.FAMILY.loader("lora") is SD3LoraLoaderMixin
     assert blocks.qwenimage.FAMILY.loader("lora") is QwenImageLoraLoaderMixin
+    assert blocks.wan.FAMILY.loader("lora") is WanLoraLoaderMixin
 
 
 def test_a_class_is_returned_as_it_is():

@@ -78,3 +78,18 @@ def test_modular_run_writes_the_tiny_video(tmp_path, capsys):
     assert [path.name for path in out.iterdir()] == ["tiny-repo-seed0-0.mp4"]
     assert f"saved {out / 'tiny-repo-seed0-0.mp4'}" in capsys.readouterr().out
     assert iio.imread(out / "tiny-repo-seed0-0.mp4").shape == (5, 32, 32, 3)
+
+
+def test_modular_run_streams_the_experts_and_draws_the_memory_picture(tmp_path, capsys):
+    """On a simulated device smaller than each expert, `modular run` streams them, saves the video and
+    memory.png, and says that the peer's rule (whole models only) cannot run this."""
+    out = tmp_path / "out"
+    argv = ["run", "--family", "wan", "--output", str(out), "--quiet", "--steps", "2", "--no-table"]
+    assert main([*argv, "--offload", "sim", "--budget", "90KiB"]) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["memory.png", "tiny-repo-seed0-0.mp4"]
+    printed = capsys.readouterr().out
+    assert "the peer's rule  cannot run" in printed
+    assert (
+        "The peer's rule cannot run this: it moves whole models, and a model is larger than the device"
+        in (" ".join(printed.split()))
+    )
