@@ -142,8 +142,12 @@ def text_ids(batch: int, length: int) -> torch.Tensor:
 
 
 def _batch_norm_stats(vae: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    mean = vae.bn.running_mean.view(1, -1, 1, 1).to(like.device, like.dtype)
-    std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(
+    # Read through the VAE's state_dict, not its attributes: these buffers are used outside the VAE's forward,
+    # and under auto offload with a host budget they are placeholders until the VAE runs; its state_dict reads
+    # the real values back first.
+    stats = vae.state_dict()
+    mean = stats["bn.running_mean"].view(1, -1, 1, 1).to(like.device, like.dtype)
+    std = torch.sqrt(stats["bn.running_var"].view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(
         like.device, like.dtype
     )
     return mean, std

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
+import transformers
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -79,8 +80,12 @@ def base_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @functools.cache
-def folder_tensors(folder: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors weight files (variant files left out)."""
+def folder_tensors(folder: str, model_class: type) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's weights under the names the model's class gives them: a transformers
+    model read back with its class (transformers saves some, such as Mistral3, under older checkpoint names
+    and renames them on loading), anything else from its safetensors files (variant files left out)."""
+    if issubclass(model_class, transformers.PreTrainedModel):
+        return dict(model_class.from_pretrained(folder).state_dict())
     tensors: dict[str, torch.Tensor] = {}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".safetensors") and name.count(".") == 1:
@@ -98,7 +103,7 @@ def assert_claims_true(side: Side, skip: Collection[str] = ()) -> None:
         folder = source_folder(info["load_id"])
         if folder is None or not claims_source_weights(info):
             continue
-        held, stored = base_weights(model), folder_tensors(folder)
+        held, stored = base_weights(model), folder_tensors(folder, type(model))
         shared = sorted(set(held) & set(stored))
         assert shared, f"{component_id}: none of its tensors is in {folder}"
         differ = [key for key in shared if not torch.equal(held[key], stored[key])]

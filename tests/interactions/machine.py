@@ -1,5 +1,6 @@
-"""The state machine of the interaction tests: operations drawn over three pipelines on one manager, each
-checked against a shadow that gets the same weight-changing operations and never offloads.
+"""The state machine of the interaction tests: operations drawn over the pipelines of six families on one
+manager (three from the start, one of the newer families drawn, the others as a rule draws them), each checked
+against a shadow that gets the same weight-changing operations and never offloads.
 
 Kinds of rule:
 
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from components import ComponentsManager
 from components.model_info import lora_info
@@ -49,6 +50,7 @@ from .world import (
     IP_WEIGHTS,
     LORA_NAMES,
     LORA_TARGETS,
+    NEWER_PIPELINES,
     PIPELINES,
     Files,
     Outcome,
@@ -75,7 +77,8 @@ def torchao_config() -> Any | None:
 
 
 class InteractionMachine(WatchedCallRules, ServingRules, RuleBasedStateMachine):
-    """Three pipelines of two families on one manager, and their shadow (see the module docstring)."""
+    """The pipelines of ``tests/interactions/world.py`` on one manager, and their shadow (see the module
+    docstring)."""
 
     files: Files  # set by the test before the machine runs
     trace: list[str]  # the operations of the example so far, for the failure message
@@ -90,6 +93,11 @@ class InteractionMachine(WatchedCallRules, ServingRules, RuleBasedStateMachine):
         self.counter = itertools.count()
         self.trace = []
         self.host_budget: int | None = None  # the side under test's, while offload is on
+
+    @initialize(name=st.sampled_from(NEWER_PIPELINES))
+    def add_a_newer_family(self, name):
+        """One pipeline of a newer family (SD3, Flux.2, Qwen-Image, Wan) beside the three of every example."""
+        self.both(f"{name} = load_pipeline(repo, cm)", lambda side: side.make(name))
 
     # ----- how rules run -----
     def both(self, label: str, operation: Callable[[Side], Any]) -> Outcome:
@@ -129,7 +137,12 @@ class InteractionMachine(WatchedCallRules, ServingRules, RuleBasedStateMachine):
         return names
 
     def with_ip_adapter(self, loaded: bool) -> list[str]:
-        return [n for n, p in self.shadow.live().items() if has_ip_adapter(p, self.family(n)) == loaded]
+        """Live pipelines of the families that take an IP-Adapter whose denoiser holds one (or not)."""
+        return [
+            n
+            for n, p in self.shadow.live().items()
+            if self.family(n) in self.files.ip_adapters and has_ip_adapter(p, self.family(n)) == loaded
+        ]
 
     def folder(self, kind: str) -> Path:
         return self.scratch / f"{kind}-{next(self.counter)}"

@@ -15,7 +15,7 @@ from hypothesis.stateful import precondition, rule
 from components.model_calls import MODEL_CALLS
 from modular import CallCancelled, CancelToken
 
-from .world import PIPELINES, Side, call_inputs
+from .world import OUTPUT, PIPELINES, Side, call_inputs
 
 
 def _call(side: Side, name: str, steps: int, **watching: Any) -> torch.Tensor:
@@ -24,7 +24,7 @@ def _call(side: Side, name: str, steps: int, **watching: Any) -> torch.Tensor:
     assert pipe is not None
     inputs = {**call_inputs(pipe, PIPELINES[name]), "num_inference_steps": steps}
     generator = torch.Generator().manual_seed(0)
-    return pipe(generator=generator, output="images", **watching, **copy.deepcopy(inputs))
+    return pipe(generator=generator, output=OUTPUT[PIPELINES[name]], **watching, **copy.deepcopy(inputs))
 
 
 def cancelled_at(side: Side, name: str, steps: int, step: int) -> None:

@@ -17,30 +17,80 @@ import attrs
 import diffusers
 import torch
 import transformers
-from diffusers import FluxPipeline, StableDiffusionPipeline
+from diffusers import (
+    Flux2Pipeline,
+    FluxPipeline,
+    QwenImagePipeline,
+    StableDiffusion3Pipeline,
+    StableDiffusionPipeline,
+    WanPipeline,
+)
 
 import blocks.flux.tiny as flux_tiny
 import blocks.stable_diffusion.tiny as sd_tiny
 from blocks.flux import FAMILY as FLUX_FAMILY
+from blocks.flux2 import FAMILY as FLUX2_FAMILY
+from blocks.qwenimage import FAMILY as QWEN_FAMILY
+from blocks.sd3 import FAMILY as SD3_FAMILY
+from blocks.wan import FAMILY as WAN_FAMILY
 from components import ComponentsManager
 from modular import ModularPipeline, register_family
 
 from ..blocks.lora_helpers import CLIP_TARGETS, DENOISER_TARGETS, make_lora
 
-register_family(FLUX_FAMILY)  # harmless once the entry points name it
+for _family in (FLUX_FAMILY, SD3_FAMILY, FLUX2_FAMILY, QWEN_FAMILY, WAN_FAMILY):
+    register_family(_family)  # harmless once the entry points name it
 diffusers.utils.logging.disable_progress_bar()  # thousands of tiny loads and saves
 transformers.utils.logging.disable_progress_bar()
 
-#: The pipelines every example runs: two Stable Diffusion pipelines on one repo (they share every model
-#: through the manager, as two workflows of one repo do) and one Flux pipeline. name -> family.
-PIPELINES = {"sd_a": "sd", "sd_b": "sd", "flux": "flux"}
-DENOISER = {"sd": "unet", "flux": "transformer"}
-#: The models a family's LoRA files cover.
+#: The pipelines an example can run: two Stable Diffusion pipelines on one repo (they share every model
+#: through the manager, as two workflows of one repo do), one Flux pipeline, and one of each newer family
+#: (SD3, Flux.2, Qwen-Image, Wan video). name -> family. Every example starts with ``BASE_PIPELINES`` and one
+#: of ``NEWER_PIPELINES`` drawn (``InteractionMachine.add_a_newer_family``); the others join when a
+#: ``remake_pipeline`` draws them, so an example pays for the pipelines it draws, not for all seven.
+PIPELINES = {
+    "sd_a": "sd",
+    "sd_b": "sd",
+    "flux": "flux",
+    "sd3": "sd3",
+    "flux2": "flux2",
+    "qwen": "qwen",
+    "wan": "wan",
+}
+BASE_PIPELINES = ("sd_a", "sd_b", "flux")
+NEWER_PIPELINES = tuple(name for name in PIPELINES if name not in BASE_PIPELINES)
+#: Each family's tiny-repo builder.
+REPO_BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "sd": sd_tiny.make_tiny_repo,
+    "flux": flux_tiny.make_tiny_repo,
+    "sd3": SD3_FAMILY.make_tiny_repo,
+    "flux2": FLUX2_FAMILY.make_tiny_repo,
+    "qwen": QWEN_FAMILY.make_tiny_repo,
+    "wan": WAN_FAMILY.make_tiny_repo,
+}
+DENOISER = {family: "transformer" for family in REPO_BUILDERS} | {"sd": "unet"}
+#: The models a family's LoRA files cover: the denoiser, and the CLIP text encoders where the family's loader
+#: takes them (SD3's second CLIP too, so that one file goes into three models).
 LORA_TARGETS = {
     "sd": {"unet": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
     "flux": {"transformer": DENOISER_TARGETS, "text_encoder": CLIP_TARGETS},
+    "sd3": {"transformer": DENOISER_TARGETS, "text_encoder_2": CLIP_TARGETS},
+    "flux2": {"transformer": ["to_qkv_mlp_proj", "to_k"]},
+    "qwen": {"transformer": DENOISER_TARGETS},
+    "wan": {"transformer": DENOISER_TARGETS},
 }
-LORA_WRITER = {"sd": StableDiffusionPipeline, "flux": FluxPipeline}
+LORA_WRITER = {
+    "sd": StableDiffusionPipeline,
+    "flux": FluxPipeline,
+    "sd3": StableDiffusion3Pipeline,
+    "flux2": Flux2Pipeline,
+    "qwen": QwenImagePipeline,
+    "wan": WanPipeline,
+}
+#: What a family's call returns, and the inputs it takes beyond ``CALL``: a video's frames; two steps for
+#: Qwen-Image, whose scheduler config (shift_terminal) stretches a single sigma to 0/0 (NaN, classic's too).
+OUTPUT = {family: "images" for family in REPO_BUILDERS} | {"wan": "videos"}
+CALL_EXTRA: dict[str, dict[str, Any]] = {"wan": {"num_frames": 5}, "qwen": {"num_inference_steps": 2}}
 LORA_NAMES = ("a", "b")
 IP_WEIGHTS = {"subfolder": "models", "weight_name": "ip-adapter.safetensors"}
 CALL = {"prompt": "a cat", "num_inference_steps": 1, "height": 32, "width": 32, "output_type": "pt"}
@@ -58,7 +108,7 @@ class Files:
 def make_files(root: Path) -> Files:
     """Write the tiny repos, two random LoRAs per family (over the denoiser and the text encoder) and one
     IP-Adapter per family under ``root``."""
-    repos = {"sd": sd_tiny.make_tiny_repo(root / "sd"), "flux": flux_tiny.make_tiny_repo(root / "flux")}
+    repos = {family: build(root / family) for family, build in REPO_BUILDERS.items()}
     ip_adapters = {
         "sd": sd_tiny.make_tiny_ip_adapter(root / "ip-sd", repos["sd"]),
         "flux": flux_tiny.make_tiny_ip_adapter(root / "ip-flux", repos["flux"]),
@@ -91,7 +141,7 @@ def has_ip_adapter(pipe: ModularPipeline, family: str) -> bool:
 
 def call_inputs(pipe: ModularPipeline, family: str) -> dict[str, Any]:
     """The fixed small call; with image-prompt embeddings when the denoiser holds an IP-Adapter."""
-    inputs: dict[str, Any] = dict(CALL)
+    inputs: dict[str, Any] = {**CALL, **CALL_EXTRA.get(family, {})}
     if has_ip_adapter(pipe, family):
         positive, negative = torch.randn(2, 1, 1, 32, generator=torch.Generator().manual_seed(7))
         inputs.update(ip_adapter_image_embeds=[positive], negative_ip_adapter_image_embeds=[negative])
@@ -136,11 +186,12 @@ def outcome(operation: Callable[[], Any]) -> Outcome:
 def generate(pipe: ModularPipeline, family: str) -> torch.Tensor:
     """One seeded call of ``pipe``: the images as a tensor."""
     inputs = call_inputs(pipe, family)
-    return pipe(generator=torch.Generator().manual_seed(0), output="images", **copy.deepcopy(inputs))
+    return pipe(generator=torch.Generator().manual_seed(0), output=OUTPUT[family], **copy.deepcopy(inputs))
 
 
 class Side:
-    """One manager and the pipelines of ``PIPELINES`` on it, each on its family's tiny repo.
+    """One manager and the pipelines of ``BASE_PIPELINES`` on it (others added by ``make``), each on its
+    family's tiny repo.
 
     The test drives two: the side under test (offload, host budget, devices) and its shadow, which gets
     the same weight-changing operations and never offload. A dropped pipeline's entry is ``None`` until it is
@@ -151,7 +202,7 @@ class Side:
         self.files = files
         self.cm = ComponentsManager()
         self.pipes: dict[str, ModularPipeline | None] = {}
-        for name in PIPELINES:
+        for name in BASE_PIPELINES:
             self.make(name)
 
     def make(self, name: str) -> None:

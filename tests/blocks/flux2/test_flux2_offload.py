@@ -57,6 +57,25 @@ def test_offloaded_runs_equal_plain_runs(flux2_repo):
         cm.disable_auto_cpu_offload()
 
 
+def test_under_a_host_budget_the_first_call_reads_the_vaes_batch_norm_stats(flux2_repo):
+    """The first call after offload is enabled with a host budget below the models' sum (host copies dropped to
+    their files) equals the plain run: the latents' batch-norm stats, which the blocks read outside the VAE's
+    forward, are real values, not placeholders (they were NaN once)."""
+    cm = ComponentsManager()
+    pipe = _pipeline(flux2_repo, cm)
+    images = [make_image(), make_image(1)]
+    expected = [_run(pipe), _run(pipe, image=images)]
+    sizes = [module_nbytes(m) for m in (pipe.transformer, pipe.vae, pipe.text_encoder)]
+    for inputs, plain in zip(({}, {"image": images}), expected, strict=True):
+        cm.enable_auto_cpu_offload(
+            device=SimulatedDevice(sum(sizes)), memory_reserve_margin=0, host_budget=max(sizes) + 1024
+        )
+        try:
+            assert _run(pipe, **inputs).tobytes() == plain.tobytes()
+        finally:
+            cm.disable_auto_cpu_offload()
+
+
 def test_klein_offloaded_equals_plain(klein_repo):
     """Klein (two transformer passes a step) under a budget that forces evictions gives bit-equal images."""
     cm = ComponentsManager()
