@@ -11,13 +11,14 @@ difference from ours is printed beside its timing (its defaults differ per famil
     python benchmarks/family_overhead.py                       # every family, 30 rounds after 5 warm-up
     python benchmarks/family_overhead.py --families flux,z-image --repeats 60
 
-Each call is a text-to-image call of ``--steps`` steps decoded to a tensor (``output_type="pt"``), on one
-torch thread (spinning threads wait on each other on a shared machine).
+Each call is a text-to-image (Wan: text-to-video) call of ``--steps`` steps decoded to a tensor
+(``output_type="pt"``), on one torch thread (spinning threads wait on each other on a shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import sys
@@ -42,13 +43,23 @@ from modular import available_families  # noqa: E402
 
 PROMPT = "a photo of a cat"
 # Inputs a family's text-to-image call needs beyond the prompt and its tiny repo's inputs, so that ours, classic
-# and the peer do the same work (e.g. the same number of guided passes). SD3's peer guides only with a negative
-# prompt given (it encodes no empty one).
-EXTRA_INPUTS: dict[str, dict[str, Any]] = {"stable-diffusion-3": {"negative_prompt": "blurry"}}
-# The peer's guidance scale that does what the classic default does (docs/peer_pipelines.md): SDXL's peer
-# defaults to 7.5 where classic uses 5.0; Z-Image's peer defaults to no guidance, and the classic formula at
-# scale 5.0 is classifier-free guidance at 6.0.
-PEER_GUIDANCE: dict[str, float] = {"stable-diffusion-xl": 5.0, "z-image": 6.0}
+# and the peer do the same work (e.g. the same number of guided passes): SD3's peer guides only with a negative
+# prompt given (it encodes no empty one); Qwen-Image's classic pipeline guides only with one, its peer always.
+EXTRA_INPUTS: dict[str, dict[str, Any]] = {
+    "stable-diffusion-3": {"negative_prompt": "blurry"},
+    "qwen-image": {"negative_prompt": "blurry"},
+}
+# The peer's guiders, by component, at the scale that does what the classic default does
+# (docs/peer_pipelines.md): SDXL's peer defaults to 7.5 where classic uses 5.0; Z-Image's peer defaults to no
+# guidance, and the classic formula at scale 5.0 is classifier-free guidance at 6.0; Wan's peer guides its two
+# experts at 4.0 and 3.0 where classic uses 5.0 for both.
+PEER_GUIDANCE: dict[str, dict[str, float]] = {
+    "stable-diffusion-xl": {"guider": 5.0},
+    "z-image": {"guider": 6.0},
+    "wan": {"guider": 5.0, "guider_2": 5.0},
+}
+# Our (and the peer's) output name and the classic result's attribute, where not "images".
+OUTPUTS: dict[str, tuple[str, str]] = {"wan": ("videos", "frames")}
 
 
 def _seeded() -> torch.Generator:
@@ -70,23 +81,29 @@ def runners(
     ours.load_components(torch_dtype=torch.float32)
     ours.set_progress_bar_config(disable=True)
     classic_class = getattr(diffusers, family.classic_pipelines[0])
-    classic = classic_class(**classic_pipeline_kwargs(cm, classic_class))
+    # The classic pipeline's own settings (Wan's boundary_ratio, say) as our pipeline read them from the repo.
+    settings = inspect.signature(classic_class).parameters
+    config = {name: value for name, value in ours.config.items() if name in settings}
+    classic = classic_class(**classic_pipeline_kwargs(cm, classic_class), **config)
     classic.set_progress_bar_config(disable=True)
     inputs = {"prompt": PROMPT, "num_inference_steps": steps, "output_type": "pt", **family.tiny_repo_inputs}
     inputs.update(EXTRA_INPUTS.get(family.name, {}))
 
+    output, classic_output = OUTPUTS.get(family.name, ("images", "images"))
     pair: list[tuple[str, Callable[[], Any]]] = [
-        ("ours", lambda: ours(generator=_seeded(), output="images", **inputs)),
-        ("classic", lambda: classic(generator=_seeded(), **inputs).images),
+        ("ours", lambda: ours(generator=_seeded(), output=output, **inputs)),
+        ("classic", lambda: getattr(classic(generator=_seeded(), **inputs), classic_output)),
     ]
     if family.peer_pipeline_class != "ModularPipeline":
         peer = PeerPipeline.from_pretrained(str(repo))
         # The peer's own optional components that ours does not hold (e.g. SDXL's image encoder) stay unloaded.
         shared = [name for name in peer.pretrained_component_names if ours.components.get(name) is not None]
         peer.update_components(**{name: ours.components[name] for name in shared})
-        if family.name in PEER_GUIDANCE:
-            peer.update_components(guider=ClassifierFreeGuidance(guidance_scale=PEER_GUIDANCE[family.name]))
-        pair.append(("peer", lambda: peer(generator=_seeded(), output="images", **inputs)))
+        guiders = PEER_GUIDANCE.get(family.name, {})
+        peer.update_components(
+            **{name: ClassifierFreeGuidance(guidance_scale=s) for name, s in guiders.items()}
+        )
+        pair.append(("peer", lambda: peer(generator=_seeded(), output=output, **inputs)))
     return pair, inputs
 
 
