@@ -2,6 +2,7 @@
 when the video extra (ftfy, imageio, imageio-ffmpeg) is missing."""
 
 import importlib.util
+import io
 
 import imageio.v3 as iio
 import numpy as np
@@ -92,4 +93,17 @@ def test_modular_run_streams_the_experts_and_draws_the_memory_picture(tmp_path, 
     assert (
         "The peer's rule cannot run this: it moves whole models, and a model is larger than the device"
         in (" ".join(printed.split()))
+    )
+
+
+def test_a_batch_entry_stores_a_video_as_npy_and_refuses_png():
+    """A job's video is stored exactly as .npy ([frames, H, W, 3]); as PNG it is refused, naming the format to use."""
+    from modular.batch.store import encode
+
+    video = np.random.default_rng(0).random((1, 5, 32, 48, 3), dtype=np.float32)
+    assert np.array_equal(np.load(io.BytesIO(encode(video, "npy"))), video[0])
+    with pytest.raises(ValueError) as error:
+        encode(video, "png")
+    assert str(error.value) == (
+        "a batch entry made a video (5 frames of 48x32), which cannot be stored as png; give the job file format: npy"
     )
