@@ -107,3 +107,11 @@ def test_a_batch_entry_stores_a_video_as_npy_and_refuses_png():
     assert str(error.value) == (
         "a batch entry made a video (5 frames of 48x32), which cannot be stored as png; give the job file format: npy"
     )
+
+
+def test_modular_run_num_images_is_the_videos_per_prompt(tmp_path):
+    """--num-images 2 asks a video family for two videos per prompt (its num_videos_per_prompt): two mp4 files."""
+    out = tmp_path / "out"
+    argv = ["run", "--family", "wan", "--output", str(out), "--quiet", "--steps", "1", "--num-images", "2"]
+    assert main(argv) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["tiny-repo-seed0-0.mp4", "tiny-repo-seed0-1.mp4"]
