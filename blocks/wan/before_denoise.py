@@ -10,7 +10,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from blocks.common.batch import check_generators
-from blocks.common.params import BATCH_SIZE, DTYPE, INITIAL_LATENTS_OUTPUT, tensor_output
+from blocks.common.params import BATCH_SIZE, INITIAL_LATENTS_OUTPUT, tensor_output
 from blocks.common.vae import processor_for_vae
 from modular import InputParam, ModularPipelineBlocks, OutputParam
 
@@ -180,7 +180,6 @@ class WanImage2VideoPrepareLatentsStep(ModularPipelineBlocks):
         attrs.evolve(FIRST_FRAME, required=True),
         LAST_FRAME,
         *_batch_inputs(),
-        DTYPE,
     ]
 
     intermediate_outputs = [

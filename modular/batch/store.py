@@ -60,9 +60,16 @@ def library_versions() -> dict[str, str | None]:
 
 
 def encode(images: np.ndarray, fmt: str) -> bytes:
-    """One image ``[1, H, W, 3]`` (float32 in [0, 1]) as PNG bytes (8 bits, rounded) or ``.npy`` bytes (exact)."""
+    """One image ``[1, H, W, 3]`` (float32 in [0, 1]) as PNG bytes (8 bits, rounded) or ``.npy`` bytes (exact);
+    a video family's ``[1, frames, H, W, 3]`` as ``.npy`` only."""
     if images.shape[0] != 1:
         msg = f"a batch entry makes one image (got {images.shape[0]})"
+        raise ValueError(msg)
+    if images.ndim == 5 and fmt != "npy":
+        msg = (
+            f"a batch entry made a video ({images.shape[1]} frames of {images.shape[3]}x{images.shape[2]}), which "
+            f"cannot be stored as {fmt}; give the job file format: npy"
+        )
         raise ValueError(msg)
     buffer = io.BytesIO()
     if fmt == "npy":

@@ -151,6 +151,19 @@ def _family_of(repo: str, revision: str | None) -> BlockFamily:
     return family_for_index(index, repo)
 
 
+def _per_prompt_count(inputs: dict[str, Any], repo: str, revision: str | None) -> dict[str, Any]:
+    """`inputs` with --num-images under the name the repo's blocks take: ``num_videos_per_prompt`` for a
+    video family's (Wan), ``num_images_per_prompt`` otherwise."""
+    if "num_images_per_prompt" not in inputs:
+        return inputs
+    _, index = read_index(repo, revision=revision)
+    blocks = family_for_index(index, repo).blocks_for(index)()
+    if "num_images_per_prompt" in blocks.input_names or "num_videos_per_prompt" not in blocks.input_names:
+        return inputs
+    renamed = {key: value for key, value in inputs.items() if key != "num_images_per_prompt"}
+    return {**renamed, "num_videos_per_prompt": inputs["num_images_per_prompt"]}
+
+
 def _repo_jobs(
     first: argparse.Namespace, repo: str, thens: Sequence[argparse.Namespace], dtype: torch.dtype
 ) -> list[Job]:
@@ -166,7 +179,7 @@ def _repo_jobs(
         stem = cli_report.repo_stem(job_repo)
         name = stem if args.workflow is None else f"{stem}-{args.workflow}"
         name = name if name not in {job.name for job in jobs} else f"{name}-{number}"
-        inputs = {"prompt": DEFAULT_PROMPT, **_inputs(args)}
+        inputs = _per_prompt_count({"prompt": DEFAULT_PROMPT, **_inputs(args)}, job_repo, args.revision)
         load = {"torch_dtype": DTYPES.get(args.dtype or "", dtype)}
         if args.variant:
             load["variant"] = args.variant

@@ -2,6 +2,7 @@
 when the video extra (ftfy, imageio, imageio-ffmpeg) is missing."""
 
 import importlib.util
+import io
 
 import imageio.v3 as iio
 import numpy as np
@@ -93,3 +94,24 @@ def test_modular_run_streams_the_experts_and_draws_the_memory_picture(tmp_path, 
         "The peer's rule cannot run this: it moves whole models, and a model is larger than the device"
         in (" ".join(printed.split()))
     )
+
+
+def test_a_batch_entry_stores_a_video_as_npy_and_refuses_png():
+    """A job's video is stored exactly as .npy ([frames, H, W, 3]); as PNG it is refused, naming the format to use."""
+    from modular.batch.store import encode
+
+    video = np.random.default_rng(0).random((1, 5, 32, 48, 3), dtype=np.float32)
+    assert np.array_equal(np.load(io.BytesIO(encode(video, "npy"))), video[0])
+    with pytest.raises(ValueError) as error:
+        encode(video, "png")
+    assert str(error.value) == (
+        "a batch entry made a video (5 frames of 48x32), which cannot be stored as png; give the job file format: npy"
+    )
+
+
+def test_modular_run_num_images_is_the_videos_per_prompt(tmp_path):
+    """--num-images 2 asks a video family for two videos per prompt (its num_videos_per_prompt): two mp4 files."""
+    out = tmp_path / "out"
+    argv = ["run", "--family", "wan", "--output", str(out), "--quiet", "--steps", "1", "--num-images", "2"]
+    assert main(argv) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["tiny-repo-seed0-0.mp4", "tiny-repo-seed0-1.mp4"]
