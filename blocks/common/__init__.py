@@ -10,13 +10,14 @@ call's inputs), ``denoise_loop``, ``decode``, ``workflows`` (the stages every fa
 
 from .checks import OUTPUT_TYPES, CheckInputsStep, InputProblems
 from .decode import VaeDecodeStep
-from .denoise_loop import TimestepLoopBlocks
+from .denoise_loop import SchedulerStepAfterDenoiser, TimestepLoopBlocks
 from .vae import processor_for_vae, retrieve_latents, vae_scale_factor
 
 __all__ = [
     "OUTPUT_TYPES",
     "CheckInputsStep",
     "InputProblems",
+    "SchedulerStepAfterDenoiser",
     "TimestepLoopBlocks",
     "VaeDecodeStep",
     "processor_for_vae",

@@ -6,13 +6,33 @@ from typing import Any
 
 import torch
 
-from modular import InputParam, LoopSequentialPipelineBlocks, OutputParam, PipelineState
+from modular import (
+    InputParam,
+    LoopSequentialPipelineBlocks,
+    ModularPipelineBlocks,
+    OutputParam,
+    PipelineState,
+)
 from modular.watch.watch import watch_of
 
 from .latent_preview import LatentRGBMap, check_latent_channels, decoded_preview_images
 from .lora_scale import denoiser_weights_kept_at_scale_zero
 
 __all__ = ["TimestepLoopBlocks", "progress_ticks"]
+
+
+class SchedulerStepAfterDenoiser(ModularPipelineBlocks):
+    """Loop step: ``latents = scheduler.step(noise_pred, t, latents)``, as the flow-matching families take it
+    after their denoiser. A family subclasses it with its ``model_name`` and its scheduler's spec as
+    ``expected_components``."""
+
+    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
+
+    def __call__(self, components, block_state, i, t):
+        block_state.latents = components.scheduler.step(
+            block_state.noise_pred, t, block_state.latents, return_dict=False
+        )[0]
+        return components, block_state
 
 
 class TimestepLoopBlocks(LoopSequentialPipelineBlocks):

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from blocks.common import TimestepLoopBlocks
+from blocks.common import SchedulerStepAfterDenoiser, TimestepLoopBlocks
 from blocks.common.ip_adapter import IP_ADAPTER_DENOISER_INPUTS, denoiser_ip_embeds
 from blocks.common.latent_preview import FLUX_LATENT_RGB
 from modular import (
@@ -163,20 +163,11 @@ class FluxLoopDenoiser(ModularPipelineBlocks):
         return components, block_state
 
 
-class FluxLoopAfterDenoiser(ModularPipelineBlocks):
+class FluxLoopAfterDenoiser(SchedulerStepAfterDenoiser):
     """Loop step: the flow-matching Euler step from t to the next timestep."""
 
     model_name = MODEL_NAME
-
-    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
-
     expected_components = [SCHEDULER]
-
-    def __call__(self, components, block_state, i, t):
-        block_state.latents = components.scheduler.step(
-            block_state.noise_pred, t, block_state.latents, return_dict=False
-        )[0]
-        return components, block_state
 
 
 class FluxDenoiseLoopWrapper(TimestepLoopBlocks):

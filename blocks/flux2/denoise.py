@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from blocks.common import TimestepLoopBlocks
+from blocks.common import SchedulerStepAfterDenoiser, TimestepLoopBlocks
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
@@ -104,20 +104,11 @@ class Flux2LoopDenoiser(ModularPipelineBlocks):
         return components, block_state
 
 
-class Flux2LoopAfterDenoiser(ModularPipelineBlocks):
+class Flux2LoopAfterDenoiser(SchedulerStepAfterDenoiser):
     """Loop step: the flow-matching Euler step from t to the next timestep."""
 
     model_name = MODEL_NAME
-
-    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
-
     expected_components = [SCHEDULER]
-
-    def __call__(self, components, block_state, i, t):
-        block_state.latents = components.scheduler.step(
-            block_state.noise_pred, t, block_state.latents, return_dict=False
-        )[0]
-        return components, block_state
 
 
 class Flux2DenoiseLoopWrapper(TimestepLoopBlocks):

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from blocks.common import TimestepLoopBlocks
+from blocks.common import SchedulerStepAfterDenoiser, TimestepLoopBlocks
 from blocks.common.guidance import GuiderKindCheck, call_guider, check_guider, guided_prediction
 from blocks.common.latent_preview import QWEN_IMAGE_LATENT_RGB, check_latent_channels
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
@@ -179,20 +179,11 @@ class QwenImageLoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         return components, block_state
 
 
-class QwenImageLoopAfterDenoiser(ModularPipelineBlocks):
+class QwenImageLoopAfterDenoiser(SchedulerStepAfterDenoiser):
     """Loop step: the flow-matching Euler step from t to the next sigma."""
 
     model_name = MODEL_NAME
-
-    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
-
     expected_components = [SCHEDULER]
-
-    def __call__(self, components, block_state, i, t):
-        block_state.latents = components.scheduler.step(
-            block_state.noise_pred, t, block_state.latents, return_dict=False
-        )[0]
-        return components, block_state
 
 
 class QwenImageInpaintLoopAfterDenoiser(QwenImageLoopAfterDenoiser):

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from blocks.common import TimestepLoopBlocks
+from blocks.common import SchedulerStepAfterDenoiser, TimestepLoopBlocks
 from blocks.common.callback_tensors import GuidanceBatch, present, take
 from blocks.common.guidance import (
     GuiderKindCheck,
@@ -232,20 +232,11 @@ class StableDiffusion3LoopDenoiser(GuiderKindCheck, ModularPipelineBlocks):
         return components, block_state
 
 
-class StableDiffusion3LoopAfterDenoiser(ModularPipelineBlocks):
+class StableDiffusion3LoopAfterDenoiser(SchedulerStepAfterDenoiser):
     """Loop step: the flow-matching Euler step from t to the next timestep."""
 
     model_name = MODEL_NAME
-
-    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
-
     expected_components = [SCHEDULER]
-
-    def __call__(self, components, block_state, i, t):
-        block_state.latents = components.scheduler.step(
-            block_state.noise_pred, t, block_state.latents, return_dict=False
-        )[0]
-        return components, block_state
 
 
 class StableDiffusion3InpaintLoopAfterDenoiser(StableDiffusion3LoopAfterDenoiser):

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from blocks.common import TimestepLoopBlocks
+from blocks.common import SchedulerStepAfterDenoiser, TimestepLoopBlocks
 from blocks.common.guidance import (
     GuiderKindCheck,
     call_guider,
@@ -245,20 +245,11 @@ class WanImage2VideoLoopDenoiser(WanLoopDenoiser):
         return block_state.image_embeds
 
 
-class WanLoopAfterDenoiser(ModularPipelineBlocks):
+class WanLoopAfterDenoiser(SchedulerStepAfterDenoiser):
     """Loop step: the scheduler's step from t."""
 
     model_name = MODEL_NAME
-
-    description = "Inside the loop: latents = scheduler.step(noise_pred, t, latents)."
-
     expected_components = [SCHEDULER]
-
-    def __call__(self, components, block_state, i, t):
-        block_state.latents = components.scheduler.step(
-            block_state.noise_pred, t, block_state.latents, return_dict=False
-        )[0]
-        return components, block_state
 
 
 class WanDenoiseLoopWrapper(TimestepLoopBlocks):
