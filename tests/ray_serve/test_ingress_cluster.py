@@ -1,7 +1,8 @@
 """``build_app`` on a local Ray cluster (loopback, two CPUs), through Ray Serve's HTTP proxy on a free loopback
 port: the HTTP API of ``modular serve`` over two worker replicas on simulated devices, routed by residency.
-Results, routing, events, the token and limits, pause and cancel, and a replica killed mid-job. Skipped where
-Ray Serve is not installed."""
+Results, routing, each replica's report, events, the token and limits, pause and cancel, and a replica killed
+mid-job. Skipped where Ray Serve is not installed. (The worker deployment alone, ``build_workers``, runs on a local
+cluster in the serving benchmark's quick run: tests/test_benchmarks.py.)"""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ray import serve
 from modular.http import ServerSettings
 from modular.ray_serve import build_app
 from modular.ray_serve.app import DEPLOYMENT, RayWorkers
+from modular.serving import ResidencyReport
 from tests.http.helpers import TOKEN, read_events, wait_for_state
 from tests.http.test_api import input_image
 
@@ -124,11 +126,30 @@ def test_an_uploaded_image_reaches_the_replica(client, direct, tmp_path):
 def test_repeat_jobs_of_a_repo_go_to_the_replica_holding_it(client):
     first = run(client, request("flux", seed=1))
     settle()
-    for seed in (2, 3, 4):  # by chance (two replicas, equal queues): 1 in 8
+    for seed in (2, 3, 4, 5, 6):  # by chance (two replicas, equal queues): 1 in 32
         assert run(client, request("flux", seed=seed))["replica"] == first["replica"], seed
         settle()
     queue = client.get("/v1/queue").json()
     assert first["replica"] in queue["replicas"] and len(queue["replicas"]) == 2
+
+
+def test_a_replicas_report_after_a_job_names_its_models_with_nothing_to_move(client):
+    """The replica that ran a job reports (what Ray hands the router) every model of its workflow as resident:
+    nothing to move for a repeat job."""
+    done = run(client, request("sd", seed=5))
+    workers = serve.get_deployment_handle(DEPLOYMENT, app_name=APP)
+    needs = workers.needs.remote().result(timeout_s=WAIT)["sd"]
+    settle()
+    # The router reads what Ray last recorded of each replica; ask the replica that ran the job for its own.
+    replicas: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + WAIT
+    while done["replica"] not in replicas and time.monotonic() < deadline:
+        stats = workers.record_routing_stats.remote().result(timeout_s=WAIT)
+        replicas[stats["replica"]] = stats
+    report = ResidencyReport.from_dict(replicas[done["replica"]])
+    assert set(needs) <= set(report.missing)
+    assert report.bytes_for(needs) == 0
+    assert all(report.missing[load_id] == 0 for load_id in needs)
 
 
 def test_events_stream_from_the_replica_through_the_ingress(client):
