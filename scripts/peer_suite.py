@@ -110,7 +110,7 @@ FAMILIES: tuple[PeerFamily, ...] = (
         "blocks.sd3",
         "stable_diffusion_3",
         {
-            "StableDiffusion3AutoBlocks": "blocks.sd3.SD3AutoBlocks",
+            "StableDiffusion3AutoBlocks": "blocks.sd3.StableDiffusion3AutoBlocks",
             "StableDiffusion3ModularPipeline": "modular.ModularPipeline",
         },
     ),
@@ -121,10 +121,14 @@ FAMILIES: tuple[PeerFamily, ...] = (
         {
             "Flux2AutoBlocks": "blocks.flux2.Flux2AutoBlocks",
             "Flux2ModularPipeline": "modular.ModularPipeline",
-            # "Flux2KleinAutoBlocks": no counterpart (Flux.2 Klein)
+            "Flux2KleinBaseAutoBlocks": "blocks.flux2.Flux2KleinBaseAutoBlocks",
+            "Flux2KleinBaseModularPipeline": "modular.ModularPipeline",
+            # "Flux2KleinAutoBlocks": no counterpart (the distilled Klein's own blocks; ours run it through
+            # Flux2KleinBaseAutoBlocks, reading is_distilled from the repo)
             # "Flux2KleinModularPipeline": no counterpart
-            # "Flux2KleinBaseAutoBlocks": no counterpart
-            # "Flux2KleinBaseModularPipeline": no counterpart
+        },
+        repos={
+            "hf-internal-testing/tiny-flux2-klein-base-modular": ("blocks.flux2.make_tiny_klein_repo", {}),
         },
     ),
     PeerFamily(
