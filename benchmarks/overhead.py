@@ -22,6 +22,8 @@ per call:
     python benchmarks/overhead.py --run default --threads 2 --output-type latent
     python benchmarks/overhead.py --run grad      # inference_mode + clones (ours) vs no_grad
     python benchmarks/overhead.py --run watch --steps 4   # step callbacks, progress, cancel, previews vs none
+    python benchmarks/overhead.py --run families  # every family vs its classic pipeline and the peer's
+                                                  # (benchmarks/family_overhead.py, which takes --families)
 
 Runs in well under a minute on 2 CPU cores.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -230,7 +233,10 @@ def _loops_under(block) -> list[Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--run", default="both", choices=["both", "default", "python", "grad", "watch"], help="which runs"
+        "--run",
+        default="both",
+        choices=["both", "default", "python", "grad", "watch", "families"],
+        help="which runs (families: benchmarks/family_overhead.py, a row per installed family)",
     )
     parser.add_argument("--repeats", type=int, default=30, help="timed calls of each pipeline")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls of each pipeline first")
@@ -243,6 +249,12 @@ def main() -> None:
         help="torch CPU threads; 1 keeps timings stable on a shared machine (spinning threads wait on each other)",
     )
     args = parser.parse_args()
+    if args.run == "families":
+        import family_overhead  # benchmarks/family_overhead.py, beside this script
+
+        sys.argv = [sys.argv[0], "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+        sys.argv += ["--steps", str(args.steps)]
+        sys.exit(family_overhead.main())
     torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)  # diffusers' one-off notices are not part of the measurement
 

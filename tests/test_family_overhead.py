@@ -69,3 +69,18 @@ def test_unknown_family_is_named(bench, monkeypatch, capsys):
     assert _run(bench, monkeypatch, "--families", "no-such-family") == 2
     err = capsys.readouterr().err
     assert "no-such-family" in err and "z-image" in err
+
+
+def test_overhead_run_families_runs_this_benchmark_with_its_options(monkeypatch):
+    """``benchmarks/overhead.py --run families`` hands its rounds and steps to family_overhead.main."""
+    benchmarks = str(Path(ROOT) / "benchmarks")
+    monkeypatch.syspath_prepend(benchmarks)
+    overhead = importlib.import_module("overhead")
+    family_overhead = importlib.import_module("family_overhead")
+    seen: list[list[str]] = []
+    monkeypatch.setattr(family_overhead, "main", lambda: seen.append(list(sys.argv[1:])) or 0)
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--run", "families", "--repeats", "3", "--steps", "1"])
+    with pytest.raises(SystemExit) as stopped:
+        overhead.main()
+    assert stopped.value.code == 0
+    assert seen == [["--repeats", "3", "--warmup", "5", "--steps", "1"]]
