@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["as_list", "check_prompt_or_embeds"]
+__all__ = ["as_list", "check_prompt_or_embeds", "negative_texts"]
 
 
 def as_list(text: str | list[str], count: int = 1) -> list[str]:
@@ -18,3 +18,21 @@ def check_prompt_or_embeds(block: object, prompt: Any, prompt_embeds: Any) -> No
         got = "both" if prompt is not None else "neither"
         msg = f"{type(block).__name__}: pass exactly one of prompt and prompt_embeds (got {got})"
         raise ValueError(msg)
+
+
+def negative_texts(
+    block: object, negative: str | list[str], count: int, name: str = "negative_prompt"
+) -> list[str]:
+    """``negative`` as one text per prompt: a string repeated ``count`` times, a list of ``count`` as it is.
+
+    Raises:
+        ValueError: a list of another length (the message names ``name`` and the block).
+    """
+    texts = as_list(negative, count)
+    if len(texts) != count:
+        msg = (
+            f"{type(block).__name__}: {name} needs one entry per prompt (got {len(texts)} for {count} prompts); "
+            f"pass a string or a list of {count}"
+        )
+        raise ValueError(msg)
+    return texts

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from blocks.common.prompts import as_list, check_prompt_or_embeds
+from blocks.common.prompts import as_list, check_prompt_or_embeds, negative_texts
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import (
@@ -116,16 +116,6 @@ class _PromptEncoderStep(ModularPipelineBlocks):
             f"{type(self).__name__} must implement encode(components, block_state, texts)"
         )
 
-    def _negative_texts(self, negative_prompt: str | list[str], count: int) -> list[str]:
-        texts = as_list(negative_prompt, count)
-        if len(texts) != count:
-            msg = (
-                f"{type(self).__name__}: negative_prompt needs one entry per prompt (got {len(texts)} negative "
-                f"prompts for {count} prompts); pass one string or a list of {count}"
-            )
-            raise ValueError(msg)
-        return texts
-
     @torch.no_grad()
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -135,15 +125,15 @@ class _PromptEncoderStep(ModularPipelineBlocks):
         guided = guidance_on(true_cfg_scale(components, bs.true_cfg_scale), has_negative)
         if bs.prompt is not None:
             texts = as_list(bs.prompt)
-            negative_texts = self._negative_texts(bs.negative_prompt, len(texts)) if guided else None
+            negatives = negative_texts(self, bs.negative_prompt, len(texts)) if guided else None
             bs.prompt_embeds, bs.prompt_embeds_mask = self.encode(components, bs, texts)
-            if negative_texts is not None and bs.negative_prompt_embeds is None:
+            if negatives is not None and bs.negative_prompt_embeds is None:
                 bs.negative_prompt_embeds, bs.negative_prompt_embeds_mask = self.encode(
-                    components, bs, negative_texts
+                    components, bs, negatives
                 )
         elif guided and bs.negative_prompt_embeds is None:
             bs.negative_prompt_embeds, bs.negative_prompt_embeds_mask = self.encode(
-                components, bs, self._negative_texts(bs.negative_prompt, bs.prompt_embeds.shape[0])
+                components, bs, negative_texts(self, bs.negative_prompt, bs.prompt_embeds.shape[0])
             )
         if not guided:
             bs.negative_prompt_embeds = bs.negative_prompt_embeds_mask = None

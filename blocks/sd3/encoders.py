@@ -13,7 +13,7 @@ import logging
 import torch
 
 from blocks.common.lora_scale import lora_scale_from, lora_scaled_encoders
-from blocks.common.prompts import as_list, check_prompt_or_embeds
+from blocks.common.prompts import as_list, check_prompt_or_embeds, negative_texts
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .utils import MODEL_NAME, do_classifier_free_guidance, guidance_scale, guidance_scale_input, pooled_input
@@ -200,13 +200,13 @@ class StableDiffusion3TextEncoderStep(ModularPipelineBlocks):
         negative = negative_pooled = None
         if do_classifier_free_guidance(guidance_scale(components, bs.guidance_scale)):
             if bs.negative_prompt_embeds is None:
-                negative_texts = self._negative_texts(bs.negative_prompt or "", count, "negative_prompt")
+                negative_1 = negative_texts(self, bs.negative_prompt or "", count)
                 first = bs.negative_prompt or ""
-                negative_2 = self._negative_texts(bs.negative_prompt_2 or first, count, "negative_prompt_2")
-                negative_3 = self._negative_texts(bs.negative_prompt_3 or first, count, "negative_prompt_3")
+                negative_2 = negative_texts(self, bs.negative_prompt_2 or first, count, "negative_prompt_2")
+                negative_3 = negative_texts(self, bs.negative_prompt_3 or first, count, "negative_prompt_3")
                 # The classic pipelines encode the negative prompts without clip_skip.
                 negative, negative_pooled = self._encode(
-                    components, negative_texts, negative_2, negative_3, max_length, device, None
+                    components, negative_1, negative_2, negative_3, max_length, device, None
                 )
             else:
                 negative = bs.negative_prompt_embeds.to(device)
@@ -219,13 +219,3 @@ class StableDiffusion3TextEncoderStep(ModularPipelineBlocks):
                 raise ValueError(msg)
         bs.prompt_embeds, bs.pooled_prompt_embeds = embeds, pooled
         bs.negative_prompt_embeds, bs.negative_pooled_prompt_embeds = negative, negative_pooled
-
-    def _negative_texts(self, negative: str | list[str], count: int, name: str) -> list[str]:
-        texts = [negative] * count if isinstance(negative, str) else list(negative)
-        if len(texts) != count:
-            msg = (
-                f"{type(self).__name__}: {name} needs one entry per prompt (got {len(texts)} for {count} prompts); "
-                f"pass a string or a list of {count}"
-            )
-            raise ValueError(msg)
-        return texts

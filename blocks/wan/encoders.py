@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from blocks.common.prompts import as_list, check_prompt_or_embeds
+from blocks.common.prompts import as_list, check_prompt_or_embeds, negative_texts
 from modular import ComponentSpec, InputParam, ModularPipelineBlocks, OutputParam
 
 from .inputs import IMAGE_EMBEDS
@@ -101,16 +101,6 @@ class WanTextEncoderStep(ModularPipelineBlocks):
             [torch.cat([row, row.new_zeros(max_length - row.size(0), row.size(1))]) for row in kept]
         )
 
-    def _negative_texts(self, negative_prompt, count: int) -> list[str]:
-        texts = as_list(negative_prompt or "", count)
-        if len(texts) != count:
-            msg = (
-                f"{type(self).__name__}: negative_prompt needs one entry per prompt (got {len(texts)} negative "
-                f"prompts for {count} prompts); pass a list of {count}"
-            )
-            raise ValueError(msg)
-        return texts
-
     @torch.no_grad()
     def __call__(self, components, state):
         block_state = self.get_block_state(state)
@@ -126,7 +116,7 @@ class WanTextEncoderStep(ModularPipelineBlocks):
         if guided and negative_prompt_embeds is None:
             # As the classic pipelines: the negative prompt (empty by default), also beside given prompt_embeds.
             negative_prompt_embeds = self.encode(
-                components, self._negative_texts(block_state.negative_prompt, count), device, length
+                components, negative_texts(self, block_state.negative_prompt or "", count), device, length
             )
         dtype = denoiser(components).dtype
         block_state.prompt_embeds = prompt_embeds.to(dtype)
