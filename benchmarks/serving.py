@@ -32,8 +32,9 @@ Run: ``python benchmarks/serving.py`` (120 jobs per load, about two minutes on 2
 (8 jobs per load, 2 steps: too short a stream for the targets, which need a queue to form).
 
 ``--ray`` runs the same stream over worker replicas on a local Ray cluster instead (``--replicas`` 2 or 3,
-``--stats-period``, ``--imbalance``), Ray's default router against the residency router, in real time:
-``benchmarks/serving_ray.py`` (``python benchmarks/serving.py --ray``; needs Ray Serve).
+``--stats-period``, ``--imbalance``, ``--repeats``), Ray's default router against the residency router, in
+real time, at loads 1.5 and 1 (``--quick``: 1 only, one run each): ``benchmarks/serving_ray.py``
+(``python benchmarks/serving.py --ray``; needs Ray Serve).
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ BYTES_TARGET = 0.65  # affinity's bytes at most this share of FIFO's: at least 3
 P95_TARGET = 1.25  # affinity's p95 latency at most this multiple of FIFO's
 SIZE = "32x32"
 RAY_JOBS = 40  # jobs of the stream with --ray (real time on real processes: a shorter stream)
-RAY_LOAD = 1.0  # mean inter-arrival with --ray, in mean service times
+#: Mean inter-arrivals with --ray, in mean service times: moderate and high load (the replicas share 2 cores
+#: here, so at 1 a job runs about 1.4x its time alone and the two replicas are busy about 80 % of the time).
+RAY_LOADS = (1.5, 1.0)
+RAY_REPEATS = 3  # runs of each router with --ray: one run's p95 of 40 jobs is its second-longest job
 
 
 class Served(NamedTuple):
@@ -390,7 +394,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--loads",
         type=float,
         nargs="+",
-        help=f"mean inter-arrival times, in mean service times (default 1 and 0.5; with --ray, {RAY_LOAD:g})",
+        help="mean inter-arrival times, in mean service times (default 1 and 0.5; with --ray, "
+        + " and ".join(f"{load:g}" for load in RAY_LOADS)
+        + ")",
     )
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per job (default 4)")
     parser.add_argument(
@@ -420,6 +426,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ray.add_argument("--replicas", type=int, choices=(2, 3), default=2, help="worker replicas (default 2)")
     ray.add_argument(
+        "--repeats",
+        type=int,
+        default=RAY_REPEATS,
+        help=f"runs of the stream through each router, taking turns (default {RAY_REPEATS}; 1 with --quick)",
+    )
+    ray.add_argument(
         "--stats-period",
         type=float,
         default=0.2,
@@ -427,7 +439,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ray.add_argument(
         "--imbalance",
-        type=int,
+        type=float,
         default=DEFAULT_IMBALANCE,
         help="jobs by which the replicas' queues may differ before the router sends by queue length "
         f"(default {DEFAULT_IMBALANCE})",
@@ -436,9 +448,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.jobs is None:
         args.jobs = RAY_JOBS if args.ray else 120
     if args.loads is None:
-        args.loads = [RAY_LOAD] if args.ray else [1.0, 0.5]
+        args.loads = ([RAY_LOADS[-1]] if args.quick else list(RAY_LOADS)) if args.ray else [1.0, 0.5]
     if args.quick:
-        args.jobs, args.steps = 8, 2
+        args.jobs, args.steps, args.repeats = 8, 2, 1
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1 (got {args.repeats})")
     if args.ray and importlib.util.find_spec("ray") is None:
         parser.error('--ray needs Ray Serve: pip install "modular-pipelines[ray]"')
     if args.jobs < 2:

@@ -12,6 +12,7 @@ __all__ = [
     "gpu_share",
     "names",
     "non_negative_int",
+    "non_negative_number",
     "port_number",
     "positive_int",
     "positive_number",
@@ -53,15 +54,28 @@ def port_number(text: str) -> int:
     return value
 
 
-def positive_number(text: str) -> float:
-    """An argparse type: a number more than 0 (seconds, say)."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         msg = f"must be a number (got {text!r})"
         raise argparse.ArgumentTypeError(msg) from None
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a number more than 0 (seconds, say)."""
+    value = _number(text)
     if not value > 0 or value == float("inf"):
         msg = f"must be a finite number more than 0 (got {text})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    """An argparse type: a finite number of at least 0."""
+    value = _number(text)
+    if not value >= 0 or value == float("inf"):
+        msg = f"must be a finite number of at least 0 (got {text})"
         raise argparse.ArgumentTypeError(msg)
     return value
 

@@ -14,6 +14,7 @@ from modular.cli.arg_types import (
     gpu_share,
     names,
     non_negative_int,
+    non_negative_number,
     port_number,
     positive_int,
     positive_number,
@@ -271,9 +272,10 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     )
     ray.add_argument(
         "--imbalance",
-        metavar="N",
-        type=non_negative_int,
-        help="jobs by which the replicas' queues may differ before jobs go by queue length (default 2)",
+        metavar="J",
+        type=non_negative_number,
+        help="job times by which a replica's expected wait may exceed the shortest and the replica still be "
+        "chosen for the models it holds (default 1)",
     )
     ray.add_argument(
         "--stats-period",

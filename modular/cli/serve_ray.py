@@ -52,7 +52,7 @@ APP_NAME = "modular"
 RAY_DEFAULTS: dict[str, Any] = {
     "replicas": 2,
     "cpus_per_replica": 1.0,
-    "imbalance": 2,  # DEFAULT_IMBALANCE (not imported: the refusals import no torch)
+    "imbalance": 1.0,  # DEFAULT_IMBALANCE (not imported: the refusals import no torch)
     "stats_period": 1.0,
     "tries": 3,
 }

@@ -21,7 +21,7 @@ from modular.http.settings import ServerSettings
 from modular.ray_serve.ingress import RoutedJobs
 from modular.ray_serve.registry import deployment_replicas
 from modular.ray_serve.router import ResidencyRouter, router_kwargs
-from modular.ray_serve.worker import ReplicaWorker, needs_table, served_workflows
+from modular.ray_serve.worker import ReplicaWorker, caller_id, needs_table, served_workflows
 from modular.serving.events import FINAL_KINDS
 from modular.serving.requests import Limits
 from modular.serving.residency import DEFAULT_IMBALANCE
@@ -47,7 +47,10 @@ class RayWorkers:
     async def run(
         self, data: Mapping[str, Any], images: Mapping[str, tuple[str, bytes]]
     ) -> AsyncIterator[dict[str, Any]]:
-        stream = cast(Any, self.handle.options(stream=True).run.remote(dict(data), dict(images)))
+        # caller: the replica's report then counts this process's streams apart (its routers follow them)
+        stream = cast(
+            Any, self.handle.options(stream=True).run.remote(dict(data), dict(images), caller=caller_id())
+        )
         ended = False
         try:
             async for event in stream:
@@ -103,7 +106,7 @@ def build_workers(
     workflows: Sequence[ServedWorkflow | str],
     replicas: int = 2,
     budget: int | None = None,
-    imbalance: int = DEFAULT_IMBALANCE,
+    imbalance: float = DEFAULT_IMBALANCE,
     stats_period: float = 1.0,
     *,
     base: str | Path = ".",
@@ -148,7 +151,7 @@ def build_app(
     workflows: Sequence[ServedWorkflow | str],
     replicas: int = 2,
     budget: int | None = None,
-    imbalance: int = DEFAULT_IMBALANCE,
+    imbalance: float = DEFAULT_IMBALANCE,
     stats_period: float = 1.0,
     *,
     base: str | Path = ".",
@@ -172,7 +175,8 @@ def build_app(
             and by each replica (and the ingress) from the same path.
         replicas: Worker replicas (ignored with ``autoscaling``).
         budget: Each replica's simulated device, in bytes; ``None``: each replica's own GPU.
-        imbalance: Jobs by which the replicas' queues may differ before the router sends by queue length.
+        imbalance: Job times by which a replica's expected wait may exceed the shortest and the router still
+            choose it for the models it holds (``rank_replicas``).
         stats_period: Seconds between two residency reports of a replica.
         base: The folder relative repos are read from.
         settings: The token and the body limits (``ServerSettings``; Ray's proxy binds the address). The

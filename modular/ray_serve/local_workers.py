@@ -20,7 +20,7 @@ from modular.ray_serve.worker import (
     request_workflow,
 )
 from modular.serving.jobs import UnknownJobError
-from modular.serving.residency import DEFAULT_IMBALANCE, ResidencyReport, rank_replicas
+from modular.serving.residency import DEFAULT_IMBALANCE, ResidencyReport, check_imbalance, rank_replicas
 
 __all__ = ["LocalWorkers", "ReplicaLostError"]
 
@@ -34,20 +34,20 @@ class LocalWorkers:
 
     Args:
         workers: The replicas.
-        imbalance: Jobs by which queues may differ before a job goes by queue length (``rank_replicas``).
+        imbalance: Job times by which a replica's queue may exceed the shortest and it still be chosen for the
+            models it holds (``rank_replicas``; here each waiting job counts one).
 
     Raises:
         ValueError: no worker, or two with one id.
     """
 
-    def __init__(self, workers: Sequence[ReplicaWorker], imbalance: int = DEFAULT_IMBALANCE) -> None:
+    def __init__(self, workers: Sequence[ReplicaWorker], imbalance: float = DEFAULT_IMBALANCE) -> None:
         if not workers:
             raise ValueError("LocalWorkers needs at least one ReplicaWorker")
         self._workers = {worker.replica_id: worker for worker in workers}
         if len(self._workers) != len(workers):
             raise ValueError(f"two workers share an id: {[worker.replica_id for worker in workers]}")
-        rank_replicas({}, {}, imbalance=imbalance)  # raises ValueError for a bad threshold
-        self.imbalance = imbalance
+        self.imbalance = check_imbalance(imbalance)
         self.needs = needs_table(workers[0].served)
         self._lost: set[str] = set()
 

@@ -3,9 +3,11 @@
 Each replica reports what it holds (``ReplicaWorker.record_routing_stats``: a ``ResidencyReport`` as JSON
 values and the replica's id); Ray hands the latest report to the router as each replica's
 ``routing_stats``. The router is started with the table of each workflow's models and sizes (``needs``,
-from ``needs_table``) and ranks the replicas for a ``submit`` with ``rank_replicas``: fewest bytes first,
-by queue length when the queues are out of balance by more than ``imbalance`` jobs, replicas that could not
-load the workflow last. Ray then takes the least loaded replica of the first rank that accepts the request.
+from ``needs_table``) and ranks the replicas for a ``submit`` with ``rank_replicas``: by each replica's
+expected wait for the job (``modular/ray_serve/streams.py``: the streams this process follows as they are
+now, the rest as the latest report counts them), the replicas within ``imbalance`` job times of the shortest
+by the bytes each would move, fewest first, then the others by wait, replicas that could not load the
+workflow last. Ray then takes the least loaded replica of the first rank that accepts the request.
 ``run`` (the ingress's streamed job) is ranked as ``submit`` is. A call about one job (``describe``,
 ``cancel``, ``result``) goes to the replica its id names, and a call addressed to a replica (``queue``,
 ``pause``, ...: ``REPLICA_METHODS``) to that replica. Without reports yet, or for a request it cannot read,
@@ -21,11 +23,12 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from modular.ray_serve import streams  # by module: Ray pickles this one by value (see registry.py)
 from modular.ray_serve.registry import remember_router
 from modular.ray_serve.worker import REPLICA_METHODS, job_replica, request_workflow
-from modular.serving.residency import DEFAULT_IMBALANCE, ResidencyReport, rank_replicas
+from modular.serving.residency import DEFAULT_IMBALANCE, ResidencyReport, check_imbalance, rank_replicas
 
 __all__ = [
     "JOB_METHODS",
@@ -45,13 +48,14 @@ def router_kwargs(needs: Any, imbalance: Any = DEFAULT_IMBALANCE) -> dict[str, A
 
     Args:
         needs: Workflow to load ID to bytes (``needs_table``).
-        imbalance: Jobs by which queues may differ before the router sends by queue length.
+        imbalance: Job times by which a replica's expected wait may exceed the shortest and it still be chosen
+            for the bytes it would save.
 
     Raises:
         TypeError: ``needs`` is not a table of workflow to load ID to bytes.
-        ValueError: ``imbalance`` is not a whole number of at least 0.
+        ValueError: ``imbalance`` is not a number of at least 0.
     """
-    rank_replicas({}, {}, imbalance=imbalance)  # raises ValueError for a bad threshold
+    imbalance = check_imbalance(imbalance)
     if not isinstance(needs, Mapping) or not all(
         isinstance(workflow, str)
         and isinstance(models, Mapping)
@@ -70,14 +74,16 @@ class ResidencyRouter(FIFOMixin, RequestRouter):
     """
 
     needs: dict[str, dict[str, int]]
-    imbalance: int
+    imbalance: float
 
-    def initialize_state(self, needs: Any = None, imbalance: int = DEFAULT_IMBALANCE, **unknown: Any) -> None:
+    def initialize_state(
+        self, needs: Any = None, imbalance: float = DEFAULT_IMBALANCE, **unknown: Any
+    ) -> None:
         """Keep the table of needs and the threshold of imbalance.
 
         Raises:
             TypeError: ``needs`` is not a table of workflow to load ID to bytes, or an unknown setting is given.
-            ValueError: ``imbalance`` is not a whole number of at least 0.
+            ValueError: ``imbalance`` is not a number of at least 0.
         """
         if unknown:
             raise TypeError(f"ResidencyRouter takes needs and imbalance (got {sorted(unknown)})")
@@ -122,5 +128,28 @@ class ResidencyRouter(FIFOMixin, RequestRouter):
         reports = {
             key: ResidencyReport.from_dict(replica.routing_stats or {}) for key, replica in by_id.items()
         }
-        ranks = rank_replicas(reports, self.needs[workflow], workflow, self.imbalance)
+        expected = streams.waits(reports, workflow, streams.STREAMED)
+        ranks = rank_replicas(reports, self.needs[workflow], workflow, self.imbalance, expected)
+        if method == "run" and ranks and ranks[0]:  # Ray takes the first rank's least loaded that accepts
+            first = min(ranks[0], key=lambda key: expected[key])
+            streams.STREAMED.chosen(request.metadata.internal_request_id, first, workflow)
         return [[by_id[key] for key in rank] for rank in ranks]
+
+    # Ray's hooks: a streamed job (``run``) lives as long as its request, so this process follows each one
+    # from its replica's acceptance to its end (``streams.STREAMED``); a ``submit`` returns at once and is
+    # left to the reports.
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        if pending_request.metadata.call_method != "run" or not hasattr(self, "needs"):
+            return
+        workflow = request_workflow(pending_request.args, pending_request.kwargs, self.needs)
+        if workflow is not None:
+            streams.STREAMED.sent(
+                pending_request.metadata.internal_request_id, replica_id.unique_id, workflow
+            )
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        streams.STREAMED.ended(internal_request_id)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        streams.STREAMED.forget(replica_id.unique_id)

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
+import socket
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from components import ComponentsManager
@@ -38,6 +42,7 @@ __all__ = [
     "SEPARATOR",
     "ReplicaWorker",
     "UnknownReplicaError",
+    "caller_id",
     "job_replica",
     "needs_table",
     "request_workflow",
@@ -61,6 +66,12 @@ class UnknownReplicaError(LookupError):
     def __init__(self, replica: object, answered: str) -> None:
         self.replica = replica
         super().__init__(f"no replica has id {replica!r} (replica {answered} answered)")
+
+
+def caller_id() -> str:
+    """This process's id as a caller of ``ReplicaWorker.run`` (host and process id): a replica's report counts
+    each caller's streamed jobs apart, and the routers of that process know their own."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def job_replica(job_id: Any) -> str | None:
@@ -148,6 +159,7 @@ class ReplicaWorker:
         self.served = ServedWorkflows(served_workflows(workflows), self.manager, base)
         self.scheduler = Scheduler(self.served, state, **scheduler_options)
         self._closed = False
+        self._streamed: Counter[str] = Counter()  # unfinished streamed jobs by caller (``caller_id``)
         self.scheduler.start()
 
     def _job_id(self, job_id: str) -> str:
@@ -207,7 +219,7 @@ class ReplicaWorker:
         return (self.scheduler.results / names[index]).read_bytes()
 
     async def run(
-        self, data: Any, images: Mapping[str, tuple[str, bytes]] | None = None
+        self, data: Any, images: Mapping[str, tuple[str, bytes]] | None = None, caller: str | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Queue a request and stream its events until its final one: first ``assigned`` (``replica``,
         ``replica_job``: the job's id here), then the scheduler's events of the job, the final ``done`` with
@@ -217,6 +229,8 @@ class ReplicaWorker:
         Args:
             data: The request in normal form (``CheckedRequest.data``: its seed recorded).
             images: Input images by input name: (the name the ingress stored them under, their bytes).
+            caller: The caller's ``caller_id``: the replica's report counts its unfinished streams apart
+                (``ResidencyReport.streamed``), for the routers in its process that follow them as they go.
 
         Raises:
             QueueFullError, RequestError and the input errors of ``Scheduler.submit``; ValueError: an image
@@ -227,6 +241,9 @@ class ReplicaWorker:
         listener = self.scheduler.events.subscribe(job.id)
         outward = f"{self.replica_id}{SEPARATOR}{job.id}"
         finished = False
+        caller = str(caller) if caller is not None else None
+        if caller is not None:
+            self._streamed[caller] += 1
         try:
             yield {"kind": "assigned", "replica": self.replica_id, "replica_job": outward}
             while True:
@@ -250,6 +267,10 @@ class ReplicaWorker:
                     return
         finally:
             listener.close()
+            if caller is not None:
+                self._streamed[caller] -= 1
+                if not self._streamed[caller]:
+                    del self._streamed[caller]
             if not finished and not self._closed:
                 try:
                     self.scheduler.cancel(job.id, "the ingress stopped listening")
@@ -315,8 +336,9 @@ class ReplicaWorker:
 
     def record_routing_stats(self) -> dict[str, Any]:
         """What Ray Serve hands this replica's router as ``routing_stats``: the scheduler's residency report
-        (``ResidencyReport.as_dict``) and ``replica``, this replica's id."""
-        return {**self.scheduler.residency_report().as_dict(), "replica": self.replica_id}
+        (``ResidencyReport.as_dict``, with the streams each caller follows) and ``replica``, this replica's id."""
+        report = attrs.evolve(self.scheduler.residency_report(), streamed=dict(self._streamed))
+        return {**report.as_dict(), "replica": self.replica_id}
 
     def moved_bytes(self) -> dict[str, Any]:
         """What auto offload has moved to this replica's device since it started: ``bytes_to_device`` (the

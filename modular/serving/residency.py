@@ -21,14 +21,22 @@ from modular.pipeline.pipeline import ModularPipeline
 from modular.serving.cost import device_bytes, file_bytes, pipeline_models
 from offload.devices.storage import module_nbytes
 
-__all__ = ["DEFAULT_IMBALANCE", "ResidencyReport", "rank_replicas", "replica_report", "workflow_needs"]
+__all__ = [
+    "DEFAULT_IMBALANCE",
+    "ResidencyReport",
+    "check_imbalance",
+    "rank_replicas",
+    "replica_report",
+    "workflow_needs",
+]
 
 K = TypeVar("K", bound=Hashable)
 
-#: Jobs by which replicas' queues may differ before jobs go by queue length. Low, because a job waiting
-#: behind a longer queue costs whole job times while the bytes it would save cost a fraction of one
-#: (benchmarks/serving.py --ray --replicas 3: p95 1.8x Ray's default at 8, 0.4x at 2).
-DEFAULT_IMBALANCE = 2
+#: Job times by which a replica's expected wait may exceed the shortest and it still be chosen for the models
+#: it holds. One: where moving bytes costs little time (benchmarks/serving.py --ray, 2 replicas, 3 runs of 40
+#: jobs at load 1.5), 1 moved 0.44x the default router's bytes at 1.03x its p95, 1.5 moved 0.29x at 1.11x and
+#: 2 moved 0.16x at 1.11x; a job that waits behind a longer queue costs whole job times.
+DEFAULT_IMBALANCE = 1.0
 
 
 def _counts(values: Mapping[str, int]) -> dict[str, int]:
@@ -37,6 +45,10 @@ def _counts(values: Mapping[str, int]) -> dict[str, int]:
 
 def _names(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(str(value) for value in values)
+
+
+def _seconds(values: Mapping[str, float]) -> dict[str, float]:
+    return {str(key): float(value) for key, value in values.items()}
 
 
 @attrs.frozen
@@ -49,18 +61,29 @@ class ResidencyReport:
             absent (it would be read from its files, then moved: its whole size).
         queued: Jobs waiting or running on the replica.
         unloadable: Workflows the replica could not load (not enough memory): not sent there again.
+        seconds: The mean seconds a job of each workflow has taken on the replica (its latest finished ones).
+        streamed: Of the ``queued`` jobs, how many each caller follows as a stream, by caller id: a router in
+            that caller's process knows those jobs itself, as they happen, and counts only the others here.
     """
 
     missing: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
     queued: int = 0
     unloadable: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    seconds: Mapping[str, float] = attrs.field(factory=dict, converter=_seconds)
+    streamed: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
 
     def bytes_for(self, needs: Mapping[str, int]) -> int:
         """The bytes this replica would move for a job whose models are ``needs`` (load ID to size)."""
         return sum(self.missing.get(load_id, size) for load_id, size in needs.items())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"missing": dict(self.missing), "queued": self.queued, "unloadable": list(self.unloadable)}
+        return {
+            "missing": dict(self.missing),
+            "queued": self.queued,
+            "unloadable": list(self.unloadable),
+            "seconds": dict(self.seconds),
+            "streamed": dict(self.streamed),
+        }
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ResidencyReport:
@@ -69,6 +92,8 @@ class ResidencyReport:
             missing=values.get("missing", {}),
             queued=values.get("queued", 0),
             unloadable=values.get("unloadable", ()),
+            seconds=values.get("seconds", {}),
+            streamed=values.get("streamed", {}),
         )
 
 
@@ -88,7 +113,11 @@ def workflow_needs(manager: ComponentsManager, pipe: ModularPipeline) -> dict[st
 
 
 def replica_report(
-    manager: ComponentsManager, pipes: Sequence[ModularPipeline], queued: int, unloadable: Sequence[str] = ()
+    manager: ComponentsManager,
+    pipes: Sequence[ModularPipeline],
+    queued: int,
+    unloadable: Sequence[str] = (),
+    seconds: Mapping[str, float] | None = None,
 ) -> ResidencyReport:
     """This process's report: every model of ``pipes`` the manager holds, with the bytes still to move for it."""
     missing: dict[str, int] = {}
@@ -96,38 +125,49 @@ def replica_report(
         for load_id, _, found in pipeline_models(manager, pipe):
             if found is not None and isinstance(found[1], torch.nn.Module):
                 missing[load_id] = device_bytes(manager, *found)
-    return ResidencyReport(missing=missing, queued=queued, unloadable=_names(unloadable))
+    return ResidencyReport(missing=missing, queued=queued, unloadable=unloadable, seconds=seconds or {})
+
+
+def check_imbalance(imbalance: Any) -> float:
+    """``imbalance`` as a number of job times.
+
+    Raises:
+        ValueError: it is not a number of at least 0.
+    """
+    if isinstance(imbalance, bool) or not isinstance(imbalance, (int, float)) or not imbalance >= 0:
+        raise ValueError(f"imbalance must be a number of job times of at least 0 (got {imbalance!r})")
+    return float(imbalance)
 
 
 def rank_replicas(
     reports: Mapping[K, ResidencyReport],
     needs: Mapping[str, int],
     workflow: str | None = None,
-    imbalance: int = DEFAULT_IMBALANCE,
+    imbalance: float = DEFAULT_IMBALANCE,
+    waits: Mapping[K, float] | None = None,
 ) -> list[list[K]]:
     """The replicas in ranks, most preferred first, for a job of ``workflow`` whose models are ``needs``.
 
-    By the bytes each would move (fewest first; replicas that move the same bytes share a rank, least
-    queued first). When the queues are out of balance (the longest holds more than ``imbalance`` jobs more
-    than the shortest), by queue length instead, as Ray's prefix-affinity router does for KV caches, so that
-    one replica holding a popular model is not sent every job. Replicas that could not load ``workflow``
-    come last, in one rank.
+    Each replica's wait is how long the job would wait there before it starts, in job times: ``waits`` (a
+    router that follows its jobs knows it better than a report), else the report's ``queued``. The replicas
+    whose wait is within ``imbalance`` of the shortest rank by the bytes each would move (fewest first;
+    those that move the same bytes share a rank, shortest wait first); the others follow by wait, so that one
+    replica holding a popular model is not sent every job (as Ray's prefix-affinity router falls back to the
+    least loaded replica). Replicas that could not load ``workflow`` come last, in one rank.
 
     Raises:
-        ValueError: ``imbalance`` is negative.
+        ValueError: ``imbalance`` is negative or not a number.
     """
-    if isinstance(imbalance, bool) or not isinstance(imbalance, int) or imbalance < 0:
-        raise ValueError(f"imbalance must be a whole number of at least 0 (got {imbalance!r})")
+    imbalance = check_imbalance(imbalance)
+    wait = {key: float(report.queued) for key, report in reports.items()}
+    wait.update(waits or {})
     able = [key for key, report in reports.items() if workflow is None or workflow not in report.unloadable]
     unable = [key for key in reports if key not in able]
-    queues = [reports[key].queued for key in able]
-    balanced = not queues or max(queues) - min(queues) <= imbalance
-    if balanced:
-        rank_of = {key: reports[key].bytes_for(needs) for key in able}
-    else:
-        rank_of = {key: reports[key].queued for key in able}
-    ranks: dict[int, list[K]] = {}
-    for key in sorted(able, key=lambda key: (rank_of[key], reports[key].queued)):
-        ranks.setdefault(rank_of[key], []).append(key)
-    ordered = [ranks[value] for value in sorted(ranks)]
+    shortest = min((wait[key] for key in able), default=0.0)
+    near = [key for key in able if wait[key] <= shortest + imbalance]
+    ranks: dict[tuple[int, float], list[K]] = {}
+    for key in able:
+        rank = (0, reports[key].bytes_for(needs)) if key in near else (1, wait[key])
+        ranks.setdefault(rank, []).append(key)
+    ordered = [sorted(ranks[rank], key=lambda key: wait[key]) for rank in sorted(ranks)]
     return ordered + ([unable] if unable else [])

@@ -136,6 +136,7 @@ class Scheduler:
         self._worker: threading.Thread | None = None
         self._prefetcher: threading.Thread | None = None
         self._durations: list[float] = []
+        self._workflow_seconds: dict[str, list[float]] = {}  # the latest done jobs' seconds, by workflow
         self._positions: dict[str, int] = {}
         self._no_previews: set[str] = set()
         self._hints = EngineHints(served)
@@ -300,7 +301,8 @@ class Scheduler:
         with self._cond:
             queued = len(self._waiting) + (self._running is not None)
         pipes = [self.served.pipeline(name) for name in self.served]
-        return replica_report(self.manager, pipes, queued, sorted(self._unloadable))
+        seconds = {name: sum(ran) / len(ran) for name, ran in list(self._workflow_seconds.items()) if ran}
+        return replica_report(self.manager, pipes, queued, sorted(self._unloadable), seconds)
 
     def cost(self, workflow: str) -> int:
         """Bytes ``workflow``'s models would bring to the device if it ran now."""
@@ -444,8 +446,12 @@ class Scheduler:
             self._hints.clear()
             if timer is not None:
                 timer.cancel()
-            self._durations.append(time.perf_counter() - started)
+            ran = time.perf_counter() - started
+            self._durations.append(ran)
             del self._durations[:-100]
+            if job.state == "done":
+                recent = [*self._workflow_seconds.get(job.workflow, [])[-19:], ran]
+                self._workflow_seconds[job.workflow] = recent
 
     def _requeue(self, job: ServedJob) -> None:
         """Put a job the stop interrupted back in the queue, in the store and in memory, with a fresh token

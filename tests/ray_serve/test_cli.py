@@ -135,7 +135,8 @@ def test_options_of_the_wrong_server_are_refused_before_ray(
             ["--cpus-per-replica", "0"],
             "argument --cpus-per-replica: must be a finite number more than 0 (got 0)",
         ),
-        (["--imbalance", "-1"], "argument --imbalance: must be at least 0 (got -1)"),
+        (["--imbalance", "-1"], "argument --imbalance: must be a finite number of at least 0 (got -1)"),
+        (["--imbalance", "lots"], "argument --imbalance: must be a number (got 'lots')"),
         (
             ["--stats-period", "soon"],
             "argument --stats-period: must be a number (got 'soon')",
@@ -152,6 +153,7 @@ def test_options_of_the_wrong_server_are_refused_before_ray(
         "gpus-negative",
         "cpus-0",
         "imbalance-negative",
+        "imbalance-text",
         "stats-period-text",
         "tries-0",
     ],
@@ -187,7 +189,8 @@ def test_the_ray_defaults_said_in_the_help_are_the_commands_and_build_apps(capsy
         ("--replicas N worker replicas", "replicas"),
         ("--cpus-per-replica F CPUs each replica holds", "cpus_per_replica"),
         (
-            "--imbalance N jobs by which the replicas' queues may differ before jobs go by queue length",
+            "--imbalance J job times by which a replica's expected wait may exceed the shortest and the replica "
+            "still be chosen for the models it holds",
             "imbalance",
         ),
         ("--stats-period S seconds between two reports of what a replica holds", "stats_period"),

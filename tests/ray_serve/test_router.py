@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason='needs Ray Serve: pip install "modular-pipelines[ray]"')
 
+from modular.ray_serve import streams
 from modular.ray_serve.router import ResidencyRouter, router_kwargs
 from modular.ray_serve.worker import request_workflow
 from modular.serving import ResidencyReport
@@ -22,8 +23,9 @@ def replica(name, report=None):
     return SimpleNamespace(replica_id=SimpleNamespace(unique_id=name), routing_stats=stats)
 
 
-def request(method, *args, **kwargs):
-    return SimpleNamespace(args=list(args), kwargs=kwargs, metadata=SimpleNamespace(call_method=method))
+def request(method, *args, request_id="", **kwargs):
+    metadata = SimpleNamespace(call_method=method, internal_request_id=request_id)
+    return SimpleNamespace(args=list(args), kwargs=kwargs, metadata=metadata)
 
 
 def router(**kwargs):
@@ -43,9 +45,12 @@ def test_a_submit_goes_first_to_the_replica_holding_its_models():
         replica("b", ResidencyReport(missing={"te": 0, "unet": 0}, queued=2)),
         replica("c", ResidencyReport(missing={"te": 0, "unet": 1000})),
     ]
-    ranked = router().rank(replicas, request("submit", {"workflow": "sd"}))
-    assert names(ranked) == [["b"], ["c"], ["a"]]
-    assert names(router().rank(replicas, request("submit", {"workflow": "flux"}))) == [["a"], ["c", "b"]]
+    ranked = router(imbalance=2).rank(replicas, request("submit", {"workflow": "sd"}))
+    assert names(ranked) == [["b"], ["c"], ["a"]]  # b's two queued jobs within the imbalance
+    ranked = router(imbalance=1).rank(replicas, request("submit", {"workflow": "sd"}))
+    assert names(ranked) == [["c"], ["a"], ["b"]]  # beyond it: b last, by wait
+    flux = request("submit", {"workflow": "flux"})
+    assert names(router(imbalance=2).rank(replicas, flux)) == [["a"], ["c", "b"]]  # same bytes: by wait
 
 
 def test_out_of_balance_queues_send_by_queue_length():
@@ -58,6 +63,48 @@ def test_out_of_balance_queues_send_by_queue_length():
         ["a"],
         ["b"],
     ]
+
+
+@pytest.fixture
+def streamed(monkeypatch):
+    """A fresh table of this process's streamed jobs in place of the process's own."""
+    fresh = streams.StreamedJobs()
+    monkeypatch.setattr(streams, "STREAMED", fresh)
+    return fresh
+
+
+def test_streams_sent_since_the_last_report_count_in_the_replicas_wait(streamed):
+    # Both reports are older than the jobs: they say "a" (holding sd) is idle. Three streams of sd have gone
+    # to "a" since; the router knows, and sends the next one to "b".
+    replicas = [replica("a", ResidencyReport(missing={"te": 0, "unet": 0})), replica("b", ResidencyReport())]
+    made = router(imbalance=2)
+    ids = [replica.replica_id for replica in replicas]
+    for number in range(3):
+        made.on_request_routed(request("run", {"workflow": "sd"}, request_id=f"j{number}"), ids[0], None)
+    made.on_request_routed(
+        request("submit", {"workflow": "sd"}, request_id="s"), ids[0], None
+    )  # not followed
+    assert [job.workflow for job in streamed.on("a")] == ["sd"] * 3
+    assert names(made.rank(replicas, request("submit", {"workflow": "sd"}))) == [["b"], ["a"]]
+    made.on_request_completed(ids[0], "j0")
+    assert names(made.rank(replicas, request("submit", {"workflow": "sd"}))) == [
+        ["a"],
+        ["b"],
+    ]  # within 2 jobs
+    made.on_request_completed(ids[0], "j1")
+    made.on_request_completed(ids[0], "s")  # a request the table never held: nothing changes
+    assert len(streamed.on("a")) == 1
+
+
+def test_a_stream_counts_on_the_replica_chosen_for_it_before_the_replica_accepts(streamed):
+    replicas = [replica("a", ResidencyReport(missing={"te": 0, "unet": 0})), replica("b", ResidencyReport())]
+    made = router(imbalance=0)
+    assert names(made.rank(replicas, request("run", {"workflow": "sd"}, request_id="j1"))) == [["a"], ["b"]]
+    assert [(job.replica, job.accepted) for job in streamed.on("a")] == [("a", False)]
+    # The next job, while Ray still asks "a" about the first, sees "a" one job longer.
+    assert names(made.rank(replicas, request("run", {"workflow": "sd"}, request_id="j2"))) == [["b"], ["a"]]
+    made.on_request_routed(request("run", {"workflow": "sd"}, request_id="j2"), replicas[1].replica_id, None)
+    assert [(job.replica, job.accepted) for job in streamed.on("b")] == [("b", True)]
 
 
 def test_a_replica_that_could_not_load_the_workflow_comes_last():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from modular.ray_serve.worker import ReplicaWorker, job_replica, needs_table
@@ -33,7 +35,14 @@ def test_a_job_through_the_replica_equals_the_direct_call(worker, direct):
 
 def test_the_routing_stats_name_what_the_job_loaded(worker):
     before = worker.record_routing_stats()
-    assert before == {"missing": {}, "queued": 0, "unloadable": [], "replica": "r1"}
+    assert before == {
+        "missing": {},
+        "queued": 0,
+        "unloadable": [],
+        "seconds": {},
+        "streamed": {},
+        "replica": "r1",
+    }
     job = worker.submit({**SMALL, "workflow": "sd", "seed": 1})
     assert finished(worker.describe, job["id"])["state"] == "done"
     stats = worker.record_routing_stats()
@@ -43,6 +52,24 @@ def test_the_routing_stats_name_what_the_job_loaded(worker):
     assert report.bytes_for(needs["sd"]) == 0  # all on the (simulated) device: nothing to move
     assert report.bytes_for(needs["flux"]) == sum(needs["flux"].values())
     assert stats["replica"] == "r1" and report.queued == 0
+    assert set(report.seconds) == {"sd"} and report.seconds["sd"] > 0  # the done job's seconds
+
+
+def test_the_report_counts_each_callers_streams_while_they_are_open(worker):
+    async def follow():
+        worker.scheduler.pause()  # the job waits: its stream stays open
+        stream = worker.run({**SMALL, "workflow": "sd", "seed": 4}, caller="host:7")
+        assigned = await stream.__anext__()
+        plain = worker.submit({**SMALL, "workflow": "sd", "seed": 5})  # no caller: counted in queued only
+        report = ResidencyReport.from_dict(worker.record_routing_stats())
+        await stream.aclose()  # the ingress stopped listening: the job is cancelled, the count gone
+        worker.cancel(plain["id"])
+        return assigned, report, ResidencyReport.from_dict(worker.record_routing_stats())
+
+    assigned, open_report, closed_report = asyncio.run(follow())
+    assert assigned["kind"] == "assigned"
+    assert (open_report.queued, dict(open_report.streamed)) == (2, {"host:7": 1})
+    assert (closed_report.queued, dict(closed_report.streamed)) == (0, {})
 
 
 def test_moved_bytes_counts_what_a_job_brought_to_the_device(worker, sizes):

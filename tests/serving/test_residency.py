@@ -48,14 +48,38 @@ def test_a_replica_that_could_not_load_the_workflow_comes_last():
     assert rank_replicas(reports, NEEDS, workflow="flux") == [["failed"], ["other"]]
 
 
-@pytest.mark.parametrize("imbalance", [-1, 1.5, True, "8"])
+def test_a_replica_waits_within_imbalance_of_the_shortest_rank_by_bytes_and_the_others_by_wait():
+    reports = {
+        "holds-all": ResidencyReport(missing={"te": 0, "unet": 0, "vae": 0}, queued=9),
+        "holds-unet": ResidencyReport(missing={"unet": 0}),
+        "empty": ResidencyReport(),
+        "empty-busy": ResidencyReport(),
+    }
+    waits = {"holds-all": 2.5, "holds-unet": 1.5, "empty": 0.5, "empty-busy": 3.0}  # not the reports' queues
+    assert rank_replicas(reports, NEEDS, imbalance=1, waits=waits) == [
+        ["holds-unet"],
+        ["empty"],
+        ["holds-all"],
+        ["empty-busy"],
+    ]
+    assert rank_replicas(reports, NEEDS, imbalance=2.0, waits=waits) == [
+        ["holds-all"],
+        ["holds-unet"],
+        ["empty"],
+        ["empty-busy"],
+    ]
+
+
+@pytest.mark.parametrize("imbalance", [-1, -0.5, float("nan"), True, "8", None])
 def test_a_bad_imbalance_is_refused(imbalance):
-    with pytest.raises(ValueError, match="imbalance must be a whole number"):
+    with pytest.raises(ValueError, match="imbalance must be a number of job times"):
         rank_replicas({}, NEEDS, imbalance=imbalance)
 
 
 def test_a_report_crosses_processes_as_json_values():
-    report = ResidencyReport(missing={"a|b|null|null": 5}, queued=2, unloadable=["sd"])
+    report = ResidencyReport(
+        missing={"a|b|null|null": 5}, queued=2, unloadable=["sd"], seconds={"sd": 0.5}, streamed={"h:1": 1}
+    )
     assert ResidencyReport.from_dict(report.as_dict()) == report
     assert ResidencyReport.from_dict({}) == ResidencyReport()
 

@@ -1,0 +1,94 @@
+"""Each replica's expected wait from the streams this process follows and the replicas' reports (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from modular.ray_serve.streams import CHOSEN_SECONDS, StreamedJobs, service_seconds, waits
+from modular.serving import ResidencyReport
+
+ME = "host:1"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def streamed(clock):
+    return StreamedJobs(clock)
+
+
+def test_before_any_job_finished_the_waits_are_queue_lengths(streamed):
+    reports = {"a": ResidencyReport(queued=3), "b": ResidencyReport()}
+    assert waits(reports, "sd", streamed, ME) == {"a": 3.0, "b": 0.0}
+
+
+def test_this_process_streams_count_as_they_are_now_not_as_the_report_counted_them(streamed, clock):
+    # The report (older) counts three streams of this caller on "a"; two have ended since and one more went to
+    # "b", which reported nothing of it yet.
+    reports = {
+        "a": ResidencyReport(queued=4, streamed={ME: 3, "other:2": 1}),
+        "b": ResidencyReport(queued=0),
+    }
+    streamed.sent("r1", "a", "sd")
+    streamed.sent("r2", "b", "sd")
+    streamed.sent("r3", "b", "sd")
+    clock.now += 0.0  # nothing has run yet
+    assert waits(reports, "sd", streamed, ME) == {"a": 1.0 + 1.0, "b": 2.0}  # a: one of mine, one other's
+    streamed.ended("r2")
+    streamed.ended("unknown")  # a stream this table never saw (a submit's request): ignored
+    assert waits(reports, "sd", streamed, ME)["b"] == 1.0
+
+
+def test_waits_are_in_job_times_of_the_new_job_and_take_off_the_running_jobs_time(streamed, clock):
+    reports = {
+        "a": ResidencyReport(seconds={"sd": 2.0}),
+        "b": ResidencyReport(seconds={"flux": 4.0}),
+    }
+    assert service_seconds(reports) == {"sd": 2.0, "flux": 4.0}
+    streamed.sent("r1", "a", "flux")  # 4 s of work ahead of a new job on "a"
+    streamed.sent("r2", "a", "sd")  # then 2 s
+    assert waits(reports, "sd", streamed, ME)["a"] == pytest.approx((4.0 + 2.0) / 2.0)
+    assert waits(reports, "flux", streamed, ME)["a"] == pytest.approx((4.0 + 2.0) / 4.0)
+    clock.now += 3.0  # the first has run 3 of its 4 s
+    assert waits(reports, "sd", streamed, ME)["a"] == pytest.approx((1.0 + 2.0) / 2.0)
+    clock.now += 10.0  # it runs longer than its workflow's mean: counted as ending now, not less
+    assert waits(reports, "sd", streamed, ME)["a"] == pytest.approx(2.0 / 2.0)
+    streamed.ended("r1")  # the second starts when the first ends
+    clock.now += 0.5
+    assert waits(reports, "sd", streamed, ME)["a"] == pytest.approx(1.5 / 2.0)
+
+
+def test_other_callers_jobs_ahead_leave_the_running_time_unknown(streamed, clock):
+    reports = {"a": ResidencyReport(queued=2, seconds={"sd": 1.0}, streamed={ME: 1})}
+    streamed.sent("r1", "a", "sd")
+    clock.now += 0.9  # mine may still wait behind the other caller's job: no time is taken off
+    assert waits(reports, "sd", streamed, ME) == {"a": 2.0}
+
+
+def test_a_dead_replicas_streams_are_forgotten(streamed):
+    streamed.sent("r1", "a", "sd")
+    streamed.sent("r2", "b", "sd")
+    streamed.forget("a")
+    assert streamed.on("a") == [] and [job.replica for job in streamed.on("b")] == ["b"]
+
+
+def test_a_job_chosen_and_never_accepted_stops_counting(streamed, clock):
+    streamed.chosen("r1", "a", "sd")
+    streamed.chosen("r2", "a", "sd")
+    streamed.sent("r2", "b", "sd")  # accepted by another replica than the one first chosen
+    streamed.chosen("r2", "a", "sd")  # a late choice does not undo an acceptance
+    assert [job.accepted for job in streamed.on("a")] == [False]
+    assert [job.replica for job in streamed.on("b")] == ["b"]
+    clock.now += CHOSEN_SECONDS + 0.1  # r1 went nowhere (its caller gave up before any replica took it)
+    assert streamed.on("a") == [] and len(streamed.on("b")) == 1
