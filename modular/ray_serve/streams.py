@@ -13,6 +13,7 @@ process's jobs as they are now, other callers' as the latest report counted them
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -102,7 +103,8 @@ def service_seconds(reports: Mapping[str, ResidencyReport]) -> dict[str, float]:
     pooled: dict[str, list[float]] = {}
     for report in reports.values():
         for workflow, seconds in report.seconds.items():
-            pooled.setdefault(workflow, []).append(seconds)
+            if 0 < seconds < math.inf:  # a figure no job could take (0, inf, nan) says nothing
+                pooled.setdefault(workflow, []).append(seconds)
     return {workflow: sum(values) / len(values) for workflow, values in pooled.items()}
 
 

@@ -56,6 +56,8 @@ def test_waits_are_in_job_times_of_the_new_job_and_take_off_the_running_jobs_tim
         "b": ResidencyReport(seconds={"flux": 4.0}),
     }
     assert service_seconds(reports) == {"sd": 2.0, "flux": 4.0}
+    odd = {"c": ResidencyReport(seconds={"sd": 0.0, "flux": float("nan"), "wan": float("inf")})}
+    assert service_seconds({**reports, **odd}) == {"sd": 2.0, "flux": 4.0}  # no job takes 0 s: ignored
     streamed.sent("r1", "a", "flux")  # 4 s of work ahead of a new job on "a"
     streamed.sent("r2", "a", "sd")  # then 2 s
     assert waits(reports, "sd", streamed, ME)["a"] == pytest.approx((4.0 + 2.0) / 2.0)
