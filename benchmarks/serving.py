@@ -441,8 +441,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--imbalance",
         type=float,
         default=DEFAULT_IMBALANCE,
-        help="jobs by which the replicas' queues may differ before the router sends by queue length "
-        f"(default {DEFAULT_IMBALANCE})",
+        help="job times by which a replica's expected wait may exceed the shortest and the router still "
+        f"choose it for the models it holds (default {DEFAULT_IMBALANCE:g})",
     )
     args = parser.parse_args(argv)
     if args.jobs is None:

@@ -63,7 +63,7 @@ class LocalWorkers:
         if workflow is None:
             return alive[min(alive, key=lambda key: reports[key].queued)]
         ranks = rank_replicas(reports, self.needs[workflow], workflow, self.imbalance)
-        return alive[min(ranks[0], key=lambda key: reports[key].queued)]
+        return alive[ranks[0][0]]  # each rank is in order of queue length
 
     async def run(
         self, data: Mapping[str, Any], images: Mapping[str, tuple[str, bytes]]

@@ -130,9 +130,8 @@ class ResidencyRouter(FIFOMixin, RequestRouter):
         }
         expected = streams.waits(reports, workflow, streams.STREAMED)
         ranks = rank_replicas(reports, self.needs[workflow], workflow, self.imbalance, expected)
-        if method == "run" and ranks and ranks[0]:  # Ray takes the first rank's least loaded that accepts
-            first = min(ranks[0], key=lambda key: expected[key])
-            streams.STREAMED.chosen(request.metadata.internal_request_id, first, workflow)
+        if method == "run" and ranks and ranks[0]:  # Ray takes the first rank's least loaded: its first
+            streams.STREAMED.chosen(request.metadata.internal_request_id, ranks[0][0], workflow)
         return [[by_id[key] for key in rank] for rank in ranks]
 
     # Ray's hooks: a streamed job (``run``) lives as long as its request, so this process follows each one

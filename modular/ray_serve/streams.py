@@ -5,8 +5,9 @@ it, and between two reports a router that goes by it sends every job to the same
 each of its jobs as a stream (the worker's ``run``), so the routers of its process see each one accepted by
 its replica (``RequestRouter.on_request_routed``) and ended (``on_request_completed``), and each one's router
 counts it on the replica it chose from the moment it chose (Ray asks the replica before it sends: a job
-arriving meanwhile must see it). ``StreamedJobs`` keeps them, by replica, in the order they were sent (one table per process, ``STREAMED``: every router here is
-told of the streams it sent, and the reports count this process's streams as one caller's, ``caller_id``).
+arriving meanwhile must see it). ``StreamedJobs`` keeps them, by replica, in the order they were sent (one
+table per process, ``STREAMED``: every router here is told of the streams it sent, and the reports count this
+process's streams as one caller's, ``caller_id``).
 ``waits`` turns them and the reports into each replica's expected wait for a new job, in job times: this
 process's jobs as they are now, other callers' as the latest report counted them.
 """
@@ -69,22 +70,25 @@ class StreamedJobs:
             if job is not None:
                 self._ended[job.replica] = self.clock()
 
-    def on(self, replica: str) -> list[StreamedJob]:
-        """The unfinished jobs on ``replica`` (and those chosen for it lately), first sent first."""
+    def by_replica(self) -> tuple[dict[str, list[StreamedJob]], dict[str, float]]:
+        """The unfinished jobs (and those chosen lately) on each replica, first sent first, and when each
+        replica's latest streamed job ended: one look for a whole routing decision."""
         now = self.clock()
         with self._lock:
-            stale = [
-                key for key, job in self._jobs.items() if not job.accepted and now - job.sent > CHOSEN_SECONDS
-            ]
-            for key in stale:
-                del self._jobs[key]
-            return sorted(
-                (job for job in self._jobs.values() if job.replica == replica), key=lambda job: job.sent
-            )
+            self._jobs = {
+                key: job
+                for key, job in self._jobs.items()
+                if job.accepted or now - job.sent <= CHOSEN_SECONDS
+            }
+            jobs, ended = list(self._jobs.values()), dict(self._ended)
+        grouped: dict[str, list[StreamedJob]] = {}
+        for job in sorted(jobs, key=lambda job: job.sent):
+            grouped.setdefault(job.replica, []).append(job)
+        return grouped, ended
 
-    def last_end(self, replica: str) -> float | None:
-        with self._lock:
-            return self._ended.get(replica)
+    def on(self, replica: str) -> list[StreamedJob]:
+        """The unfinished jobs on ``replica`` (and those chosen for it lately), first sent first."""
+        return self.by_replica()[0].get(replica, [])
 
     def forget(self, replica: str) -> None:
         """Drop what is kept of a replica that died (its streams end with an error, and Ray says so first)."""
@@ -125,13 +129,14 @@ def waits(
     seconds = service_seconds(reports)
     mean = sum(seconds.values()) / len(seconds) if seconds else 1.0
     now = streamed.clock()
+    jobs, ended = streamed.by_replica()
     result = {}
     for replica, report in reports.items():
-        own = streamed.on(replica)
+        own = jobs.get(replica, [])
         others = max(0, report.queued - report.streamed.get(caller, 0))
         work = others * mean + sum(seconds.get(job.workflow, mean) for job in own)
         if own and not others:  # the first is running since it was sent or the one before it ended
-            began = max(own[0].sent, streamed.last_end(replica) or own[0].sent)
+            began = max(own[0].sent, ended.get(replica, own[0].sent))
             work -= min(max(0.0, now - began), seconds.get(own[0].workflow, mean))
         result[replica] = work / seconds.get(workflow, mean)
     return result

@@ -1,6 +1,7 @@
 """`modular run` on Flux.2: the family's tiny repo, and a Flux.2 repo given by path."""
 
 import PIL.Image
+import pytest
 
 from modular.cli.main import main
 
@@ -16,12 +17,18 @@ def test_run_family_saves_an_image_from_the_tiny_repo(tmp_path, capsys):
     assert "Flux2Transformer2DModel" in printed and f"saved {images[0]}" in printed
 
 
-def test_run_on_a_flux2_repo_by_path(flux2_repo, tmp_path):
-    """A Flux2Pipeline repo given by path runs through the flux2 family and saves <repo folder>-seed0-0.png."""
+@pytest.mark.parametrize(
+    ("repo", "saved"),
+    [("flux2_repo", "tiny-flux2-seed0-0.png"), ("klein_repo", "tiny-flux2-klein-seed0-0.png")],
+    ids=["flux2", "klein"],
+)
+def test_run_on_a_repo_by_path(request, tmp_path, repo, saved):
+    """A Flux2Pipeline or Flux2KleinPipeline repo given by path runs through the flux2 family (Klein's blocks for
+    Klein) and saves <repo folder>-seed0-0.png."""
     out = tmp_path / "out"
     command = [
         "run",
-        str(flux2_repo),
+        str(request.getfixturevalue(repo)),
         "--out",
         str(out),
         "--quiet",
@@ -33,24 +40,4 @@ def test_run_on_a_flux2_repo_by_path(flux2_repo, tmp_path):
         "32",
     ]
     assert main(command) == 0
-    assert sorted(path.name for path in out.glob("*.png")) == ["tiny-flux2-seed0-0.png"]
-
-
-def test_run_on_a_klein_repo_by_path(klein_repo, tmp_path):
-    """A Flux2KleinPipeline repo given by path runs through the flux2 family's Klein blocks."""
-    out = tmp_path / "out"
-    command = [
-        "run",
-        str(klein_repo),
-        "--out",
-        str(out),
-        "--quiet",
-        "--steps",
-        "1",
-        "--height",
-        "32",
-        "--width",
-        "32",
-    ]
-    assert main(command) == 0
-    assert sorted(path.name for path in out.glob("*.png")) == ["tiny-flux2-klein-seed0-0.png"]
+    assert sorted(path.name for path in out.glob("*.png")) == [saved]
