@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from modular.ray_serve.streams import CHOSEN_SECONDS, StreamedJobs, service_seconds, waits
@@ -94,3 +96,34 @@ def test_a_job_chosen_and_never_accepted_stops_counting(streamed, clock):
     assert [job.replica for job in streamed.on("b")] == ["b"]
     clock.now += CHOSEN_SECONDS + 0.1  # r1 went nowhere (its caller gave up before any replica took it)
     assert streamed.on("a") == [] and len(streamed.on("b")) == 1
+
+
+def test_hooks_from_two_threads_while_a_router_reads_lose_no_job(streamed):
+    """Ray's hooks and a router may touch the table from different threads: every sent job is counted until it
+    ends, and reading meanwhile never sees a torn table."""
+
+    def send(prefix):
+        for number in range(200):
+            streamed.sent(f"{prefix}{number}", "a" if number % 2 else "b", "sd")
+            if number % 4 == 0:
+                streamed.ended(f"{prefix}{number}")
+
+    errors = []
+
+    def read():
+        try:
+            for _ in range(200):
+                jobs, _ = streamed.by_replica()
+                assert all(job.replica == replica for replica, on in jobs.items() for job in on)
+        except Exception as error:  # raised in this thread: kept for the test's own assert
+            errors.append(error)
+
+    threads = [threading.Thread(target=send, args=(prefix,)) for prefix in "xy"] + [
+        threading.Thread(target=read)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads) and errors == []
+    assert len(streamed.on("a")) + len(streamed.on("b")) == 2 * (200 - 50)
