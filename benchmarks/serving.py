@@ -70,6 +70,10 @@ RAY_JOBS = 40  # jobs of the stream with --ray (real time on real processes: a s
 #: here, so at 1 a job runs about 1.4x its time alone and the two replicas are busy about 80 % of the time).
 RAY_LOADS = (1.5, 1.0)
 RAY_REPEATS = 3  # runs of each router with --ray: one run's p95 of 40 jobs is its second-longest job
+#: With --ray, the seconds a replica takes to move the largest family to its device, in mean warm job times:
+#: on a GPU a move costs time, from host memory a fraction of a job, from the weight files about one (SDXL's
+#: 6.9 GB in fp16 over PCIe, against a 30-step job of a few seconds); half a job is between.
+RAY_MOVE = 0.5
 
 
 class Served(NamedTuple):
@@ -438,6 +442,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seconds between two residency reports of a replica (default 0.2)",
     )
     ray.add_argument(
+        "--move",
+        type=float,
+        default=RAY_MOVE,
+        help="seconds a replica's move of the largest family takes, in mean warm job times: its simulated "
+        f"device's bandwidth, moves taking real time (default {RAY_MOVE:g}; 0: moves take no time)",
+    )
+    ray.add_argument(
         "--imbalance",
         type=float,
         default=DEFAULT_IMBALANCE,
@@ -453,6 +464,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.jobs, args.steps, args.repeats = 8, 2, 1
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1 (got {args.repeats})")
+    if not 0 <= args.move < float("inf"):
+        parser.error(f"--move must be a number of job times of at least 0 (got {args.move})")
     if args.ray and importlib.util.find_spec("ray") is None:
         parser.error('--ray needs Ray Serve: pip install "modular-pipelines[ray]"')
     if args.jobs < 2:

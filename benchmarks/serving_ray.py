@@ -235,6 +235,7 @@ def run_router(
     stream: Sequence[serving.Arrival],
     repos: Mapping[str, Path],
     budget: int,
+    bandwidth: int | None,
     args: argparse.Namespace,
 ) -> Result:
     """The stream through a fresh deployment routed by ``router``; the deployment is deleted after."""
@@ -246,6 +247,7 @@ def run_router(
         args.stats_period,
         num_cpus=RAY_CPUS / (args.replicas + 1),
         router=router.residency,
+        bandwidth=bandwidth,  # moves take real time on the replicas' simulated devices (None: none)
         prefetch=False,  # every byte moved by the job that needs it: bytes are exact
         preview_every=None,
         max_queue=10**6,
@@ -330,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
         del bench
         service = service_seconds(repos, budget, args.steps)
         mean_service = sum(service.values()) / len(service)
+        # The simulated devices' bandwidth: the largest family's move takes --move mean warm job times.
+        bandwidth = int(max(sizes.values()) / (args.move * mean_service)) if args.move else None
         print(
             f"Serving over Ray: {args.jobs} jobs per load over {', '.join(s.name for s in serving.WORKFLOWS)} "
             f"(drawn uniformly, seed {args.seed}), {args.steps} steps, {serving.SIZE}, real time; "
@@ -341,6 +345,12 @@ def run(args: argparse.Namespace) -> int:
             + f"; each replica a simulated device of {budget / MiB:.2f} MiB (one family at a time), prefetch off; "
             f"residency router: reports every {args.stats_period:g} s, imbalance {args.imbalance}"
         )
+        moves = (
+            f"{bandwidth / MiB:.1f} MiB/s: the largest family's move takes {args.move:g} mean warm job times"
+            if bandwidth
+            else "moves take no time"
+        )
+        print(f"simulated devices' host-to-device bandwidth {moves}")
         print(
             "service s of a warm job: "
             + ", ".join(f"{name} {seconds:.3f}" for name, seconds in service.items())
@@ -356,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
                 runs: dict[str, list[Result]] = {router.label: [] for router in ROUTERS}
                 for repeat in range(args.repeats):  # the routers take turns going first: neither always cold
                     for router in ROUTERS if repeat % 2 == 0 else ROUTERS[::-1]:
-                        runs[router.label].append(run_router(router, stream, repos, budget, args))
+                        runs[router.label].append(run_router(router, stream, repos, budget, bandwidth, args))
                 results = [Runs(label, done) for label, done in runs.items()]
                 print()
                 print(

@@ -206,6 +206,7 @@ def enable_offload(
     budget: int | None = None,
     margin: int | None = None,
     host_budget: int | None = None,
+    bandwidth: int | str | None = None,
 ) -> str:
     """Turn on auto offload as ``modular batch`` and ``modular serve`` ask for it; returns where models run,
     in words.
@@ -219,19 +220,24 @@ def enable_offload(
         budget, margin: Device bytes the weights may use and bytes kept free (default 3GB on CUDA, 0 on a
             simulated device).
         host_budget: Host bytes the host copies may use (``None``: what the host has available).
+        bandwidth: ``sim`` only: the simulated device's host-to-device bytes per second (or ``"100MB/s"``);
+            its moves then take their time on the wall clock (``SimulatedDevice(real_time=True)``).
 
     Raises:
-        ValueError: an unknown ``offload``, ``sim`` without a budget, or ``auto`` without CUDA.
+        ValueError: an unknown ``offload``, ``sim`` without a budget, ``auto`` without CUDA, a bad bandwidth, or
+            a bandwidth without ``sim``.
     """
     if offload not in OFFLOADS:
         msg = f"offload must be one of {list(OFFLOADS)} (got {offload!r})"
         raise ValueError(msg)
+    if bandwidth is not None and offload != "sim":
+        raise ValueError(f"a bandwidth is for a simulated device (offload 'sim'; got offload {offload!r})")
     if offload == "none":
         return str(device)
     if offload == "sim":
         if budget is None:
             raise ValueError(_SIM_NEEDS_BUDGET)
-        target: Any = SimulatedDevice(budget)
+        target: Any = SimulatedDevice(budget, h2d_bandwidth=bandwidth, real_time=bandwidth is not None)
         default_margin = 0
     else:
         if device.type != "cuda":

@@ -7,7 +7,8 @@ from ``needs_table``) and ranks the replicas for a ``submit`` with ``rank_replic
 expected wait for the job (``modular/ray_serve/streams.py``: the streams this process follows as they are
 now, the rest as the latest report counts them), the replicas within ``imbalance`` job times of the shortest
 by the bytes each would move, fewest first, then the others by wait, replicas that could not load the
-workflow last. Ray then takes the least loaded replica of the first rank that accepts the request.
+workflow last; a wait counts the time the replica would take to move what it lacks for the job (its
+measured seconds per byte), so that bytes and queues compare in job times. Ray then takes the least loaded replica of the first rank that accepts the request.
 ``run`` (the ingress's streamed job) is ranked as ``submit`` is. A call about one job (``describe``,
 ``cancel``, ``result``) goes to the replica its id names, and a call addressed to a replica (``queue``,
 ``pause``, ...: ``REPLICA_METHODS``) to that replica. Without reports yet, or for a request it cannot read,
@@ -128,8 +129,9 @@ class ResidencyRouter(FIFOMixin, RequestRouter):
         reports = {
             key: ResidencyReport.from_dict(replica.routing_stats or {}) for key, replica in by_id.items()
         }
-        expected = streams.waits(reports, workflow, streams.STREAMED)
-        ranks = rank_replicas(reports, self.needs[workflow], workflow, self.imbalance, expected)
+        needs = self.needs[workflow]
+        expected = streams.waits(reports, workflow, streams.STREAMED, needs=needs)
+        ranks = rank_replicas(reports, needs, workflow, self.imbalance, expected)
         if method == "run" and ranks and ranks[0]:  # Ray takes the first rank's least loaded: its first
             streams.STREAMED.chosen(request.metadata.internal_request_id, ranks[0][0], workflow)
         return [[by_id[key] for key in rank] for rank in ranks]

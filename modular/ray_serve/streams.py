@@ -23,7 +23,15 @@ from typing import NamedTuple
 from modular.ray_serve.worker import caller_id
 from modular.serving.residency import ResidencyReport
 
-__all__ = ["CHOSEN_SECONDS", "STREAMED", "StreamedJob", "StreamedJobs", "service_seconds", "waits"]
+__all__ = [
+    "CHOSEN_SECONDS",
+    "STREAMED",
+    "StreamedJob",
+    "StreamedJobs",
+    "seconds_per_byte",
+    "service_seconds",
+    "waits",
+]
 
 
 #: Seconds a job chosen for a replica counts there before its replica has accepted it: Ray asks the replica
@@ -112,21 +120,32 @@ def service_seconds(reports: Mapping[str, ResidencyReport]) -> dict[str, float]:
     return {workflow: sum(values) / len(values) for workflow, values in pooled.items()}
 
 
+def seconds_per_byte(reports: Mapping[str, ResidencyReport]) -> float:
+    """The seconds a moved byte adds to a job, pooled over the replicas that have measured it (0: none has)."""
+    measured = [r.seconds_per_byte for r in reports.values() if 0 < r.seconds_per_byte < math.inf]
+    return sum(measured) / len(measured) if measured else 0.0
+
+
 def waits(
     reports: Mapping[str, ResidencyReport],
     workflow: str,
     streamed: StreamedJobs = STREAMED,
     caller: str | None = None,
+    needs: Mapping[str, int] | None = None,
 ) -> dict[str, float]:
-    """How long a new job of ``workflow`` would wait on each replica before it starts, in its own job times.
+    """How long a new job of ``workflow`` would wait on each replica before its compute starts, in its own job
+    times.
 
     A replica's work ahead is this process's streamed jobs on it (each its workflow's seconds, the first one's
     time running so far taken off when it is the replica's only work) and the report's other jobs (each the
-    mean of the workflows' seconds). Before any job has finished anywhere every job counts one second: the
-    waits are then queue lengths.
+    mean of the workflows' seconds). Given the job's ``needs`` (load ID to bytes), the time to move what the
+    replica lacks of them is added, at the replicas' measured seconds per byte: a wait and a move compare in
+    one unit. Before any job has finished anywhere every job counts one second: the waits are then queue
+    lengths.
     """
     caller = caller_id() if caller is None else caller
     seconds = service_seconds(reports)
+    per_byte = seconds_per_byte(reports) if needs else 0.0
     mean = sum(seconds.values()) / len(seconds) if seconds else 1.0
     now = streamed.clock()
     jobs, ended = streamed.by_replica()
@@ -138,5 +157,7 @@ def waits(
         if own and not others:  # the first is running since it was sent or the one before it ended
             began = max(own[0].sent, ended.get(replica, own[0].sent))
             work -= min(max(0.0, now - began), seconds.get(own[0].workflow, mean))
+        if per_byte:
+            work += report.bytes_for(needs or {}) * per_byte
         result[replica] = work / seconds.get(workflow, mean)
     return result

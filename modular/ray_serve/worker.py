@@ -128,13 +128,16 @@ class ReplicaWorker:
         workflows: What to serve (``ServedWorkflow``, or ``REPO``, ``REPO:WORKFLOW``, ``NAME=REPO[:WORKFLOW]``).
         budget: Device bytes: auto offload onto a ``SimulatedDevice(budget)``. ``None``: auto offload onto the
             replica's CUDA device when it has one (Ray gives it with ``num_gpus=1``), else models stay on the CPU.
+        bandwidth: With ``budget``: the simulated device's host-to-device bytes per second (or ``"100MB/s"``),
+            its moves taking that time on the wall clock (``benchmarks/serving.py --ray``); ``None``: moves
+            take no time.
         base: The folder relative repos are read from.
         replica_id: This replica's id (default: Ray's, or a new one outside Ray).
         state: The scheduler's state folder (``None``: in memory; one per replica).
         scheduler_options: Passed to ``Scheduler`` (``limits``, ``fairness``, ``preview_every``, ...).
 
     Raises:
-        ValueError: no workflow, two with one name, a bad budget.
+        ValueError: no workflow, two with one name, a bad budget or bandwidth, a bandwidth without a budget.
         FileNotFoundError, JobFileError: a repo that cannot be read.
     """
 
@@ -143,11 +146,14 @@ class ReplicaWorker:
         workflows: Sequence[ServedWorkflow | str],
         budget: int | None = None,
         *,
+        bandwidth: int | str | None = None,
         base: str | Path = ".",
         replica_id: str | None = None,
         state: str | Path | None = None,
         **scheduler_options: Any,
     ) -> None:
+        if bandwidth is not None and budget is None:
+            raise ValueError(f"bandwidth {bandwidth!r} is a simulated device's: give a budget too")
         self.replica_id = replica_id or _ray_replica_id() or uuid.uuid4().hex[:8]
         if SEPARATOR in self.replica_id:
             raise ValueError(f"a replica id may not hold {SEPARATOR!r} (got {self.replica_id!r})")
@@ -155,7 +161,7 @@ class ReplicaWorker:
         cuda = torch.cuda.is_available()
         device = torch.device("cuda") if cuda else torch.device("cpu")
         offload = "sim" if budget is not None else ("auto" if cuda else "none")
-        self.where = enable_offload(self.manager, offload, device, budget)
+        self.where = enable_offload(self.manager, offload, device, budget, bandwidth=bandwidth)
         self.served = ServedWorkflows(served_workflows(workflows), self.manager, base)
         self.scheduler = Scheduler(self.served, state, **scheduler_options)
         self._closed = False

@@ -64,6 +64,8 @@ class ResidencyReport:
         seconds: The mean seconds a job of each workflow has taken on the replica (its latest finished ones).
         streamed: Of the ``queued`` jobs, how many each caller follows as a stream, by caller id: a router in
             that caller's process knows those jobs itself, as they happen, and counts only the others here.
+        seconds_per_byte: The seconds a byte moved to the device has added to a job here (measured:
+            ``modular/serving/job_times.py``); 0 until measured.
     """
 
     missing: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
@@ -71,6 +73,7 @@ class ResidencyReport:
     unloadable: tuple[str, ...] = attrs.field(default=(), converter=_names)
     seconds: Mapping[str, float] = attrs.field(factory=dict, converter=_seconds)
     streamed: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    seconds_per_byte: float = attrs.field(default=0.0, converter=float)
 
     def bytes_for(self, needs: Mapping[str, int]) -> int:
         """The bytes this replica would move for a job whose models are ``needs`` (load ID to size)."""
@@ -83,6 +86,7 @@ class ResidencyReport:
             "unloadable": list(self.unloadable),
             "seconds": dict(self.seconds),
             "streamed": dict(self.streamed),
+            "seconds_per_byte": self.seconds_per_byte,
         }
 
     @classmethod
@@ -94,6 +98,7 @@ class ResidencyReport:
             unloadable=values.get("unloadable", ()),
             seconds=values.get("seconds", {}),
             streamed=values.get("streamed", {}),
+            seconds_per_byte=values.get("seconds_per_byte", 0.0),
         )
 
 

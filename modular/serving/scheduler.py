@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from modular.batch.jobs import call_job
@@ -31,6 +32,7 @@ from modular.serving.call_events import watch_keywords
 from modular.serving.cost import bytes_to_bring
 from modular.serving.engine_hints import EngineHints
 from modular.serving.events import EventHub
+from modular.serving.job_times import JobTimes
 from modular.serving.jobs import JobStateError, QueueFullError, ServedJob, UnknownJobError, describe_record
 from modular.serving.policy import Fairness, order, passed_over
 from modular.serving.requests import CheckedRequest, Limits, check_request, open_images
@@ -136,7 +138,7 @@ class Scheduler:
         self._worker: threading.Thread | None = None
         self._prefetcher: threading.Thread | None = None
         self._durations: list[float] = []
-        self._workflow_seconds: dict[str, list[float]] = {}  # the latest done jobs' seconds, by workflow
+        self.job_times = JobTimes()  # the latest done jobs' seconds and moved bytes, by workflow
         self._positions: dict[str, int] = {}
         self._no_previews: set[str] = set()
         self._hints = EngineHints(served)
@@ -301,8 +303,9 @@ class Scheduler:
         with self._cond:
             queued = len(self._waiting) + (self._running is not None)
         pipes = [self.served.pipeline(name) for name in self.served]
-        seconds = {name: sum(ran) / len(ran) for name, ran in list(self._workflow_seconds.items()) if ran}
-        return replica_report(self.manager, pipes, queued, sorted(self._unloadable), seconds)
+        times = self.job_times
+        report = replica_report(self.manager, pipes, queued, sorted(self._unloadable), times.seconds())
+        return attrs.evolve(report, seconds_per_byte=times.seconds_per_byte())
 
     def cost(self, workflow: str) -> int:
         """Bytes ``workflow``'s models would bring to the device if it ran now."""
@@ -406,7 +409,7 @@ class Scheduler:
             )
             timer.daemon = True
             timer.start()
-        started = time.perf_counter()
+        started, moved_before = time.perf_counter(), self._moved_bytes()
         try:
             on_cuda = self._on_cuda()
             try:
@@ -449,9 +452,13 @@ class Scheduler:
             ran = time.perf_counter() - started
             self._durations.append(ran)
             del self._durations[:-100]
-            if job.state == "done":
-                recent = [*self._workflow_seconds.get(job.workflow, [])[-19:], ran]
-                self._workflow_seconds[job.workflow] = recent
+            if job.state == "done":  # a prefetch for the next job during this one counts as this one's
+                self.job_times.add(job.workflow, ran, max(0, self._moved_bytes() - moved_before))
+
+    def _moved_bytes(self) -> int:
+        """Bytes auto offload has moved to the device so far (0 without it)."""
+        log = self.manager.offload_log
+        return 0 if log is None else log.total_bytes_to_device
 
     def _requeue(self, job: ServedJob) -> None:
         """Put a job the stop interrupted back in the queue, in the store and in memory, with a fresh token

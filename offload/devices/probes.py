@@ -57,6 +57,9 @@ class MemoryProbe:
     def on_evicted(self, model_id: str) -> None:
         """Called by the ledger after ``model_id`` left the device."""
 
+    def on_moved(self, nbytes: int) -> None:
+        """Called by the engine after one decision moved ``nbytes`` to the device (what its log records)."""
+
     def hold_room(self, model_id: str, nbytes: int) -> None:
         """Called by a streaming model (``offload.partial.streaming``) with the bytes of the room it holds for its
         streamed groups that no tensor occupies now. Bookkeeping probes count that room already (they are

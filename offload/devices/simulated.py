@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import torch
@@ -20,13 +21,21 @@ class SimulatedDevice(MemoryProbe):
     two engines shares its budget, as a real card would.
 
     Given ``h2d_bandwidth``, the engine keeps a simulated clock (``offload.devices.clock``): every copy takes
-    bytes / bandwidth, every forward its ``compute_time``, and the log carries start and end times.
+    bytes / bandwidth, every forward its ``compute_time``, and the log carries start and end times. With
+    ``real_time`` too, every move also takes bytes / bandwidth on the wall clock (the thread that placed the
+    model sleeps), so a process measured in real time (a replica of ``benchmarks/serving.py --ray``) pays for
+    its moves as it would on a device.
 
     Args:
         budget: Bytes, or a string such as ``"8GB"``.
         name: Name shown in device cells, e.g. ``"sim"`` -> ``"cpu(sim)"``.
         h2d_bandwidth: Host-to-device bytes per second, or a string such as ``"25GB/s"``; None: no clock.
         compute_time: Seconds one call of each model takes, by model id (the clock's hint).
+        real_time: Moves sleep bytes / ``h2d_bandwidth`` seconds (needs ``h2d_bandwidth``).
+
+    Raises:
+        ValueError: a bad budget or bandwidth, or ``real_time`` without a bandwidth.
+        TypeError: ``compute_time`` is not a table of model ids to seconds.
 
     Example:
         >>> SimulatedDevice("8GB").free_bytes()
@@ -41,11 +50,15 @@ class SimulatedDevice(MemoryProbe):
         name: str = "sim",
         h2d_bandwidth: int | str | None = None,
         compute_time: Mapping[str, float] | None = None,
+        real_time: bool = False,
     ):
         self.budget = parse_bytes(budget, name="SimulatedDevice budget")
         self._name = name
         self.h2d_bandwidth = _bandwidth(h2d_bandwidth)
         self.compute_time = _compute_time(compute_time)
+        if real_time and self.h2d_bandwidth is None:
+            raise ValueError("real_time moves take bytes / h2d_bandwidth: give h2d_bandwidth, e.g. '100MB/s'")
+        self.real_time = bool(real_time)
         self._resident: dict[str, int] = {}
         self._used = 0  # sum of ``_resident``, kept as it changes: free_bytes is asked at every placement
 
@@ -81,6 +94,11 @@ class SimulatedDevice(MemoryProbe):
 
     def on_evicted(self, model_id: str) -> None:
         self._used -= self._resident.pop(model_id, 0)
+
+    def on_moved(self, nbytes: int) -> None:
+        # Under the engine's lock, as a real copy holds the one copy engine: placements queue behind it.
+        if self.real_time and self.h2d_bandwidth and nbytes > 0:
+            time.sleep(nbytes / self.h2d_bandwidth)
 
 
 def _bandwidth(value: int | str | None) -> int | None:

@@ -384,6 +384,8 @@ class Placer:
         clock = self.beyond.clock
         if span is None and clock is not None and to_device:
             span = clock.copy(model_id, to_device, early=reason == "prefetch")
+        if to_device:
+            self._probe.on_moved(to_device)
         decision = OffloadDecision(
             time=time.time(),
             model_id=model_id,

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from components import ComponentsManager
 from modular.batch import BatchOptions, OutputStore, RankInfo, load_job, run_batch
+from modular.batch.runner import enable_offload
 from modular.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,3 +186,13 @@ def test_a_damaged_output_is_made_again_at_resume_and_named(repo, reference, tmp
     )
     assert _arrays(job.output).keys() == _arrays(reference).keys()
     assert all(torch.equal(a, b) for a, b in zip(_arrays(job.output).values(), _arrays(reference).values()))
+
+
+def test_a_served_simulated_device_takes_a_bandwidth_and_nothing_else_does():
+    manager = ComponentsManager()
+    enable_offload(manager, "sim", torch.device("cpu"), 10**6, bandwidth="1MB/s")
+    (engine,) = manager.offload_engines
+    assert engine._placer._probe.real_time and engine._placer._probe.h2d_bandwidth == 10**6
+    for offload in ("none", "auto"):
+        with pytest.raises(ValueError, match="a bandwidth is for a simulated device"):
+            enable_offload(ComponentsManager(), offload, torch.device("cpu"), bandwidth="1MB/s")

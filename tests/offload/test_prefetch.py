@@ -207,3 +207,34 @@ def test_bad_clock_settings_are_refused_with_the_fix(kwargs, error):
 
 def test_bandwidth_reads_as_bytes_per_second():
     assert SimulatedDevice("1GB", h2d_bandwidth="25GB/s").h2d_bandwidth == 25 * 10**9
+
+
+def test_real_time_moves_sleep_bytes_over_bandwidth(monkeypatch):
+    slept = []
+    monkeypatch.setattr("offload.devices.simulated.time.sleep", slept.append)
+    device = SimulatedDevice("1GB", h2d_bandwidth="100MB/s", real_time=True)
+    device.on_moved(50 * 10**6)
+    device.on_moved(0)  # nothing moved: no wait
+    SimulatedDevice("1GB", h2d_bandwidth="100MB/s").on_moved(10**6)  # the clock is simulated only
+    assert slept == [0.5]
+
+
+def test_real_time_without_a_bandwidth_is_refused():
+    with pytest.raises(ValueError, match="give h2d_bandwidth"):
+        SimulatedDevice("1GB", real_time=True)
+
+
+def test_the_engine_tells_the_device_every_byte_its_log_counts_moved():
+    moved = []
+
+    class Counting(SimulatedDevice):
+        def on_moved(self, nbytes):
+            moved.append(nbytes)
+
+    engine = OffloadEngine(Counting(S), memory_reserve_margin=0)
+    models = {name: sized(S) for name in ("a", "b")}
+    for name, model in models.items():
+        engine.attach(name, model)
+    for name in ("a", "b", "a"):  # the budget holds one: each placement after the first evicts the other
+        call(models[name])
+    assert len(moved) == 3 and sum(moved) == engine.log.total_bytes_to_device == 3 * S

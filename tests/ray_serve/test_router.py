@@ -65,6 +65,20 @@ def test_out_of_balance_queues_send_by_queue_length():
     ]
 
 
+def test_a_replica_that_would_move_the_models_waits_for_the_move_too():
+    # "b" holds sd with two jobs queued (2 s each); "a" is idle but would move sd's 1100 bytes.
+    holder = ResidencyReport(missing={"te": 0, "unet": 0}, queued=2, seconds={"sd": 2.0})
+
+    def ranked(seconds_per_byte):
+        idle = ResidencyReport(seconds={"sd": 2.0}, seconds_per_byte=seconds_per_byte)
+        replicas = [replica("a", idle), replica("b", holder)]
+        return names(router(imbalance=1).rank(replicas, request("submit", {"workflow": "sd"})))
+
+    assert ranked(0.0) == [["a"], ["b"]]  # moves cost nothing measured: b's queue is beyond the imbalance
+    # The move takes 1100 * 0.002 = 2.2 s: a's wait is 1.1 job times, b's 2: b is within 1 of the shortest.
+    assert ranked(0.002) == [["b"], ["a"]]
+
+
 @pytest.fixture
 def streamed(monkeypatch):
     """A fresh table of this process's streamed jobs in place of the process's own."""

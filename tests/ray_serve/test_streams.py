@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from modular.ray_serve.streams import CHOSEN_SECONDS, StreamedJobs, service_seconds, waits
+from modular.ray_serve.streams import CHOSEN_SECONDS, StreamedJobs, seconds_per_byte, service_seconds, waits
 from modular.serving import ResidencyReport
 
 ME = "host:1"
@@ -71,6 +71,28 @@ def test_waits_are_in_job_times_of_the_new_job_and_take_off_the_running_jobs_tim
     streamed.ended("r1")  # the second starts when the first ends
     clock.now += 0.5
     assert waits(reports, "sd", streamed, ME)["a"] == pytest.approx(1.5 / 2.0)
+
+
+def test_a_replica_that_would_move_the_jobs_models_waits_for_the_move_too(streamed):
+    needs = {"unet": 1000, "vae": 200}
+    reports = {
+        "holder": ResidencyReport(missing={"unet": 0, "vae": 0}, queued=1, seconds={"sd": 2.0}),
+        "empty": ResidencyReport(seconds={"sd": 2.0}, seconds_per_byte=0.003),
+        "half": ResidencyReport(missing={"unet": 0}, seconds_per_byte=0.001),
+    }
+    assert seconds_per_byte(reports) == pytest.approx(0.002)  # pooled over the replicas that measured it
+    assert waits(reports, "sd", streamed, ME, needs) == pytest.approx(
+        {"holder": 1.0, "empty": 1200 * 0.002 / 2.0, "half": 200 * 0.002 / 2.0}
+    )
+    assert waits(reports, "sd", streamed, ME) == {
+        "holder": 1.0,
+        "empty": 0.0,
+        "half": 0.0,
+    }  # no needs: queues
+    unmeasured = {key: ResidencyReport(missing=r.missing, queued=r.queued) for key, r in reports.items()}
+    assert waits(unmeasured, "sd", streamed, ME, needs) == {"holder": 1.0, "empty": 0.0, "half": 0.0}
+    odd = {"c": ResidencyReport(seconds_per_byte=float("inf")), "d": ResidencyReport(seconds_per_byte=-1.0)}
+    assert seconds_per_byte({**reports, **odd}) == pytest.approx(0.002)  # no move costs that: ignored
 
 
 def test_other_callers_jobs_ahead_leave_the_running_time_unknown(streamed, clock):

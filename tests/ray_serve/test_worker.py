@@ -41,6 +41,7 @@ def test_the_routing_stats_name_what_the_job_loaded(worker):
         "unloadable": [],
         "seconds": {},
         "streamed": {},
+        "seconds_per_byte": 0.0,
         "replica": "r1",
     }
     job = worker.submit({**SMALL, "workflow": "sd", "seed": 1})
@@ -116,6 +117,26 @@ def test_a_cancelled_job_is_described_cancelled(workflows):
 def test_job_replica_reads_the_replica_of_an_id():
     assert job_replica("abc:0123") == "abc"
     assert [job_replica(value) for value in ("0123", ":0123", "abc:", None, 5)] == [None] * 5
+
+
+def test_a_bandwidth_makes_the_replicas_moves_take_real_time(workflows, sizes):
+    worker = ReplicaWorker(
+        [workflows["sd"]], sizes["sd"], bandwidth="1GB/s", replica_id="r5", preview_every=None
+    )
+    try:
+        (engine,) = worker.manager.offload_engines
+        device = engine._placer._probe
+        assert device.real_time and device.h2d_bandwidth == 10**9
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize(
+    ("budget", "bandwidth", "match"), [(None, "1GB/s", "give a budget"), (10**6, "fast", "h2d_bandwidth")]
+)
+def test_a_bandwidth_without_a_budget_or_unreadable_is_refused(workflows, budget, bandwidth, match):
+    with pytest.raises(ValueError, match=match):
+        ReplicaWorker([workflows["sd"]], budget, bandwidth=bandwidth, replica_id="r6", preview_every=None)
 
 
 def test_a_replica_id_with_the_separator_is_refused(workflows):

@@ -78,7 +78,12 @@ def test_a_bad_imbalance_is_refused(imbalance):
 
 def test_a_report_crosses_processes_as_json_values():
     report = ResidencyReport(
-        missing={"a|b|null|null": 5}, queued=2, unloadable=["sd"], seconds={"sd": 0.5}, streamed={"h:1": 1}
+        missing={"a|b|null|null": 5},
+        queued=2,
+        unloadable=["sd"],
+        seconds={"sd": 0.5},
+        streamed={"h:1": 1},
+        seconds_per_byte=1e-9,
     )
     assert ResidencyReport.from_dict(report.as_dict()) == report
     assert ResidencyReport.from_dict({}) == ResidencyReport()
@@ -100,6 +105,19 @@ def test_a_replica_that_ran_a_family_is_ranked_first_for_it(make_scheduler, size
         assert needs and all(size > 0 for size in needs.values())
         assert reports[holder].bytes_for(needs) == 0  # its models are on the holder's device
         assert rank_replicas(reports, needs, workflow)[0] == [holder]
+
+
+def test_the_report_carries_what_each_job_moved_and_ran(make_scheduler, sizes):
+    scheduler = make_scheduler("sd", budget=sizes["sd"])
+    for seed in (1, 2):
+        job = scheduler.submit({**SMALL, "workflow": "sd", "seed": seed})
+        assert scheduler.run_next() is job and job.state == "done", job.error
+    log = scheduler.manager.offload_log
+    assert log is not None and log.total_bytes_to_device > 0
+    assert scheduler.job_times.moved("sd") == [log.total_bytes_to_device, 0]  # the first job moved it all
+    report = scheduler.residency_report()
+    assert set(report.seconds) == {"sd"} and report.seconds["sd"] > 0
+    assert report.seconds_per_byte == scheduler.job_times.seconds_per_byte()
 
 
 def test_a_workflow_that_ran_out_of_memory_loading_is_reported_unloadable(make_scheduler, monkeypatch):
