@@ -8,8 +8,9 @@ or a plain checkout. The script writes, into a temporary folder, the peer's ``te
 out as the same package tree so their relative imports work. In every copied file it rewrites:
 
 - imports of the peer's framework names (``ModularPipeline``, ``ComponentsManager``, ...) to ``modular``'s;
-- imports of the peer's family classes to ours, through the explicit table :data:`FAMILIES` (a name with
-  no counterpart is left to the peer, reported, and the test classes built on such blocks are skipped);
+- imports of the peer's family classes to ours, through the explicit table ``FAMILIES``
+  (``scripts/peer_families.py``; a name with no counterpart is left to the peer, reported, and the test
+  classes built on such blocks are skipped);
 - each test config's ``pretrained_model_name_or_path`` to the path of our family's tiny repo
   (``FAMILY.make_tiny_repo``), since the hub's test repos cannot be reached offline;
 - an import of a helper from another of the peer's test modules (SDXL's ``create_ip_adapter_state_dict``)
@@ -23,7 +24,6 @@ of each failure's error. The exit status is 0 whenever the suite ran: failures a
 from __future__ import annotations
 
 import argparse
-import ast
 import collections
 import functools
 import importlib
@@ -34,148 +34,40 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "scripts") not in sys.path:  # its siblings, also when loaded by path (the tests)
+    sys.path.insert(0, str(ROOT / "scripts"))
 
-#: The peer's framework names (``diffusers.modular_pipelines``), each this project's ``modular.<name>``.
-FRAMEWORK_NAMES = (
-    "AutoPipelineBlocks",
-    "BlockState",
-    "ComponentSpec",
-    "ComponentsManager",
-    "ConditionalPipelineBlocks",
-    "ConfigSpec",
-    "InputParam",
-    "LoopSequentialPipelineBlocks",
-    "ModularPipeline",
-    "ModularPipelineBlocks",
-    "OutputParam",
-    "PipelineState",
-    "SequentialPipelineBlocks",
+from peer_families import FAMILIES, FRAMEWORK_NAMES, SHARED_FILES, SHARED_FOLDER, PeerFamily  # noqa: E402
+from peer_rewrite import (  # noqa: E402
+    Rewrite,
+    extract_definitions,
+    helper_imports,
+    rewrite_imports,
+    substitute_repos,
 )
 
-
-@dataclass(frozen=True)
-class PeerFamily:
-    """One family: its key (our package under ``blocks/``), the peer's test folder, and the peer's names
-    of its classes mapped to ours (dotted paths). Every family has one pipeline class, ``ModularPipeline``."""
-
-    name: str
-    package: str
-    peer_folder: str
-    names: Mapping[str, str] = field(default_factory=dict)
-    #: A peer test repo id -> (our tiny-repo builder's dotted path, its keywords), where the family's
-    #: ``FAMILY.make_tiny_repo`` with no keywords does not fit (another workflow's or model version's repo).
-    repos: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
-
-
-FAMILIES: tuple[PeerFamily, ...] = (
-    PeerFamily(
-        "stable_diffusion_xl",
-        "blocks.stable_diffusion_xl",
-        "stable_diffusion_xl",
-        {
-            "StableDiffusionXLAutoBlocks": "blocks.stable_diffusion_xl.StableDiffusionXLAutoBlocks",
-            "StableDiffusionXLModularPipeline": "modular.ModularPipeline",
-        },
-    ),
-    PeerFamily(
-        "flux",
-        "blocks.flux",
-        "flux",
-        {
-            "FluxAutoBlocks": "blocks.flux.FluxAutoBlocks",
-            "FluxModularPipeline": "modular.ModularPipeline",
-            # "FluxKontextAutoBlocks": no counterpart (we have no Flux Kontext)
-            # "FluxKontextModularPipeline": no counterpart
-        },
-    ),
-    PeerFamily(
-        "z_image",
-        "blocks.z_image",
-        "z_image",
-        {
-            "ZImageAutoBlocks": "blocks.z_image.ZImageAutoBlocks",
-            "ZImageModularPipeline": "modular.ModularPipeline",
-        },
-    ),
-    # Added after the first three: our names filled in as each landed. A peer class left out (no counterpart
-    # here yet) is the peer's, and the test classes built on it are skipped, saying so.
-    PeerFamily(
-        "sd3",
-        "blocks.sd3",
-        "stable_diffusion_3",
-        {
-            "StableDiffusion3AutoBlocks": "blocks.sd3.StableDiffusion3AutoBlocks",
-            "StableDiffusion3ModularPipeline": "modular.ModularPipeline",
-        },
-    ),
-    PeerFamily(
-        "flux2",
-        "blocks.flux2",
-        "flux2",
-        {
-            "Flux2AutoBlocks": "blocks.flux2.Flux2AutoBlocks",
-            "Flux2ModularPipeline": "modular.ModularPipeline",
-            "Flux2KleinBaseAutoBlocks": "blocks.flux2.Flux2KleinBaseAutoBlocks",
-            "Flux2KleinBaseModularPipeline": "modular.ModularPipeline",
-            # "Flux2KleinAutoBlocks": no counterpart (the distilled Klein's own blocks; ours run it through
-            # Flux2KleinBaseAutoBlocks, reading is_distilled from the repo)
-            # "Flux2KleinModularPipeline": no counterpart
-        },
-        repos={
-            "hf-internal-testing/tiny-flux2-klein-base-modular": ("blocks.flux2.make_tiny_klein_repo", {}),
-        },
-    ),
-    PeerFamily(
-        "qwenimage",
-        "blocks.qwenimage",
-        "qwen",
-        {
-            "QwenImageAutoBlocks": "blocks.qwenimage.QwenImageAutoBlocks",
-            "QwenImageModularPipeline": "modular.ModularPipeline",
-            "QwenImageEditAutoBlocks": "blocks.qwenimage.QwenImageEditAutoBlocks",
-            "QwenImageEditModularPipeline": "modular.ModularPipeline",
-            # "QwenImageEditPlusAutoBlocks": no counterpart (Qwen-Image-Edit-Plus)
-            # "QwenImageEditPlusModularPipeline": no counterpart
-        },
-        repos={
-            "hf-internal-testing/tiny-qwenimage-edit-modular": (
-                "blocks.qwenimage.tiny.make_tiny_edit_repo",
-                {},
-            ),
-        },
-    ),
-    PeerFamily(
-        "wan",
-        "blocks.wan",
-        "wan",
-        {
-            "WanBlocks": "blocks.wan.WanBlocks",
-            "WanModularPipeline": "modular.ModularPipeline",
-        },
-        repos={
-            "hf-internal-testing/tiny-wan-modular-pipe": (
-                "blocks.wan.tiny.make_tiny_repo",
-                {"kind": "wan2.1"},
-            )
-        },
-    ),
-)
-
-#: The shared files every family's tests import (paths in the peer's repository).
-SHARED_FILES = (
-    "tests/__init__.py",
-    "tests/conftest.py",
-    "tests/testing_utils.py",
-    "tests/modular_pipelines/__init__.py",
-)
-SHARED_FOLDER = "tests/modular_pipelines/testing_utils"
-
+__all__ = [
+    "FAMILIES",
+    "FRAMEWORK_NAMES",
+    "PeerFamily",
+    "PeerSource",
+    "Rewrite",
+    "build_tree",
+    "choose_families",
+    "extract_definitions",
+    "helper_imports",
+    "main",
+    "parse_junit",
+    "report",
+    "rewrite_imports",
+    "run_pytest",
+    "substitute_repos",
+]
 
 # ----- reading the peer -----
 
@@ -222,145 +114,6 @@ def _is_git_dir(location: Path) -> bool:
         ["git", "-C", str(location), "rev-parse", "--git-dir"], capture_output=True, text=True
     )
     return done.returncode == 0
-
-
-# ----- rewriting -----
-
-
-@dataclass
-class Rewrite:
-    """What a rewrite of one file did."""
-
-    source: str
-    mapped: list[str] = field(default_factory=list)  # peer names now ours
-    unmapped: list[str] = field(default_factory=list)  # peer modular names left to the peer
-    repos: int = 0  # pretrained_model_name_or_path values substituted
-
-
-def _is_peer_module(module: str | None) -> bool:
-    return module is not None and (module == "diffusers" or module.startswith("diffusers.modular_pipelines"))
-
-
-def _looks_modular(name: str) -> bool:
-    return name.endswith(("Blocks", "ModularPipeline", "Step")) or name in FRAMEWORK_NAMES
-
-
-def _replace_lines(source: str, spans: Iterable[tuple[int, int, str]]) -> str:
-    """``source`` with each (first line, last line, text) span (1-based, inclusive) replaced by ``text``."""
-    lines = source.splitlines(keepends=True)
-    for first, last, text in sorted(spans, reverse=True):
-        lines[first - 1 : last] = [text]
-    return "".join(lines)
-
-
-def rewrite_imports(source: str, names: Mapping[str, str]) -> Rewrite:
-    """Point ``from diffusers[.modular_pipelines...] import X`` at ours where ``names`` (peer name -> our
-    dotted path) or the framework names have X; other names stay the peer's, and the modular-looking ones
-    among them are reported as unmapped."""
-    table = {name: f"modular.{name}" for name in FRAMEWORK_NAMES} | dict(names)
-    result = Rewrite(source)
-    spans = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ImportFrom) or node.level or not _is_peer_module(node.module):
-            continue
-        kept, ours = [], []
-        for alias in node.names:
-            target = table.get(alias.name)
-            if target is None:
-                kept.append(alias)
-                if node.module != "diffusers" or _looks_modular(alias.name):
-                    if alias.name != "*":
-                        result.unmapped.append(alias.name)
-            else:
-                ours.append((alias, target))
-                result.mapped.append(alias.name)
-        if not ours:
-            continue
-        indent = " " * node.col_offset
-        statements = []
-        if kept:
-            kept_names = ", ".join(a.name if a.asname is None else f"{a.name} as {a.asname}" for a in kept)
-            statements.append(f"from {node.module} import {kept_names}")
-        for alias, target in ours:
-            module, _, attribute = target.rpartition(".")
-            statements.append(f"from {module} import {attribute} as {alias.asname or alias.name}")
-        text = "".join(f"{indent if i else ''}{s}\n" for i, s in enumerate(statements))
-        first_indent = source.splitlines()[node.lineno - 1][: node.col_offset]
-        spans.append((node.lineno, node.end_lineno or node.lineno, first_indent + text))
-    result.source = _replace_lines(source, spans)
-    return result
-
-
-def substitute_repos(source: str, repo_for: Callable[[str], str]) -> tuple[str, list[tuple[str, str]]]:
-    """Every class attribute ``pretrained_model_name_or_path = "<id>"`` set to ``repo_for(id)``; and the
-    (id, repo) pairs substituted."""
-    spans, done = [], []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for statement in node.body:
-            if (
-                isinstance(statement, ast.Assign)
-                and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Name)
-                and statement.targets[0].id == "pretrained_model_name_or_path"
-                and isinstance(statement.value, ast.Constant)
-                and isinstance(statement.value.value, str)
-            ):
-                repo = repo_for(statement.value.value)
-                done.append((statement.value.value, repo))
-                line = source.splitlines()[statement.lineno - 1]
-                indent = line[: statement.col_offset]
-                text = f"{indent}pretrained_model_name_or_path = {repo!r}\n"
-                spans.append((statement.lineno, statement.end_lineno or statement.lineno, text))
-    return _replace_lines(source, spans), done
-
-
-def helper_imports(source: str, path: str) -> dict[str, set[str]]:
-    """The peer test modules (repository paths) that ``source`` (at ``path``) imports names from, relatively,
-    outside the shared testing utils: {module path: names}."""
-    package = path.rsplit("/", 1)[0].split("/")
-    found: dict[str, set[str]] = collections.defaultdict(set)
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ImportFrom) or not node.level or node.module is None:
-            continue
-        base = package[: len(package) - (node.level - 1)]
-        target = "/".join([*base, *node.module.split(".")])
-        if target in ("tests/testing_utils", SHARED_FOLDER) or target.startswith(SHARED_FOLDER + "/"):
-            continue
-        found[target + ".py"] |= {a.name for a in node.names}
-    return dict(found)
-
-
-def extract_definitions(source: str, names: Iterable[str]) -> str:
-    """A module of ``source``'s absolute imports (each allowed to fail) and the top-level definitions of
-    ``names``, with the top-level definitions they use."""
-    tree = ast.parse(source)
-    defined: dict[str, ast.stmt] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined[node.name] = node
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    defined[target.id] = node
-    wanted: list[str] = []
-    todo = [n for n in names if n in defined]
-    while todo:
-        name = todo.pop()
-        if name in wanted:
-            continue
-        wanted.append(name)
-        used = {n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name)}
-        todo.extend(sorted(used & set(defined) - set(wanted)))
-    parts = ["# Extracted at run time by scripts/peer_suite.py from the peer's test module of this name.\n"]
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
-            parts.append(f"try:\n    {ast.unparse(node)}\nexcept ImportError:\n    pass\n")
-    order = {id(node): i for i, node in enumerate(tree.body)}
-    chosen = sorted({id(defined[n]): defined[n] for n in wanted}.values(), key=lambda node: order[id(node)])
-    parts.extend(ast.get_source_segment(source, node) + "\n" for node in chosen)  # type: ignore[operator]
-    return "\n\n".join(parts)
 
 
 # ----- the conftest, pytest, the report -----
@@ -494,7 +247,7 @@ def choose_families(keys: Sequence[str] | None) -> tuple[list[PeerFamily], list[
     for key in keys or list(known):
         family = known.get(key)
         if family is None:
-            notes.append(f"{key}: skipped, no row in scripts/peer_suite.py FAMILIES")
+            notes.append(f"{key}: skipped, no row in scripts/peer_families.py FAMILIES")
         elif not _importable(family.package):
             notes.append(f"{key}: skipped, {family.package} is not importable")
         elif not family.names:

@@ -312,7 +312,7 @@ def test_families_left_out_say_why(suite, monkeypatch):
         "unmapped: skipped, no peer names mapped to ours yet (FAMILIES)",
     ]
     _, notes = suite.choose_families(["nope"])
-    assert notes == ["nope: skipped, no row in scripts/peer_suite.py FAMILIES"]
+    assert notes == ["nope: skipped, no row in scripts/peer_families.py FAMILIES"]
 
 
 def test_keep_never_empties_a_folder_the_script_did_not_write(suite, tmp_path, monkeypatch, capsys):
