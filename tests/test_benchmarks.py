@@ -337,6 +337,20 @@ def test_serving_affinity_moves_at_least_35_percent_fewer_bytes_when_a_queue_hol
     assert serving.run_order(bench, serving.ORDERS[0], stream, 1e6) == fifo
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--move", "-1"], "--move must be a number of job times of at least 0"),
+        (["--move", "inf"], "--move must be a number of job times of at least 0"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+    ],
+)
+def test_bad_ray_benchmark_settings_are_refused_naming_the_option(serving, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        serving.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.ray  # starts a local Ray cluster: shares the Ray tests' worker
 def test_the_serving_ray_quick_run_prints_both_routers_and_each_replicas_repos(serving, monkeypatch):
@@ -349,9 +363,9 @@ def test_the_serving_ray_quick_run_prints_both_routers_and_each_replicas_repos(s
     runs, benches = [], []
     run_router, bench = serving_ray.run_router, serving.Bench
 
-    def spy(router, stream, repos, budget, args):
-        result = run_router(router, stream, repos, budget, args)
-        runs.append((stream, result))
+    def spy(router, stream, repos, budget, bandwidth, args):
+        result = run_router(router, stream, repos, budget, bandwidth, args)
+        runs.append((stream, result, bandwidth))
         return result
 
     def made(*args):
@@ -369,6 +383,15 @@ def test_the_serving_ray_quick_run_prints_both_routers_and_each_replicas_repos(s
         number for number, line in enumerate(lines) if line.startswith("router ") and "x default" in line
     ]
     assert lines[header - 1].startswith("[load: mean inter-arrival 1x the mean service")
+    warmup = serving_ray.WARMUP
+    assert f"latencies: every job but each run's first {warmup} " in out.getvalue()
+    for _, result, _ in runs:  # the first to arrive are left out of the latencies
+        assert result.timed == sorted(result.jobs, key=lambda job: job.submitted)[warmup:]
+    (bandwidth,) = {bandwidth for _, _, bandwidth in runs}  # moves take time: one bandwidth for both routers
+    (moves,) = [line for line in lines if line.startswith("simulated devices' host-to-device bandwidth")]
+    assert moves.endswith(
+        f"{bandwidth / 2**20:.1f} MiB/s: the largest family's move takes 0.5 mean warm job times"
+    )
     columns = "router MiB to dev x default p50 s p95 s x default max s makespan mean ran"
     assert lines[header].split() == columns.split()
     labels = [router.label for router in serving_ray.ROUTERS]
@@ -389,7 +412,7 @@ def test_the_serving_ray_quick_run_prints_both_routers_and_each_replicas_repos(s
     assert len(runs) == 2 and len(benches) == 1
     sizes = benches[0].sizes
     families = {served.repo for served in serving.WORKFLOWS}
-    for (stream, result), line in zip(runs, (printed[:2], printed[2:])):
+    for (stream, result, _), line in zip(runs, (printed[:2], printed[2:])):
         assert sorted(job.workflow for job in result.jobs) == sorted(arrival.workflow for arrival in stream)
         assert len(result.replicas) == 2 and sum(len(result.routed(r.replica)) for r in result.replicas) == 8
         assert result.bytes_to_device == sum(r.bytes_to_device for r in result.replicas) > 0

@@ -24,7 +24,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from modular.ray_serve import streams  # by module: Ray pickles this one by value (see registry.py)
 from modular.ray_serve.registry import remember_router
@@ -67,8 +67,12 @@ def router_kwargs(needs: Any, imbalance: Any = DEFAULT_IMBALANCE) -> dict[str, A
     return {"needs": {workflow: dict(models) for workflow, models in needs.items()}, "imbalance": imbalance}
 
 
-class ResidencyRouter(FIFOMixin, RequestRouter):
+class ResidencyRouter(RequestRouter):
     """Ranks a deployment's replicas by their residency reports (see the module docstring).
+
+    Not FIFO (Ray's ``FIFOMixin``, which its power-of-two router uses): that hands a replica found for one
+    request to the oldest pending one, whatever its workflow; here each request gets the replica ranked for
+    it (Ray's matching by request id, as its prefix-affinity router does).
 
     Started by Ray with ``RequestRouterConfig.request_router_kwargs``: ``needs`` (workflow to load ID to
     bytes, ``needs_table``) and ``imbalance`` (jobs; default ``DEFAULT_IMBALANCE``).

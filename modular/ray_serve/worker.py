@@ -131,6 +131,8 @@ class ReplicaWorker:
         bandwidth: With ``budget``: the simulated device's host-to-device bytes per second (or ``"100MB/s"``),
             its moves taking that time on the wall clock (``benchmarks/serving.py --ray``); ``None``: moves
             take no time.
+        preload: Load every workflow's pipeline before the replica takes jobs (``Scheduler.preload``), so
+            its first jobs do not read their files; else each loads with its first job.
         base: The folder relative repos are read from.
         replica_id: This replica's id (default: Ray's, or a new one outside Ray).
         state: The scheduler's state folder (``None``: in memory; one per replica).
@@ -147,6 +149,7 @@ class ReplicaWorker:
         budget: int | None = None,
         *,
         bandwidth: int | str | None = None,
+        preload: bool = False,
         base: str | Path = ".",
         replica_id: str | None = None,
         state: str | Path | None = None,
@@ -164,6 +167,12 @@ class ReplicaWorker:
         self.where = enable_offload(self.manager, offload, device, budget, bandwidth=bandwidth)
         self.served = ServedWorkflows(served_workflows(workflows), self.manager, base)
         self.scheduler = Scheduler(self.served, state, **scheduler_options)
+        if preload:
+            try:
+                self.scheduler.preload()
+            except BaseException:
+                self.scheduler.close()
+                raise
         self._closed = False
         self._streamed: Counter[str] = Counter()  # unfinished streamed jobs by caller (``caller_id``)
         self.scheduler.start()

@@ -307,6 +307,16 @@ class Scheduler:
         report = replica_report(self.manager, pipes, queued, sorted(self._unloadable), times.seconds())
         return attrs.evolve(report, seconds_per_byte=times.seconds_per_byte())
 
+    def preload(self) -> None:
+        """Load every served workflow's pipeline now (onto the host under auto offload: nothing moves to the
+        device), so that no job pays for reading its files; one that does not fit is reported unloadable."""
+        on_cuda = self._on_cuda()
+        for name in self.served:
+            try:
+                self.served.load(name, on_cuda)
+            except (MemoryError, torch.OutOfMemoryError, ModelTooLargeError):
+                self._unloadable.add(name)
+
     def cost(self, workflow: str) -> int:
         """Bytes ``workflow``'s models would bring to the device if it ran now."""
         return bytes_to_bring(self.manager, self.served.pipeline(workflow))

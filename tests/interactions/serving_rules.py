@@ -7,6 +7,7 @@ with the same error type. Kept apart from tests/interactions/machine.py, which m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from hypothesis.stateful import invariant, rule
 
 from modular.batch.jobs import call_job
 from modular.batch.store import encode
-from modular.serving import EventHub, Scheduler, ServedWorkflow, ServedWorkflows
+from modular.serving import EventHub, ResidencyReport, Scheduler, ServedWorkflow, ServedWorkflows
 
 from .watched_rules import assert_nothing_running
 from .world import Outcome, Side, outcome
@@ -104,10 +105,17 @@ class ServingRules:
     def serve_a_job(self, workflow, seed):
         scheduler = self.scheduler()
         self.trace.append(f"scheduler.submit({workflow}, seed={seed}); run_next()")
+        before = self.moved_so_far()
         job = scheduler.submit({"workflow": workflow, **SMALL, "seed": seed})
         assert scheduler.run_next() is job
         scheduler.wait_prefetch(60)
         self.assert_job_as_shadow(job)
+        if job.state == "done":  # what the router is told it moved: within what the log moved meanwhile
+            assert 0 <= scheduler.job_times.moved(workflow)[-1] <= self.moved_so_far() - before
+
+    def moved_so_far(self) -> int:
+        log = self.main.cm.offload_log
+        return 0 if log is None else log.total_bytes_to_device
 
     @rule(workflows=st.lists(st.sampled_from(sorted(SERVED)), min_size=2, max_size=2), running=st.booleans())
     def cancel_a_job(self, workflows, running):
@@ -145,3 +153,6 @@ class ServingRules:
         assert self._scheduler.running is None and self._scheduler.waiting() == []
         assert all(job["state"] in ("done", "failed", "cancelled") for job in self._scheduler.jobs())
         assert str(self.main.cm) and self.main.cm.table()
+        report = self._scheduler.residency_report()  # what a router would be told: JSON values, read back
+        assert ResidencyReport.from_dict(json.loads(json.dumps(report.as_dict()))) == report
+        assert report.queued == 0 and report.seconds_per_byte >= 0

@@ -3,6 +3,7 @@ Ray Serve is not installed."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -170,3 +171,34 @@ def test_bad_router_settings_are_refused(kwargs, error):
     made = ResidencyRouter.__new__(ResidencyRouter)
     with pytest.raises(error):
         made.initialize_state(**kwargs)
+
+
+def test_a_replica_found_for_one_request_goes_to_that_request_not_the_oldest_pending():
+    """Ray hands a replica a ranking found to a pending request: ours, to the request it was ranked for (a FIFO
+    router gives it to the oldest pending one, which may be another workflow's job). Ray's own constructor and
+    matching, called as its routing loop calls them."""
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+    from ray.serve._private.request_router.common import PendingRequest
+
+    async def match() -> tuple[PendingRequest, PendingRequest, object]:
+        made = ResidencyRouter(
+            DeploymentID(name="ModularWorker", app_name="test"), DeploymentHandleSource.UNKNOWN
+        )
+        older, newer = (
+            PendingRequest(
+                args=[{"workflow": workflow}],
+                kwargs={},
+                metadata=RequestMetadata(request_id=key, internal_request_id=key, call_method="run"),
+            )
+            for key, workflow in (("older", "flux"), ("newer", "sd"))
+        )
+        for pending in (older, newer):
+            made._pending_requests_to_fulfill.append(pending)
+            made._add_pending_request_to_indices(pending)
+        holder = object()  # the replica ranked first for the newer request (it holds sd)
+        made._fulfill_next_pending_request(holder, newer.metadata)
+        return older, newer, holder
+
+    older, newer, holder = asyncio.run(match())
+    assert newer.future.done() and newer.future.result() is holder
+    assert not older.future.done()  # still waiting for a replica ranked for it

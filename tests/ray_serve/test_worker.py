@@ -139,6 +139,44 @@ def test_a_bandwidth_without_a_budget_or_unreadable_is_refused(workflows, budget
         ReplicaWorker([workflows["sd"]], budget, bandwidth=bandwidth, replica_id="r6", preview_every=None)
 
 
+def test_a_preloaded_replica_holds_every_workflow_on_the_host_before_its_first_job(workflows, sizes):
+    worker = ReplicaWorker(
+        [workflows["sd"], workflows["flux"]],
+        max(sizes.values()),
+        preload=True,
+        replica_id="r7",
+        preview_every=None,
+    )
+    try:
+        report = ResidencyReport.from_dict(worker.record_routing_stats())
+        needs = needs_table(worker.served)
+        for workflow in ("sd", "flux"):  # held, none on the device: each would move its whole size
+            assert set(needs[workflow]) <= set(report.missing)
+            assert report.bytes_for(needs[workflow]) == sum(needs[workflow].values())
+        assert worker.moved_bytes()["bytes_to_device"] == 0 and report.unloadable == ()
+    finally:
+        worker.close()
+
+
+def test_a_preload_that_fails_leaves_no_scheduler_running(workflows, monkeypatch):
+    from modular.serving import Scheduler
+
+    closed, close = [], Scheduler.close
+
+    def unreadable(self):
+        raise OSError("unreadable")
+
+    def recorded_close(self):
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(Scheduler, "preload", unreadable)
+    monkeypatch.setattr(Scheduler, "close", recorded_close)
+    with pytest.raises(OSError, match="unreadable"):
+        ReplicaWorker([workflows["sd"]], 10**8, preload=True, replica_id="r8", preview_every=None)
+    assert len(closed) == 1 and closed[0]._worker is None  # closed before it was started
+
+
 def test_a_replica_id_with_the_separator_is_refused(workflows):
     with pytest.raises(ValueError, match="may not hold"):
         ReplicaWorker([workflows["sd"]], replica_id="a:b")

@@ -120,6 +120,21 @@ def test_the_report_carries_what_each_job_moved_and_ran(make_scheduler, sizes):
     assert report.seconds_per_byte == scheduler.job_times.seconds_per_byte()
 
 
+def test_a_preload_reports_a_workflow_that_does_not_fit_unloadable(make_scheduler, monkeypatch):
+    scheduler = make_scheduler("sd", "flux")
+    load = scheduler.served.load
+
+    def flux_too_large(name, on_cuda=False):
+        if name == "flux":
+            raise MemoryError("no room to load flux")
+        return load(name, on_cuda)
+
+    monkeypatch.setattr(scheduler.served, "load", flux_too_large)
+    scheduler.preload()
+    report = scheduler.residency_report()
+    assert report.unloadable == ("flux",) and report.missing  # sd's models are held
+
+
 def test_a_workflow_that_ran_out_of_memory_loading_is_reported_unloadable(make_scheduler, monkeypatch):
     scheduler = make_scheduler("sd", "flux")
 
