@@ -70,9 +70,10 @@ def router_kwargs(needs: Any, imbalance: Any = DEFAULT_IMBALANCE) -> dict[str, A
 class ResidencyRouter(RequestRouter):
     """Ranks a deployment's replicas by their residency reports (see the module docstring).
 
-    Not FIFO (Ray's ``FIFOMixin``, which its power-of-two router uses): that hands a replica found for one
-    request to the oldest pending one, whatever its workflow; here each request gets the replica ranked for
-    it (Ray's matching by request id, as its prefix-affinity router does).
+    Each request gets the replica ranked for it: not FIFO (Ray's ``FIFOMixin``, which its power-of-two router
+    uses, hands a replica found for one request to the oldest pending one, whatever its workflow), and not by
+    request id alone (``_get_pending_request_matching_internal_request_id``): the calls one request makes
+    share its id (the ingress's pause of each replica), and one of them would get the replica found for another.
 
     Started by Ray with ``RequestRouterConfig.request_router_kwargs``: ``needs`` (workflow to load ID to
     bytes, ``needs_table``) and ``imbalance`` (jobs; default ``DEFAULT_IMBALANCE``).
@@ -139,6 +140,16 @@ class ResidencyRouter(RequestRouter):
         if method == "run" and ranks and ranks[0]:  # Ray takes the first rank's least loaded: its first
             streams.STREAMED.chosen(request.metadata.internal_request_id, ranks[0][0], workflow)
         return [[by_id[key] for key in rank] for rank in ranks]
+
+    def _get_pending_request_matching_internal_request_id(
+        self, request_metadata: Any = None
+    ) -> PendingRequest | None:
+        # Ray's matching of a replica found to the request it was found for (a private method: Ray is pinned),
+        # by the request itself, whose metadata its routing task passes; Ray's own by id where none is.
+        for pending in self._pending_requests_to_fulfill:
+            if pending.metadata is request_metadata and not pending.future.done():
+                return pending
+        return super()._get_pending_request_matching_internal_request_id(request_metadata)
 
     # Ray's hooks: a streamed job (``run``) lives as long as its request, so this process follows each one
     # from its replica's acceptance to its end (``streams.STREAMED``); a ``submit`` returns at once and is

@@ -19,6 +19,7 @@ pytest.importorskip("ray.serve", reason='needs Ray Serve: pip install "modular-p
 import httpx
 import ray
 from ray import serve
+from ray.serve import RunTarget
 
 from modular.http import ServerSettings
 from modular.ray_serve import build_app
@@ -40,8 +41,10 @@ def request(workflow: str = "sd", seed: int = 7, **more: Any) -> dict[str, Any]:
     return {**SMALL, "workflow": workflow, "seed": seed, **more}
 
 
-def deploy(workflows, sizes, name: str, prefix: str, replicas: int, tries: int, max_queue: int = 100) -> None:
-    app = build_app(
+def app(
+    workflows, sizes, name: str, prefix: str, replicas: int, tries: int, max_queue: int = 100
+) -> RunTarget:
+    built = build_app(
         [workflows["sd"], workflows["flux"]],
         replicas=replicas,
         budget=max(sizes["sd"], sizes["flux"]),
@@ -52,13 +55,19 @@ def deploy(workflows, sizes, name: str, prefix: str, replicas: int, tries: int, 
         max_queue=max_queue,
         preview_every=None,
     )
-    serve.run(app, name=name, route_prefix=prefix)
+    return RunTarget(built, name=name, route_prefix=prefix)
 
 
 @pytest.fixture(scope="module")
 def client(local_cluster, workflows, sizes) -> Iterator[httpx.Client]:
-    """A client (with the token) of the app: two worker replicas, three tries, served at ``/``."""
-    deploy(workflows, sizes, APP, "/", replicas=2, tries=3)
+    """A client (with the token) of the app: two worker replicas, three tries, served at ``/``. The second app
+    (``small``, below) is deployed with it: both start at once, not one after the other (seconds each)."""
+    serve.run_many(
+        [
+            app(workflows, sizes, APP, "/", replicas=2, tries=3),
+            app(workflows, sizes, "small", "/small", replicas=1, tries=1, max_queue=1),
+        ]
+    )
     with httpx.Client(
         base_url=f"http://127.0.0.1:{local_cluster}",
         headers={"Authorization": f"Bearer {TOKEN}"},
@@ -240,14 +249,11 @@ def test_a_replica_killed_mid_job_leaves_the_job_to_the_other_with_one_result(cl
 
 
 @pytest.fixture(scope="module")
-def small(client, workflows, sizes) -> Iterator[httpx.Client]:
-    """A client of a second app, ``small`` at ``/small``: one worker replica, one try, a queue of one."""
-    deploy(workflows, sizes, "small", "/small", replicas=1, tries=1, max_queue=1)
-    try:
-        with httpx.Client(base_url=f"{base(client)}/small", headers=client.headers, timeout=WAIT) as made:
-            yield made
-    finally:
-        serve.delete("small")
+def small(client) -> Iterator[httpx.Client]:
+    """A client of the second app, ``small`` at ``/small`` (deployed with the first): one worker replica, one
+    try, a queue of one."""
+    with httpx.Client(base_url=f"{base(client)}/small", headers=client.headers, timeout=WAIT) as made:
+        yield made
 
 
 def test_a_replica_with_a_full_queue_still_takes_a_cancel(small):

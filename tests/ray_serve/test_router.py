@@ -180,7 +180,7 @@ def test_a_replica_found_for_one_request_goes_to_that_request_not_the_oldest_pen
     from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
     from ray.serve._private.request_router.common import PendingRequest
 
-    async def match() -> tuple[PendingRequest, PendingRequest, object]:
+    async def match(shared_id: bool) -> tuple[PendingRequest, PendingRequest, object]:
         made = ResidencyRouter(
             DeploymentID(name="ModularWorker", app_name="test"), DeploymentHandleSource.UNKNOWN
         )
@@ -188,7 +188,9 @@ def test_a_replica_found_for_one_request_goes_to_that_request_not_the_oldest_pen
             PendingRequest(
                 args=[{"workflow": workflow}],
                 kwargs={},
-                metadata=RequestMetadata(request_id=key, internal_request_id=key, call_method="run"),
+                metadata=RequestMetadata(
+                    request_id=key, internal_request_id="shared" if shared_id else key, call_method="run"
+                ),
             )
             for key, workflow in (("older", "flux"), ("newer", "sd"))
         )
@@ -199,6 +201,8 @@ def test_a_replica_found_for_one_request_goes_to_that_request_not_the_oldest_pen
         made._fulfill_next_pending_request(holder, newer.metadata)
         return older, newer, holder
 
-    older, newer, holder = asyncio.run(match())
-    assert newer.future.done() and newer.future.result() is holder
-    assert not older.future.done()  # still waiting for a replica ranked for it
+    # The calls one request makes (the ingress's call to each replica) share its id: matched all the same.
+    for shared_id in (False, True):
+        older, newer, holder = asyncio.run(match(shared_id))
+        assert newer.future.done() and newer.future.result() is holder
+        assert not older.future.done()  # still waiting for a replica ranked for it

@@ -22,12 +22,17 @@ from .conftest import SD, run_both
 
 STEPS = 3  # a step before a change, the step of the change, and one after it
 
+# 32x32 pixels (16x16 latents), not the tiny repos' default 64x64: what a callback is offered and what it changes
+# do not depend on the size, and each call takes half the time.
+SIZE = {"height": 32, "width": 32}
+INPAINT = {"image": make_image(size=32), "mask_image": make_mask(size=32), **SIZE}
+
 #: Per workflow: the pipeline fixture, the classic name, and the inputs besides the prompt.
 WORKFLOWS = {
-    "text2image": ("sd_pipe", "text2image", {}),
-    "image2image": ("sd_pipe", "image2image", {"image": make_image(), "strength": 1.0}),
-    "inpainting_4ch": ("sd_pipe", "inpainting", {"image": make_image(), "mask_image": make_mask()}),
-    "inpainting_9ch": ("sd_inpaint_pipe", "inpainting", {"image": make_image(), "mask_image": make_mask()}),
+    "text2image": ("sd_pipe", "text2image", SIZE),
+    "image2image": ("sd_pipe", "image2image", {"image": make_image(size=32), "strength": 1.0}),
+    "inpainting_4ch": ("sd_pipe", "inpainting", INPAINT),
+    "inpainting_9ch": ("sd_inpaint_pipe", "inpainting", INPAINT),
 }
 
 
@@ -112,7 +117,7 @@ def test_a_returned_negative_prompt_embeds_changes_nothing_as_in_the_classic(sd_
         return {"negative_prompt_embeds": callback_kwargs["negative_prompt_embeds"] * 0 + step + 1}
 
     names = ["negative_prompt_embeds"]
-    call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent"}
+    call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", **SIZE}
     ours, theirs = run_both(
         sd_pipe,
         "text2image",
@@ -138,6 +143,7 @@ def test_a_returned_prompt_embeds_of_another_batch_is_refused(sd_pipe):
             prompt="a cat",
             num_inference_steps=STEPS,
             output_type="latent",
+            **SIZE,
             callback_on_step_end=three_rows,
             callback_on_step_end_tensor_inputs=["prompt_embeds"],
         )
@@ -169,7 +175,7 @@ def test_the_cfg_cutoff_callbacks_equal_the_classic(request, workflow, callback)
 
 
 def test_a_cfg_cutoff_is_for_its_call_only(sd_pipe):
-    call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent"}
+    call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", **SIZE}
     sd_pipe(**call, callback_on_step_end=SDCFGCutoffCallback(cutoff_step_ratio=None, cutoff_step_index=0))
     assert_identical(*run_both(sd_pipe, "text2image", **call))
 
@@ -187,12 +193,14 @@ def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, 
 
 def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sd_repo, tmp_path):
     assert_ip_adapter_cutoff_is_classic_for_its_call(
-        SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo)
+        SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo), **SIZE
     )
 
 
 def test_an_ip_adapter_scale_set_in_a_call_stays_out_of_another_threads_call(sd_repo, tmp_path):
-    assert_ip_adapter_cutoff_stays_in_its_thread(SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo))
+    assert_ip_adapter_cutoff_stays_in_its_thread(
+        SD, sd_repo, make_tiny_ip_adapter(tmp_path / "ip", sd_repo), **SIZE
+    )
 
 
 @pytest.mark.parametrize("workflow", ["inpainting_4ch", "inpainting_9ch"])

@@ -27,20 +27,25 @@ REFINER = {"requires_aesthetics_score": True, "force_zeros_for_empty_prompt": Fa
 
 STEPS = 3  # a step before a change, the step of the change, and one after it
 
+# 32x32 pixels (16x16 latents), not the tiny repos' default 64x64: what a callback is offered and what it changes
+# do not depend on the size, and each call takes half the time.
+SIZE = {"height": 32, "width": 32}
+IMAGE = {"image": make_image(size=32), "strength": 1.0}
+
 # The classic inpainting pipeline's default guidance is 7.5 (ours is SDXL's 5.0 in every workflow).
-INPAINT = {"image": make_image(), "mask_image": make_mask(), "guidance_scale": 7.5}
+INPAINT = {"image": make_image(size=32), "mask_image": make_mask(size=32), "guidance_scale": 7.5, **SIZE}
 
 #: Per workflow: the pipeline fixture, the classic name, the inputs besides the prompt, the classic's config.
 WORKFLOWS = {
-    "text2image": ("sdxl_pipe", "text2image", {}, {}),
+    "text2image": ("sdxl_pipe", "text2image", SIZE, {}),
     "text2image_negative_sizes": (
         "sdxl_pipe",
         "text2image",
-        {"negative_original_size": (40, 24), "negative_target_size": (32, 48)},
+        {"negative_original_size": (40, 24), "negative_target_size": (32, 48), **SIZE},
         {},
     ),
-    "image2image": ("sdxl_pipe", "image2image", {"image": make_image(), "strength": 1.0}, {}),
-    "refiner": ("sdxl_refiner_pipe", "image2image", {"image": make_image(), "strength": 1.0}, REFINER),
+    "image2image": ("sdxl_pipe", "image2image", IMAGE, {}),
+    "refiner": ("sdxl_refiner_pipe", "image2image", IMAGE, REFINER),
     "inpainting_4ch": ("sdxl_pipe", "inpainting", INPAINT, {}),
     "inpainting_9ch": ("sdxl_inpaint_pipe", "inpainting", INPAINT, {}),
 }
@@ -130,6 +135,7 @@ def test_a_returned_add_time_ids_of_another_batch_is_refused(sdxl_pipe):
             prompt="a cat",
             num_inference_steps=STEPS,
             output_type="latent",
+            **SIZE,
             callback_on_step_end=three_rows,
             callback_on_step_end_tensor_inputs=["add_time_ids"],
         )
@@ -161,7 +167,7 @@ def test_the_cfg_cutoff_callbacks_equal_the_classic(request, workflow, callback)
 
 
 def test_a_cfg_cutoff_is_for_its_call_only(sdxl_pipe):
-    call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent"}
+    call = {"prompt": "a cat", "num_inference_steps": STEPS, "output_type": "latent", **SIZE}
     sdxl_pipe(**call, callback_on_step_end=SDXLCFGCutoffCallback(cutoff_step_ratio=None, cutoff_step_index=0))
     assert_identical(*run_both(sdxl_pipe, "text2image", **call))
 
@@ -179,7 +185,7 @@ def test_an_interrupt_at_step_1_equals_the_classic_interrupt(request, workflow, 
 
 def test_the_ip_adapter_scale_cutoff_equals_the_classic_for_its_call(sdxl_repo, tmp_path):
     ip_repo = make_tiny_ip_adapter(tmp_path / "ip", sdxl_repo)
-    assert_ip_adapter_cutoff_is_classic_for_its_call(SDXL, sdxl_repo, ip_repo)
+    assert_ip_adapter_cutoff_is_classic_for_its_call(SDXL, sdxl_repo, ip_repo, **SIZE)
 
 
 @pytest.mark.parametrize("workflow", ["inpainting_4ch", "inpainting_9ch"])
