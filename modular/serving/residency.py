@@ -35,8 +35,8 @@ K = TypeVar("K", bound=Hashable)
 #: Job times by which a replica's expected wait (its queue, and the move of what it lacks for the job) may
 #: exceed the shortest and it still be chosen for the models it holds. One: in benchmarks/serving.py --ray
 #: (2 replicas, 3 runs of 40 jobs, moves of half a job time) it moved 0.12x the default router's bytes at
-#: 0.73x its p95 at load 1.5, 0.33x at 1.17x at load 1; 0.5 moved more at no better p95 (0.24x / 0.86x,
-#: 0.54x / 1.20x).
+#: 0.73x its p95 at load 1.5, 0.33x at 1.17x at load 1 (0.45x at 1.44x over 5 runs: near saturation a job
+#: held back for its models costs the queue); 0.5 moved more at no better p95 (0.24x / 0.86x, 0.54x / 1.20x).
 DEFAULT_IMBALANCE = 1.0
 
 
