@@ -8,7 +8,8 @@ expected wait for the job (``modular/ray_serve/streams.py``: the streams this pr
 now, the rest as the latest report counts them), the replicas within ``imbalance`` job times of the shortest
 by the bytes each would move, fewest first, then the others by wait, replicas that could not load the
 workflow last; a wait counts the time the replica would take to move what it lacks for the job (its
-measured seconds per byte), so that bytes and queues compare in job times. Ray then takes the least loaded replica of the first rank that accepts the request.
+measured seconds per byte), so that bytes and queues compare in job times. Ray then takes the least loaded
+replica of the first rank that accepts the request.
 ``run`` (the ingress's streamed job) is ranked as ``submit`` is. A call about one job (``describe``,
 ``cancel``, ``result``) goes to the replica its id names, and a call addressed to a replica (``queue``,
 ``pause``, ...: ``REPLICA_METHODS``) to that replica. Without reports yet, or for a request it cannot read,

@@ -109,20 +109,24 @@ class StreamedJobs:
 STREAMED = StreamedJobs()
 
 
+def _measured(value: float) -> bool:
+    return 0 < value < math.inf  # a figure no job could take (0, negative, inf, nan) says nothing
+
+
 def service_seconds(reports: Mapping[str, ResidencyReport]) -> dict[str, float]:
     """Each workflow's seconds per job, pooled over the replicas that report it (the replicas share hardware
     in a deployment: one figure per workflow ranks them alike)."""
     pooled: dict[str, list[float]] = {}
     for report in reports.values():
         for workflow, seconds in report.seconds.items():
-            if 0 < seconds < math.inf:  # a figure no job could take (0, inf, nan) says nothing
+            if _measured(seconds):
                 pooled.setdefault(workflow, []).append(seconds)
     return {workflow: sum(values) / len(values) for workflow, values in pooled.items()}
 
 
 def seconds_per_byte(reports: Mapping[str, ResidencyReport]) -> float:
     """The seconds a moved byte adds to a job, pooled over the replicas that have measured it (0: none has)."""
-    measured = [r.seconds_per_byte for r in reports.values() if 0 < r.seconds_per_byte < math.inf]
+    measured = [report.seconds_per_byte for report in reports.values() if _measured(report.seconds_per_byte)]
     return sum(measured) / len(measured) if measured else 0.0
 
 

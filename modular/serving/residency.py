@@ -124,6 +124,7 @@ def replica_report(
     queued: int,
     unloadable: Sequence[str] = (),
     seconds: Mapping[str, float] | None = None,
+    seconds_per_byte: float = 0.0,
 ) -> ResidencyReport:
     """This process's report: every model of ``pipes`` the manager holds, with the bytes still to move for it."""
     missing: dict[str, int] = {}
@@ -131,7 +132,13 @@ def replica_report(
         for load_id, _, found in pipeline_models(manager, pipe):
             if found is not None and isinstance(found[1], torch.nn.Module):
                 missing[load_id] = device_bytes(manager, *found)
-    return ResidencyReport(missing=missing, queued=queued, unloadable=unloadable, seconds=seconds or {})
+    return ResidencyReport(
+        missing=missing,
+        queued=queued,
+        unloadable=unloadable,
+        seconds=seconds or {},
+        seconds_per_byte=seconds_per_byte,
+    )
 
 
 def check_imbalance(imbalance: Any) -> float:

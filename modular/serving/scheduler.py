@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 
 from modular.batch.jobs import call_job
@@ -49,6 +48,8 @@ _STOPPING = "the server is stopping"
 EXPECTED_CALLS = 8  # waiting jobs told to the engines as the calls that come next
 KEEP_FINISHED = 1000  # finished jobs kept in memory; older ones are read from the store
 FINISHED = ("done", "failed", "cancelled")
+#: What a workflow that does not fit raises, loading or placing its models: reported unloadable to a router.
+NO_ROOM = (MemoryError, torch.OutOfMemoryError, ModelTooLargeError)
 
 
 def error_text(error: BaseException) -> str:
@@ -304,8 +305,10 @@ class Scheduler:
             queued = len(self._waiting) + (self._running is not None)
         pipes = [self.served.pipeline(name) for name in self.served]
         times = self.job_times
-        report = replica_report(self.manager, pipes, queued, sorted(self._unloadable), times.seconds())
-        return attrs.evolve(report, seconds_per_byte=times.seconds_per_byte())
+        unloadable = sorted(self._unloadable)
+        return replica_report(
+            self.manager, pipes, queued, unloadable, times.seconds(), times.seconds_per_byte()
+        )
 
     def preload(self) -> None:
         """Load every served workflow's pipeline now (onto the host under auto offload: nothing moves to the
@@ -314,7 +317,7 @@ class Scheduler:
         for name in self.served:
             try:
                 self.served.load(name, on_cuda)
-            except (MemoryError, torch.OutOfMemoryError, ModelTooLargeError):
+            except NO_ROOM:
                 self._unloadable.add(name)
 
     def cost(self, workflow: str) -> int:
@@ -424,7 +427,7 @@ class Scheduler:
             on_cuda = self._on_cuda()
             try:
                 pipe = self.served.load(job.workflow, on_cuda)
-            except (MemoryError, torch.OutOfMemoryError, ModelTooLargeError):
+            except NO_ROOM:
                 self._unloadable.add(job.workflow)  # reported to a router: not sent here again
                 raise
             if self.device is not None and not self.manager.offload_engines:
@@ -449,7 +452,7 @@ class Scheduler:
             else:
                 self._finish(job, "cancelled", error.reason or str(error))
         except Exception as error:  # the job fails alone; the queue and the manager go on
-            if isinstance(error, (MemoryError, torch.OutOfMemoryError, ModelTooLargeError)):
+            if isinstance(error, NO_ROOM):
                 self._unloadable.add(job.workflow)  # placing it for the call failed: as a failed load
             log.info("job %s failed: %s", job.id, error_text(error))
             self._finish(job, "failed", error_text(error))

@@ -23,6 +23,20 @@ SMALL = {"prompt": "a red fox", "steps": 2, "size": "32x32"}
 WAIT = 60.0  # seconds any wait of these tests gives up after (a bound, never a measure)
 
 
+def fail_loading(
+    monkeypatch: pytest.MonkeyPatch, scheduler: Scheduler, workflow: str, error: Exception
+) -> None:
+    """``scheduler``'s loads of ``workflow`` raise ``error`` from now on; the others load as before."""
+    load = scheduler.served.load
+
+    def failing(name: str, on_cuda: bool = False) -> Any:
+        if name == workflow:
+            raise error
+        return load(name, on_cuda)
+
+    monkeypatch.setattr(scheduler.served, "load", failing)
+
+
 @pytest.fixture(scope="session")
 def serving_repos(tmp_path_factory) -> dict[str, Path]:
     """Tiny repos of three families (SD, Flux, Z-Image), written once per session."""

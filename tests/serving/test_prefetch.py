@@ -10,7 +10,7 @@ from components import ComponentsManager
 from offload import OffloadEngine, SimulatedDevice
 from tests.offload.helpers import call, sized
 
-from .conftest import SMALL, WAIT, drain, results
+from .conftest import SMALL, WAIT, drain, fail_loading, results
 
 S = 4000  # bytes of each model of the engine tests
 
@@ -135,14 +135,7 @@ def test_a_prefetch_that_fails_leaves_the_running_job_alone_and_the_job_reports_
     make_scheduler, direct, monkeypatch
 ):
     scheduler = make_scheduler("sd", "flux")
-    load = scheduler.served.load
-
-    def broken(name, on_cuda=False):
-        if name == "flux":
-            raise OSError("flux weights unreadable")
-        return load(name, on_cuda)
-
-    monkeypatch.setattr(scheduler.served, "load", broken)
+    fail_loading(monkeypatch, scheduler, "flux", OSError("flux weights unreadable"))
     request = {**SMALL, "workflow": "sd", "seed": 1}
     sd = scheduler.submit(request)
     flux = scheduler.submit({**SMALL, "workflow": "flux", "seed": 2, "priority": -1})

@@ -6,7 +6,7 @@ import pytest
 
 from modular.serving import ResidencyReport, rank_replicas, workflow_needs
 
-from .conftest import SMALL
+from .conftest import SMALL, fail_loading
 
 NEEDS = {"te": 100, "unet": 1000, "vae": 200}
 
@@ -122,14 +122,7 @@ def test_the_report_carries_what_each_job_moved_and_ran(make_scheduler, sizes):
 
 def test_a_preload_reports_a_workflow_that_does_not_fit_unloadable(make_scheduler, monkeypatch):
     scheduler = make_scheduler("sd", "flux")
-    load = scheduler.served.load
-
-    def flux_too_large(name, on_cuda=False):
-        if name == "flux":
-            raise MemoryError("no room to load flux")
-        return load(name, on_cuda)
-
-    monkeypatch.setattr(scheduler.served, "load", flux_too_large)
+    fail_loading(monkeypatch, scheduler, "flux", MemoryError("no room to load flux"))
     scheduler.preload()
     report = scheduler.residency_report()
     assert report.unloadable == ("flux",) and report.missing  # sd's models are held
