@@ -15,8 +15,8 @@ replica of the first rank that accepts the request.
 ``pause``, ...: ``REPLICA_METHODS``) to that replica. Without reports yet, or for a request it cannot read,
 the router does what Ray's default router does: two replicas at random, the less loaded first (power of two
 choices). The router runs in the caller's process (the ingress); ``deployment_replicas`` reads the replicas
-it sees (``modular/ray_serve/registry.py``), which Ray offers no other public way to list. This module imports Ray: it is imported only when
-named (``modular.ray_serve.ResidencyRouter``).
+it sees (``modular/ray_serve/registry.py``), which Ray offers no other public way to list. This module
+imports Ray: it is imported only when named (``modular.ray_serve.ResidencyRouter``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class ResidencyRouter(RequestRouter):
     Each request gets the replica ranked for it: not FIFO (Ray's ``FIFOMixin``, which its power-of-two router
     uses, hands a replica found for one request to the oldest pending one, whatever its workflow), and not by
     request id alone (``_get_pending_request_matching_internal_request_id``): the calls one request makes
-    share its id (the ingress's pause of each replica), and one of them would get the replica found for another.
+    share its id (the ingress's pause of each replica), and one of them would get the replica found for
+    another.
 
     Started by Ray with ``RequestRouterConfig.request_router_kwargs``: ``needs`` (workflow to load ID to
     bytes, ``needs_table``) and ``imbalance`` (jobs; default ``DEFAULT_IMBALANCE``).

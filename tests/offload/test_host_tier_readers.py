@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -264,15 +265,18 @@ if os.environ.get("KILL"):
 """
 
 
-def _exit_without_disable(*spill_folders: str, kill: bool = False) -> list[dict]:
-    """Run a process that spills into each of ``spill_folders`` ("" for a temporary folder) and exits with
-    offload on (``kill``: at once, as if killed); what it wrote, per folder."""
+def _exit_without_disable(*spill_folders: str, kill: bool = False, tmpdir: str | None = None) -> list[dict]:
+    """Run a process that spills into each of ``spill_folders`` ("" for a temporary folder, in ``tmpdir``
+    when given) and exits with offload on (``kill``: at once, as if killed); what it wrote, per folder."""
+    env = {**os.environ, "KILL": "1" if kill else ""}
+    if tmpdir is not None:
+        env["TMPDIR"] = tmpdir
     done = subprocess.run(
         [sys.executable, "-c", _EXITS_WITHOUT_DISABLE, *spill_folders],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "KILL": "1" if kill else ""},
+        env=env,
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
@@ -294,13 +298,18 @@ def test_a_program_that_exits_without_disable_leaves_no_spill_files(tmp_path):
     assert devices["files"] and not several.exists()  # its device subfolders, then the folder itself
 
 
-def test_the_files_a_killed_process_left_are_removed_at_the_next_enable(tmp_path):
+def test_the_files_a_killed_process_left_are_removed_at_the_next_enable(tmp_path, monkeypatch):
     """Files of a process killed outright stay until the next enable, which removes them (its temporary
     folder too); the files of a live manager sharing the spill folder stay, and it reads them back."""
     spill = tmp_path / "spill"
     spill.mkdir()
     (spill / "notes.txt").write_text("the user's")
-    left, temporary = _exit_without_disable(str(spill), "", kill=True)
+    # A temporary directory of this test's own: any enable, in any process (another test worker's), sweeps
+    # the dead processes' folders of its temporary directory, and could sweep this one before it is looked at.
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    left, temporary = _exit_without_disable(str(spill), "", kill=True, tmpdir=str(private))
     assert left["files"] and all(os.path.exists(path) for path in left["files"])
     assert os.path.isdir(temporary["folder"])
     # A live manager of this process spills into the same folder.
