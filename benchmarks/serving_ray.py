@@ -16,8 +16,10 @@ needs it.
 
 Each job is sent as the ingress sends it (the worker's streamed ``run``: Ray counts it ongoing on its replica
 until it ends, which is what the default router balances) at its arrival time, in real time; the mean
-inter-arrival time is ``--loads`` times the mean service time, measured first: one warm job of each
-workflow on a replica in this process (it moves nothing, so a job's time is its compute). A move costs time,
+inter-arrival time is ``--loads`` times the mean service time, measured first: warm jobs of each
+workflow on one replica deployed as the runs' are (it moves nothing, so a job's time is its compute; a replica
+has one thread, as Ray gives a replica of under one CPU, and this process every core: measured here, the loads
+were heavier than they said). A move costs time,
 as on a device: each replica's simulated device moves at the bandwidth that makes the largest family's move
 take ``--move`` mean warm job times (0.5; ``ReplicaWorker(budget, bandwidth=)``: the job's thread sleeps for
 it, ``SimulatedDevice(real_time=True)``), and the replicas measure what a moved byte costs a job and report
@@ -57,7 +59,7 @@ import serving  # benchmarks/serving.py: the stream, its requests and repos, the
 from ray import serve
 
 from modular.ray_serve import build_workers
-from modular.ray_serve.worker import ReplicaWorker, caller_id
+from modular.ray_serve.worker import caller_id
 from modular.serving import ServedWorkflow
 from modular.serving.events import FINAL_KINDS
 from offload.devices.units import MiB
@@ -170,32 +172,50 @@ def workflows(repos: Mapping[str, Path]) -> list[ServedWorkflow]:
     return [ServedWorkflow(s.name, str(repos[s.repo]), s.workflow) for s in serving.WORKFLOWS]
 
 
-def service_seconds(repos: Mapping[str, Path], budget: int, steps: int) -> dict[str, float]:
-    """Each workflow's seconds for one warm job (the median of three, after one that loads its repo) on a
-    replica in this process."""
-    worker = ReplicaWorker(workflows(repos), budget, replica_id="probe", prefetch=False, preview_every=None)
+class Deployment(NamedTuple):
+    """What every deployment of the benchmark shares: the repos, each replica's budget and bandwidth, the
+    image of the jobs that take one, and the options."""
+
+    repos: Mapping[str, Path]
+    budget: int
+    bandwidth: int | None
+    image: tuple[str, bytes]
+    args: argparse.Namespace
+
+    def deploy(self, name: str, replicas: int, residency: bool) -> Any:
+        """A fresh worker deployment (``residency``: the residency router, else Ray's default); its handle."""
+        app = build_workers(
+            workflows(self.repos),
+            replicas,
+            self.budget,
+            self.args.imbalance,
+            self.args.stats_period,
+            num_cpus=RAY_CPUS / (self.args.replicas + 1),
+            router=residency,
+            bandwidth=self.bandwidth,  # moves take real time on the replicas' simulated devices (None: none)
+            prefetch=False,  # every byte moved by the job that needs it: bytes are exact
+            preview_every=None,
+            max_queue=10**6,
+        )
+        return serve.run(app, name=name, route_prefix=None)
+
+
+def service_seconds(deployment: Deployment) -> dict[str, float]:
+    """Each workflow's seconds for one warm job (the median of ``PROBES``, after a pass that loads its repo),
+    on one replica deployed as each run's are: Ray gives a replica of under one CPU one thread, where this
+    process has every core, so a job here takes less time than on a replica (and the loads would be heavier
+    than they say). A warm job moves nothing: its time is its compute."""
+    handle = deployment.deploy("bench-probe", 1, residency=False)
     try:
         seconds: dict[str, list[float]] = {served.name: [] for served in serving.WORKFLOWS}
         for _ in range(1 + PROBES):  # the first pass loads the repos from their files
             for number, served in enumerate(serving.WORKFLOWS):
-                request, image = serving.request_of(serving.Arrival(0.0, served.name, number), steps)
-                job = worker.scheduler.submit(request, {"image": repos["image"]} if image else None)
-                seconds[served.name].append(_finished(worker, job.id))
+                arrival = serving.Arrival(0.0, served.name, number)
+                job = asyncio.run(_job(handle, arrival, time.time(), deployment.args.steps, deployment.image))
+                seconds[served.name].append(job.done - job.started)
         return {name: float(np.median(ran[1:])) for name, ran in seconds.items()}
     finally:
-        worker.close()
-
-
-def _finished(worker: ReplicaWorker, job_id: str) -> float:
-    """Wait for a job of ``worker``'s scheduler; the seconds it ran."""
-    deadline = time.monotonic() + WAIT
-    while (described := worker.scheduler.describe(job_id))["state"] not in FINAL_KINDS:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} did not finish in {WAIT:g} s")
-        time.sleep(0.01)
-    if described["state"] != "done":
-        raise RuntimeError(f"job {job_id} {described['state']}: {described['error']}")
-    return float(described["ran"])
+        serve.delete("bench-probe")
 
 
 def repo_of(load_id: str) -> str:
@@ -245,41 +265,20 @@ async def _stream(
     return list(await asyncio.gather(*(_job(handle, arrival, start, steps, image) for arrival in stream)))
 
 
-def run_router(
-    router: Router,
-    stream: Sequence[serving.Arrival],
-    repos: Mapping[str, Path],
-    budget: int,
-    bandwidth: int | None,
-    args: argparse.Namespace,
-) -> Result:
+def run_router(router: Router, stream: Sequence[serving.Arrival], deployment: Deployment) -> Result:
     """The stream through a fresh deployment routed by ``router``; the deployment is deleted after."""
-    app = build_workers(
-        workflows(repos),
-        args.replicas,
-        budget,
-        args.imbalance,
-        args.stats_period,
-        num_cpus=RAY_CPUS / (args.replicas + 1),
-        router=router.residency,
-        bandwidth=bandwidth,  # moves take real time on the replicas' simulated devices (None: none)
-        prefetch=False,  # every byte moved by the job that needs it: bytes are exact
-        preview_every=None,
-        max_queue=10**6,
-    )
     name = f"bench-{'residency' if router.residency else 'default'}"
-    handle = serve.run(app, name=name, route_prefix=None)
+    replicas = deployment.args.replicas
+    handle = deployment.deploy(name, replicas, router.residency)
     try:
-        data = Path(repos["image"]).read_bytes()
-        image = (f"{hashlib.sha256(data).hexdigest()}.png", data)
-        jobs = asyncio.run(_stream(handle, stream, args.steps, image))
-        moved = each_replica(handle, "moved_bytes", args.replicas)
-        stats = each_replica(handle, "record_routing_stats", args.replicas)
-        replicas = [
+        jobs = asyncio.run(_stream(handle, stream, deployment.args.steps, deployment.image))
+        moved = each_replica(handle, "moved_bytes", replicas)
+        stats = each_replica(handle, "record_routing_stats", replicas)
+        ran = [
             Replica(key, moved[key]["bytes_to_device"], frozenset(map(repo_of, stats[key]["missing"])))
             for key in sorted(moved)
         ]
-        return Result(router.label, sorted(jobs, key=lambda job: job.submitted), replicas)
+        return Result(router.label, sorted(jobs, key=lambda job: job.submitted), ran)
     finally:
         serve.delete(name)
 
@@ -345,46 +344,27 @@ def run(args: argparse.Namespace) -> int:
         bench = serving.Bench(repos, args)  # its family sizes and its device's budget: one family at a time
         sizes, budget = bench.sizes, bench.budget
         del bench
-        service = service_seconds(repos, budget, args.steps)
-        mean_service = sum(service.values()) / len(service)
-        # The simulated devices' bandwidth: the largest family's move takes --move mean warm job times.
-        bandwidth = int(max(sizes.values()) / (args.move * mean_service)) if args.move else None
-        print(
-            f"Serving over Ray: {args.jobs} jobs per load over {', '.join(s.name for s in serving.WORKFLOWS)} "
-            f"(drawn uniformly, seed {args.seed}), {args.steps} steps, {serving.SIZE}, real time; "
-            f"{args.replicas} replicas on a local Ray cluster ({RAY_CPUS} CPUs)"
-        )
-        print(
-            "families (MiB): "
-            + ", ".join(f"{repo} {nbytes / MiB:.2f}" for repo, nbytes in sizes.items())
-            + f"; each replica a simulated device of {budget / MiB:.2f} MiB (one family at a time), prefetch off; "
-            f"residency router: reports every {args.stats_period:g} s, imbalance {args.imbalance}"
-        )
-        moves = (
-            f"{bandwidth / MiB:.1f} MiB/s: the largest family's move takes {args.move:g} mean warm job times"
-            if bandwidth
-            else "moves take no time"
-        )
-        print(f"simulated devices' host-to-device bandwidth {moves}")
-        print(
-            f"latencies: every job but each run's first {WARMUP} (they read the replicas' first families' files)"
-        )
-        print(
-            "service s of a warm job: "
-            + ", ".join(f"{name} {seconds:.3f}" for name, seconds in service.items())
-            + f"; mean {mean_service:.3f} s"
-        )
+        data = Path(repos["image"]).read_bytes()
+        image = (f"{hashlib.sha256(data).hexdigest()}.png", data)
         ray.init(
             num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1"
         )
         try:
             serve.start(proxy_location="Disabled")
+            deployment = Deployment(repos, budget, None, image, args)
+            service = service_seconds(deployment)
+            mean_service = sum(service.values()) / len(service)
+            # The simulated devices' bandwidth: the largest family's move takes --move mean warm job times.
+            bandwidth = int(max(sizes.values()) / (args.move * mean_service)) if args.move else None
+            deployment = deployment._replace(bandwidth=bandwidth)
+            for line in heading(args, sizes, budget, bandwidth, service):
+                print(line)
             for load in args.loads:
                 stream = serving.poisson_stream(args.jobs, load * mean_service, args.seed)
                 runs: dict[str, list[Result]] = {router.label: [] for router in ROUTERS}
                 for repeat in range(args.repeats):  # the routers take turns going first: neither always cold
                     for router in ROUTERS if repeat % 2 == 0 else ROUTERS[::-1]:
-                        runs[router.label].append(run_router(router, stream, repos, budget, bandwidth, args))
+                        runs[router.label].append(run_router(router, stream, deployment))
                 results = [Runs(label, done) for label, done in runs.items()]
                 print()
                 print(
@@ -402,3 +382,33 @@ def run(args: argparse.Namespace) -> int:
             serve.shutdown()
             ray.shutdown()
     return 0
+
+
+def heading(
+    args: argparse.Namespace,
+    sizes: Mapping[str, int],
+    budget: int,
+    bandwidth: int | None,
+    service: Mapping[str, float],
+) -> list[str]:
+    """The lines before the tables: the stream, the families and devices, the moves, the service times."""
+    mean_service = sum(service.values()) / len(service)
+    moves = (
+        f"{bandwidth / MiB:.1f} MiB/s: the largest family's move takes {args.move:g} mean warm job times"
+        if bandwidth
+        else "moves take no time"
+    )
+    return [
+        f"Serving over Ray: {args.jobs} jobs per load over {', '.join(s.name for s in serving.WORKFLOWS)} "
+        f"(drawn uniformly, seed {args.seed}), {args.steps} steps, {serving.SIZE}, real time; "
+        f"{args.replicas} replicas on a local Ray cluster ({RAY_CPUS} CPUs)",
+        "families (MiB): "
+        + ", ".join(f"{repo} {nbytes / MiB:.2f}" for repo, nbytes in sizes.items())
+        + f"; each replica a simulated device of {budget / MiB:.2f} MiB (one family at a time), prefetch off; "
+        f"residency router: reports every {args.stats_period:g} s, imbalance {args.imbalance}",
+        f"simulated devices' host-to-device bandwidth {moves}",
+        f"latencies: every job but each run's first {WARMUP} (they read the replicas' first families' files)",
+        "service s of a warm job on one replica: "
+        + ", ".join(f"{name} {seconds:.3f}" for name, seconds in service.items())
+        + f"; mean {mean_service:.3f} s",
+    ]

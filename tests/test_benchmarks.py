@@ -363,9 +363,9 @@ def test_the_serving_ray_quick_run_prints_both_routers_and_each_replicas_repos(s
     runs, benches = [], []
     run_router, bench = serving_ray.run_router, serving.Bench
 
-    def spy(router, stream, repos, budget, bandwidth, args):
-        result = run_router(router, stream, repos, budget, bandwidth, args)
-        runs.append((stream, result, bandwidth))
+    def spy(router, stream, deployment):
+        result = run_router(router, stream, deployment)
+        runs.append((stream, result, deployment.bandwidth))
         return result
 
     def made(*args):

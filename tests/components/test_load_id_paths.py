@@ -7,7 +7,9 @@ import os
 import pytest
 from diffusers import UNet2DConditionModel
 
-from components import ComponentsManager, ComponentSpec, get_load_id
+import components.registry as registry
+from components import ComponentsManager, ComponentSpec, get_load_id, tag_load_id
+from components.errors import ComponentNotFoundError
 
 
 @pytest.fixture
@@ -45,3 +47,26 @@ def test_a_hub_repo_id_stays_a_hub_repo_id(hub_cache, tmp_path, monkeypatch):
     spec = ComponentSpec("unet", UNet2DConditionModel, repo=hub_cache.repo_id, subfolder="unet")
     assert spec.load_id == "org/tiny-sd|unet|null|null"
     assert get_load_id(spec.load()) == "org/tiny-sd|unet|null|null"
+
+
+def test_a_components_tag_is_resolved_once_until_it_changes(tiny_repo, monkeypatch):
+    """Look-ups by load ID resolve each registered component's tag to its real path once (a resolution reads
+    the filesystem, and a serving replica looks every model up several times a second); a component tagged
+    anew is resolved again, so a look-up by its new load ID finds it and one by the old does not."""
+    cm = ComponentsManager()
+    model = cm.get_or_load(ComponentSpec("unet", UNet2DConditionModel, repo=str(tiny_repo), subfolder="unet"))
+    resolved: list[str] = []
+    canonical = registry.canonical_load_id
+    monkeypatch.setattr(
+        registry, "canonical_load_id", lambda load_id: resolved.append(load_id) or canonical(load_id)
+    )
+    old = f"{tiny_repo}/|unet|null|null"  # the query spelled otherwise than the tag
+    for _ in range(3):
+        assert cm.get_one(load_id=old) is model
+    assert (
+        resolved.count(old) == 3 and resolved.count(get_load_id(model)) == 1
+    )  # the query each time, the tag once
+    tag_load_id(model, f"{tiny_repo}|unet|fp16|null")
+    assert cm.get_one(load_id=f"{tiny_repo}|unet|fp16|null") is model
+    with pytest.raises(ComponentNotFoundError):
+        cm.get_one(load_id=old)
