@@ -16,14 +16,14 @@ needs it.
 
 Each job is sent as the ingress sends it (the worker's streamed ``run``: Ray counts it ongoing on its replica
 until it ends, which is what the default router balances) at its arrival time, in real time; the mean
-inter-arrival time is ``--loads`` times the mean service time, measured first: warm jobs of each
-workflow on one replica deployed as the runs' are (it moves nothing, so a job's time is its compute; a replica
-has one thread, as Ray gives a replica of under one CPU, and this process every core: measured here, the loads
-were heavier than they said). A move costs time,
-as on a device: each replica's simulated device moves at the bandwidth that makes the largest family's move
-take ``--move`` mean warm job times (0.5; ``ReplicaWorker(budget, bandwidth=)``: the job's thread sleeps for
-it, ``SimulatedDevice(real_time=True)``), and the replicas measure what a moved byte costs a job and report
-it (``seconds_per_byte``) to the residency router. Latencies leave out each run's first ``WARMUP`` (4) jobs:
+inter-arrival time is ``--loads`` times the mean service time, measured first: warm jobs of each workflow
+on one replica deployed as the runs' are (a warm job moves nothing, so its time is its compute; a replica has
+one thread, as Ray gives a replica of under one CPU, where this process has every core: measured here, the
+loads were heavier than they said). A move costs time, as on a device: each replica's simulated device moves
+at the bandwidth that makes the largest family's move take ``--move`` mean warm job times (0.5;
+``ReplicaWorker(budget, bandwidth=)``: the job's thread sleeps for it, ``SimulatedDevice(real_time=True)``),
+and the replicas measure what a moved byte costs a job and report it (``seconds_per_byte``) to the residency
+router. Latencies leave out each run's first ``WARMUP`` (4) jobs:
 the replicas start empty and those jobs read their families' files, two to three warm job times under
 either router, and were otherwise the runs' p95 (a replica that reads another family later in the run, as
 the default router has them do, still pays for it in the latencies).

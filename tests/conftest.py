@@ -21,10 +21,12 @@ pytest.register_assert_rewrite("tests.blocks.helpers", "tests.blocks.lora_helper
 torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # Under `pytest -n N --dist loadgroup` (scripts/test.sh) a file's tests stay on one worker, so its
     # module fixtures are built once, and every test that starts a Ray cluster shares one worker, so two
-    # clusters never start at once.
+    # clusters never start at once. First of the hooks: xdist's worker reads the groups in its own (it
+    # registers after this file, so it would run first and find none; tests/test_test_groups.py).
     for item in items:
         ray = "ray" in item.keywords or item.path.parent.name == "ray_serve"
         item.add_marker(pytest.mark.xdist_group("ray" if ray else item.path.as_posix()))
