@@ -190,7 +190,7 @@ class Deployment(NamedTuple):
             self.budget,
             self.args.imbalance,
             self.args.stats_period,
-            num_cpus=RAY_CPUS / (self.args.replicas + 1),
+            num_cpus=RAY_CPUS / (self.args.replicas + 1),  # a run's share, the probe's one replica too
             router=residency,
             bandwidth=self.bandwidth,  # moves take real time on the replicas' simulated devices (None: none)
             prefetch=False,  # every byte moved by the job that needs it: bytes are exact
